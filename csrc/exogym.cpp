@@ -1,0 +1,21 @@
+// Every op schema of the exogym library. Kernels register per device in cpu/ and cuda/.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// The module exists so that `import exogym._C` loads this library and runs the registrations
+// below; it has no Python functions (ops are reached through torch.ops.exogym).
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(exogym, m) {
+  // k = out.numel() indices out of n, drawn from (seed, step, tensor_id); sorted ascending.
+  m.def("select_indices(int n, int seed, int step, int tensor_id, Tensor(a!) out) -> ()");
+  // Concatenate src_i.flatten()[indices_i] for every i into one contiguous 1-D tensor.
+  m.def("sparse_gather(Tensor[] srcs, Tensor[] indices) -> Tensor");
+  // dst_i.flatten()[indices_i] = values[offset_i : offset_i + len(indices_i)] * scale, in place.
+  m.def("sparse_scatter_(Tensor(a!)[] dsts, Tensor[] indices, Tensor values, float scale) -> ()");
+}

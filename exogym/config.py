@@ -1,0 +1,113 @@
+"""``FitConfig``: the validated settings of one ``Trainer.fit`` call, shipped to every node."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Resolved arguments of :meth:`exogym.Trainer.fit` (see there for their meaning).
+
+    Attributes:
+        num_nodes: K, the number of simulated nodes (processes).
+        max_steps: optimizer steps per node; ``None`` until a dataset factory's length is known
+            inside the nodes (they then agree on the minimum over ranks).
+        num_epochs: epochs, used when ``max_steps`` is not given.
+        batch_size: examples per node per optimizer step.
+        minibatch_size: examples per forward/backward; ``batch_size / minibatch_size`` minibatches
+            are accumulated per step.
+        device: device type of every node: ``cpu``, ``cuda`` or ``mps``.
+        devices: CUDA device indices; node ``r`` uses ``devices[r % len(devices)]``.
+        backend: ``gloo`` or ``nccl``.
+        val_size: validation examples per evaluation (split across nodes).
+        val_interval: evaluate every this many steps (and after the last step).
+        autocast: dtype for ``torch.autocast``, or ``None``.
+        seed: shared seed: data order, communicator randomness; node ``r`` seeds torch with
+            ``seed + r`` for its own randomness (dropout).
+        log_interval: aggregate and log train metrics every this many steps.
+        shuffle: shuffle the training data each epoch.
+        progress: show a progress bar on rank 0.
+        threads_per_node: intra-op threads in each node process.
+        log_level: ``logging`` level for the nodes.
+    """
+
+    num_nodes: int
+    max_steps: int | None
+    num_epochs: int
+    batch_size: int
+    minibatch_size: int
+    device: str
+    devices: tuple[int, ...] | None
+    backend: str
+    val_size: int
+    val_interval: int | None
+    autocast: torch.dtype | None
+    seed: int
+    log_interval: int
+    shuffle: bool
+    progress: bool
+    threads_per_node: int
+    log_level: int
+
+    @property
+    def accumulation(self) -> int:
+        """Minibatches accumulated per optimizer step."""
+        return self.batch_size // self.minibatch_size
+
+    def node_device(self, rank: int) -> torch.device:
+        """The device node ``rank`` trains on."""
+        if self.device == "cuda":
+            devs = self.devices or (0,)
+            return torch.device("cuda", devs[rank % len(devs)])
+        return torch.device(self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for logs."""
+        d = asdict(self)
+        d["autocast"] = None if self.autocast is None else str(self.autocast)
+        return d
+
+
+def positive_int(value: Any, name: str, allow_none: bool = False) -> None:
+    """Raise a ``TypeError``/``ValueError`` naming ``name`` unless ``value`` is an int >= 1."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def resolve_device(device: str | torch.device | None) -> str:
+    """``None`` picks cuda, then mps, then cpu; an unavailable device raises ``ValueError``."""
+    if device is None:
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but torch.cuda.is_available() is False; use device='cpu'")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' was requested but torch.backends.mps.is_available() is False; use device='cpu'")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'mps', got {device!r}")
+    return kind
+
+
+def resolve_autocast(autocast: bool | torch.dtype | None, device: str) -> torch.dtype | None:
+    """``True`` means bfloat16 (float16 on CUDA without bf16 support); ``False``/``None`` off."""
+    if autocast is None or autocast is False:
+        return None
+    if autocast is True:
+        if device == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    if isinstance(autocast, torch.dtype) and autocast in (torch.bfloat16, torch.float16):
+        return autocast
+    raise ValueError(f"autocast must be a bool, torch.bfloat16 or torch.float16, got {autocast!r}")

@@ -1,0 +1,98 @@
+"""The byte ledger: every logical collective a node takes part in, and what it costs.
+
+A record stores what the *algorithm* puts on a real network, which need not be what the
+simulator physically moved (an island average done with a world-wide collective is still charged
+as an all-reduce among the island's members).
+
+Per-node wire bytes follow the bandwidth-optimal algorithms (``n`` = group size, ``b`` = this
+node's payload in bytes):
+
+==============  ==========================  ==========================
+kind            sent                        received
+==============  ==========================  ==========================
+all_reduce      ``2 (n-1)/n * b`` (ring)    ``2 (n-1)/n * b``
+all_gather      ``(n-1) * b``               ``(n-1) * b``
+reduce_scatter  ``(n-1)/n * b``             ``(n-1)/n * b``
+broadcast       ``b`` at the root, else 0   ``b`` off the root, else 0
+barrier         0                           0
+==============  ==========================  ==========================
+
+A group of one sends and receives nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
+
+
+def wire_bytes(kind: str, group_size: int, payload: int, is_root: bool = False) -> tuple[float, float]:
+    """Bytes ``(sent, received)`` by one node for one collective, per the table above."""
+    n = group_size
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
+    if n <= 1 or kind == "barrier":
+        return 0.0, 0.0
+    if kind == "all_reduce":
+        v = 2.0 * (n - 1) / n * payload
+        return v, v
+    if kind == "all_gather":
+        v = float((n - 1) * payload)
+        return v, v
+    if kind == "reduce_scatter":
+        v = (n - 1) / n * payload
+        return v, v
+    return (float(payload), 0.0) if is_root else (0.0, float(payload))
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One logical collective as seen by one node.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        group_size: number of nodes taking part (the island, the sampled clients, or the world).
+        payload: bytes of this node's input (for all_gather: its own contribution).
+        sent: bytes this node puts on the network, per the module table.
+        received: bytes this node takes off the network.
+        tag: free-form name of the issuer (e.g. the communicator), for breakdowns.
+    """
+
+    kind: str
+    group_size: int
+    payload: int
+    sent: float
+    received: float
+    tag: str = ""
+
+
+@dataclass
+class Ledger:
+    """Records of one node: the current step's list plus cumulative totals.
+
+    The training loop calls :meth:`end_step` once per step; per-step records are then dropped,
+    so memory does not grow with the run length.
+    """
+
+    step_records: list[CollectiveRecord] = field(default_factory=list)
+    total_sent: float = 0.0
+    total_received: float = 0.0
+    total_payload: int = 0
+    total_collectives: int = 0
+
+    def record(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> CollectiveRecord:
+        """Charge one collective to this node and return its record."""
+        sent, received = wire_bytes(kind, group_size, payload, is_root)
+        rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag)
+        self.step_records.append(rec)
+        self.total_sent += sent
+        self.total_received += received
+        self.total_payload += rec.payload
+        self.total_collectives += 1
+        return rec
+
+    def end_step(self) -> list[CollectiveRecord]:
+        """Return the records charged since the last call and start a new step."""
+        records, self.step_records = self.step_records, []
+        return records

@@ -1,0 +1,85 @@
+"""``OptimSpec``: an optimizer described before the model exists, built inside each node."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+#: Names accepted by :meth:`OptimSpec.from_string` (case-insensitive).
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+    "nadam": torch.optim.NAdam,
+    "radam": torch.optim.RAdam,
+}
+
+
+class OptimSpec:
+    """An optimizer class plus its keyword arguments, e.g. ``OptimSpec(torch.optim.AdamW, lr=1e-3)``.
+
+    Keywords are checked against the optimizer's constructor at once: a misspelled one raises
+    ``TypeError`` here, not silently later inside a worker.
+    """
+
+    def __init__(self, cls: type[torch.optim.Optimizer], **kwargs: Any) -> None:
+        if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+            raise TypeError(f"OptimSpec needs a torch.optim.Optimizer subclass, got {cls!r}")
+        _check_kwargs(cls, kwargs)
+        self.cls = cls
+        self.kwargs = dict(kwargs)
+
+    @classmethod
+    def from_string(cls, name: str, **kwargs: Any) -> OptimSpec:
+        """Build a spec from a short name in :data:`OPTIMIZERS` (``'adam'``, ``'adamw'``, ``'sgd'``...)."""
+        try:
+            opt = OPTIMIZERS[name.lower()]
+        except KeyError:
+            raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)} or pass an OptimSpec") from None
+        return cls(opt, **kwargs)
+
+    @classmethod
+    def coerce(cls, spec: OptimSpec | str | None, default: OptimSpec) -> OptimSpec:
+        """Accept an ``OptimSpec``, a name for :meth:`from_string`, or ``None`` (``default``)."""
+        if spec is None:
+            return default
+        if isinstance(spec, OptimSpec):
+            return spec
+        if isinstance(spec, str):
+            return cls.from_string(spec)
+        raise TypeError(f"expected an OptimSpec, an optimizer name or None, got {spec!r}")
+
+    def replace(self, **overrides: Any) -> OptimSpec:
+        """A copy with some keyword arguments replaced (e.g. ``lr``)."""
+        return OptimSpec(self.cls, **{**self.kwargs, **overrides})
+
+    @property
+    def lr(self) -> float | None:
+        """The spec's learning rate, or ``None`` when it leaves the optimizer's default."""
+        return self.kwargs.get("lr")
+
+    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """Construct the optimizer over ``params``."""
+        return self.cls(params, **self.kwargs)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"OptimSpec({self.cls.__name__}{', ' + args if args else ''})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OptimSpec) and (self.cls, self.kwargs) == (other.cls, other.kwargs)
+
+
+def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params) - {"self"})
+    if unknown:
+        valid = sorted(set(params) - {"self", "params"})
+        raise TypeError(f"{cls.__name__} got unexpected keyword argument(s) {unknown}; valid: {valid}")

@@ -1,0 +1,194 @@
+"""The communicator pipeline: ``Communicator`` modules around the inner optimizer step.
+
+``CommunicateOptimizeStrategy`` runs, every step::
+
+    for module in modules: module.before_optim(step)   # gradient-space modules (DDP, DCT top-k)
+    clip gradients; optimizer.step()
+    for module in modules: module.after_optim(step)    # parameter-space modules (averaging, DiLoCo)
+
+A module decides from its own schedule (``H``) whether this step communicates, and keeps its
+own state (``state_dict``/``load_state_dict``). :class:`Pipeline` is itself a ``Communicator``,
+so pipelines nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from exogym.core.comm import NodeComm
+from exogym.core.optim import OptimSpec
+from exogym.core.strategy import Strategy
+
+
+@dataclass
+class NodeContext:
+    """What a communicator gets when bound to a node.
+
+    Attributes:
+        model: this node's model copy (parameters are updated in place).
+        rank: this node's rank.
+        num_nodes: the number of nodes.
+        comm: the node's collectives (every byte sent goes through it).
+        optimizer: the inner optimizer (e.g. to read the current learning rate).
+        seed: a seed every rank shares; derive shared randomness from it, never broadcast it.
+        max_steps: the run's number of steps.
+    """
+
+    model: torch.nn.Module
+    rank: int
+    num_nodes: int
+    comm: NodeComm
+    optimizer: torch.optim.Optimizer
+    seed: int
+    max_steps: int
+
+
+class Communicator:
+    """Base of the pipeline's building blocks.
+
+    Subclasses set :attr:`space` (``"grad"``: runs before the optimizer step on ``p.grad``;
+    ``"param"``: runs after it on the parameters) and implement :meth:`communicate`, which the
+    pipeline calls on steps where :meth:`is_due` holds (every ``H``-th step: after local steps
+    ``H-1, 2H-1, ...``). ``communicate`` is a collective: every rank calls it on the same steps.
+
+    Args:
+        H: communicate every ``H`` steps (``H >= 1``).
+    """
+
+    space: ClassVar[str] = "param"
+
+    def __init__(self, H: int = 1) -> None:
+        if not isinstance(H, int) or isinstance(H, bool) or H < 1:
+            raise ValueError(f"H must be a positive int (communicate every H steps), got {H!r}")
+        self.H = H
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        """Bind to a node; subclasses allocate their state here and call ``super()._init_node``."""
+        self.ctx = ctx
+
+    def is_due(self, step: int) -> bool:
+        """Whether local step ``step`` (0-based, the step being completed) communicates."""
+        return (step + 1) % self.H == 0
+
+    def before_optim(self, step: int) -> None:
+        """Hook before the optimizer step: runs :meth:`communicate` for gradient-space modules."""
+        if self.space == "grad" and self.is_due(step):
+            self.communicate(step)
+
+    def after_optim(self, step: int) -> None:
+        """Hook after the optimizer step: runs :meth:`communicate` for parameter-space modules."""
+        if self.space == "param" and self.is_due(step):
+            self.communicate(step)
+
+    def communicate(self, step: int) -> None:
+        """Do this module's communication for ``step``. Collective."""
+        raise NotImplementedError(f"{type(self).__name__} must implement communicate(step)")
+
+    def state_dict(self) -> dict[str, Any]:
+        """This module's state for checkpoints (tensors are returned as they are)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state but got keys {sorted(state)}")
+
+    def describe(self) -> str:
+        """A short label for logs."""
+        return f"{type(self).__name__}(H={self.H})"
+
+
+class Pipeline(Communicator):
+    """An ordered list of communicators, itself a :class:`Communicator`."""
+
+    def __init__(self, modules: Sequence[Communicator]) -> None:
+        super().__init__(H=1)
+        modules = list(modules)
+        for m in modules:
+            if not isinstance(m, Communicator):
+                raise TypeError(f"pipeline modules must be Communicator instances, got {m!r}")
+        self.modules = modules
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        super()._init_node(ctx)
+        for m in self.modules:
+            m._init_node(ctx)
+
+    def before_optim(self, step: int) -> None:
+        for m in self.modules:
+            m.before_optim(step)
+
+    def after_optim(self, step: int) -> None:
+        for m in self.modules:
+            m.after_optim(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): m.state_dict() for i, m in enumerate(self.modules)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, m in enumerate(self.modules):
+            m.load_state_dict(state.get(str(i), {}))
+
+    def describe(self) -> str:
+        return " -> ".join(m.describe() for m in self.modules) or "(no communication)"
+
+
+class CommunicateOptimizeStrategy(Strategy):
+    """A strategy made of communicator modules around the inner optimizer step.
+
+    Args:
+        communication_modules: the :class:`Communicator` modules, in order.
+        optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm, inner_optim, lr, warmup_steps:
+            as for :class:`~exogym.core.strategy.Strategy`.
+    """
+
+    def __init__(
+        self,
+        communication_modules: Sequence[Communicator],
+        optim_spec: OptimSpec | str | None = None,
+        lr_scheduler: str | type[LRScheduler] | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        max_norm: float | None = None,
+        *,
+        inner_optim: OptimSpec | str | None = None,
+        lr: float | None = None,
+        warmup_steps: int | None = None,
+    ) -> None:
+        super().__init__(
+            optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm,
+            inner_optim=inner_optim, lr=lr, warmup_steps=warmup_steps,
+        )
+        self.pipeline = Pipeline(communication_modules)
+
+    @property
+    def communication_modules(self) -> list[Communicator]:
+        """The modules, in order."""
+        return self.pipeline.modules
+
+    def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
+        super()._init_node(model, rank, num_nodes)
+        ctx = NodeContext(model, rank, num_nodes, self.comm, self.optim, self.seed, self.max_steps)
+        self.pipeline._init_node(ctx)
+
+    def step(self) -> None:
+        step = self.local_step
+        self.pipeline.before_optim(step)
+        self.clip_grad()
+        self.optim.step()
+        self.pipeline.after_optim(step)
+        super().step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pipeline": self.pipeline.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pipeline.load_state_dict(state["pipeline"])
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "pipeline": self.pipeline.describe()}

@@ -1,0 +1,157 @@
+"""The ``Strategy`` base class: inner optimizer, LR schedule, clipping and the step counter.
+
+A strategy is constructed in the user's process (configuration only), pickled into every node,
+and bound there: the node calls :meth:`Strategy._attach` and then :meth:`Strategy._init_node`,
+which builds the optimizer over that node's model copy. Custom strategies subclass it as in the
+seeds::
+
+    class MyStrategy(Strategy):
+        def step(self):
+            for p in self.model.parameters():        # collectives via exogym.strategy.communicate
+                all_reduce(p.grad); p.grad /= self.num_nodes
+            self.optimizer.step()
+            super().step()                           # LR schedule + step counter
+
+Every rank runs the same code; there is no master rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from exogym.core.comm import NodeComm
+from exogym.core.optim import OptimSpec
+from exogym.core.schedule import build_scheduler, check_scheduler
+
+#: The inner optimizer when none is given.
+DEFAULT_OPTIM = OptimSpec(torch.optim.AdamW, lr=1e-3)
+
+
+class Strategy(ABC):
+    """Base of every strategy: owns the inner optimizer, LR schedule, clipping and step count.
+
+    Args:
+        optim_spec: the inner optimizer (``OptimSpec``, or a name such as ``'adamw'``);
+            AdamW with lr 1e-3 when omitted. ``inner_optim`` is an accepted alias.
+        lr_scheduler: ``'lambda_cosine'`` (alias ``'cosine'``), ``'constant'``/``None``, or any
+            torch ``LRScheduler`` class (built with ``lr_scheduler_kwargs``).
+        lr_scheduler_kwargs: for ``'lambda_cosine'``: ``warmup_steps``, ``cosine_anneal``,
+            ``min_lr_factor``; for a class: its constructor keywords.
+        max_norm: clip the gradient norm to this before the optimizer step (``None``: no clipping).
+        inner_optim: alias of ``optim_spec`` (the seeds use both); give at most one.
+        lr: overrides the optimizer spec's learning rate.
+        warmup_steps: shortcut for ``lr_scheduler_kwargs['warmup_steps']``; without a scheduler it
+            selects ``'lambda_cosine'`` with ``cosine_anneal=False`` (warmup, then flat).
+
+    Raises:
+        TypeError: for unknown or conflicting keywords.
+    """
+
+    def __init__(
+        self,
+        optim_spec: OptimSpec | str | None = None,
+        lr_scheduler: str | type[LRScheduler] | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        max_norm: float | None = None,
+        *,
+        inner_optim: OptimSpec | str | None = None,
+        lr: float | None = None,
+        warmup_steps: int | None = None,
+    ) -> None:
+        if optim_spec is not None and inner_optim is not None:
+            raise TypeError("give the inner optimizer once: optim_spec or its alias inner_optim, not both")
+        spec = OptimSpec.coerce(optim_spec if optim_spec is not None else inner_optim, DEFAULT_OPTIM)
+        self.optim_spec = spec.replace(lr=lr) if lr is not None else spec
+        kwargs = dict(lr_scheduler_kwargs or {})
+        if warmup_steps is not None:
+            kwargs["warmup_steps"] = warmup_steps
+            if lr_scheduler is None:
+                lr_scheduler = "lambda_cosine"
+                kwargs.setdefault("cosine_anneal", False)
+        check_scheduler(lr_scheduler, kwargs)
+        if max_norm is not None and max_norm <= 0:
+            raise ValueError(f"max_norm must be positive or None, got {max_norm}")
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_kwargs = kwargs
+        self.max_norm = max_norm
+        self.max_steps = 1
+        self.seed = 0
+        self.local_step = 0
+
+    # -- binding inside a node --------------------------------------------------------------
+    def _attach(self, comm: NodeComm, max_steps: int, seed: int) -> None:
+        """Give the strategy its node's communication object, run length and shared seed.
+
+        Called by the node before :meth:`_init_node`; ``seed`` is the same on every rank.
+        """
+        self.comm = comm
+        self.max_steps = max_steps
+        self.seed = seed
+
+    def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
+        """Bind to this node's model: build the optimizer and the LR scheduler.
+
+        Subclasses that override it must call ``super()._init_node(model, rank, num_nodes)`` first.
+        """
+        self.model = model
+        self.rank = rank
+        self.num_nodes = num_nodes
+        self.local_step = 0
+        self.optim = self.optim_spec.build(model.parameters())
+        self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Alias of ``self.optim`` (the seeds use both)."""
+        return self.optim
+
+    # -- per step ---------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Clear the gradients of the inner optimizer's parameters."""
+        self.optim.zero_grad()
+
+    def clip_grad(self) -> None:
+        """Clip the model's gradient norm to ``max_norm`` in place (no-op when it is ``None``)."""
+        if self.max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+
+    @abstractmethod
+    def step(self) -> None:
+        """Communicate and update the model; subclasses end with ``super().step()``, which
+        advances the LR schedule and :attr:`local_step`."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.local_step += 1
+
+    @property
+    def lr(self) -> float:
+        """The inner optimizer's current learning rate (first parameter group)."""
+        return float(self.optim.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler and step counter, for checkpoints."""
+        return {
+            "optim": self.optim.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "local_step": self.local_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (after :meth:`_init_node`)."""
+        self.optim.load_state_dict(state["optim"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.local_step = state["local_step"]
+
+    def config(self) -> dict[str, Any]:
+        """Hyperparameters for logs."""
+        return {
+            "strategy": type(self).__name__,
+            "optim": repr(self.optim_spec),
+            "lr_scheduler": getattr(self.lr_scheduler, "__name__", self.lr_scheduler),
+            "max_norm": self.max_norm,
+        }

@@ -1,0 +1,148 @@
+"""Per-node data: sharding a dataset (or calling a dataset factory), batches, minibatches."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Union
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler, Subset
+
+#: ``dataset_factory(rank, num_nodes, train_dataset) -> Dataset``, called inside each node.
+DatasetFactory = Callable[[int, int, bool], Dataset]
+DatasetArg = Union[Dataset, DatasetFactory, None]
+
+
+def is_factory(ds: DatasetArg) -> bool:
+    """True for a dataset factory (a callable that is not itself a Dataset)."""
+    return callable(ds) and not isinstance(ds, Dataset)
+
+
+def check_dataset(ds: DatasetArg, name: str, num_nodes: int) -> None:
+    """Validate a dataset argument in the parent, before any process starts."""
+    if ds is None:
+        return
+    if is_factory(ds):
+        try:
+            params = inspect.signature(ds).parameters
+        except (TypeError, ValueError):
+            return
+        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+            raise TypeError(f"{name} factory must accept (rank, num_nodes, train_dataset); got signature {inspect.signature(ds)}")
+        return
+    if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+        raise TypeError(f"{name} must be a map-style Dataset (with __len__ and __getitem__) or a dataset factory, got {type(ds).__name__}")
+    if len(ds) < num_nodes:
+        raise ValueError(f"{name} has {len(ds)} examples, fewer than num_nodes={num_nodes}: every node needs data")
+
+
+def node_dataset(ds: DatasetArg, rank: int, num_nodes: int, train: bool) -> Dataset | None:
+    """This node's dataset: the factory's output, or the shared dataset itself (sharded later)."""
+    if ds is None:
+        return None
+    return ds(rank, num_nodes, train) if is_factory(ds) else ds
+
+
+def train_loader(
+    ds: Dataset, shared: bool, rank: int, num_nodes: int, batch_size: int, shuffle: bool, seed: int
+) -> tuple[DataLoader, Any]:
+    """Loader of full per-node batches (``drop_last``) and its sampler.
+
+    A ``shared`` dataset is split across nodes by ``DistributedSampler`` (same ``seed`` on every
+    rank, so shards are disjoint); a factory's dataset is already this node's shard.
+    """
+    sampler: Any
+    if shared:
+        sampler = DistributedSampler(ds, num_replicas=num_nodes, rank=rank, shuffle=shuffle, seed=seed)
+    elif shuffle:
+        sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed * 1000003 + rank))
+    else:
+        sampler = SequentialSampler(ds)
+    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True), sampler
+
+
+def steps_per_epoch(ds_len: int, shared: bool, num_nodes: int, batch_size: int) -> int:
+    """Full batches per epoch on one node (DistributedSampler pads to ``ceil(len / K)``)."""
+    per_node = -(-ds_len // num_nodes) if shared else ds_len
+    return per_node // batch_size
+
+
+def forever(loader: DataLoader, sampler: Any) -> Iterator[Any]:
+    """Iterate ``loader`` epoch after epoch, reshuffling each epoch."""
+    epoch = 0
+    while True:
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def val_subset(ds: Dataset, shared: bool, rank: int, num_nodes: int, val_size: int) -> Dataset:
+    """This node's share of the validation examples: of the first ``val_size`` examples of a
+    shared dataset, every ``num_nodes``-th from ``rank``; of a factory's dataset, its first
+    ``ceil(val_size / num_nodes)``."""
+    if shared:
+        return Subset(ds, list(range(rank, min(val_size, len(ds)), num_nodes)))
+    return Subset(ds, list(range(min(-(-val_size // num_nodes), len(ds)))))
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """Split a collated batch into ``parts`` equal minibatches along the first dimension.
+
+    Tensors, and lists/tuples/namedtuples/dicts of them (nested), are split; a list of plain
+    items (e.g. strings) is sliced; other leaves are repeated in every minibatch.
+    """
+    if parts == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0 or batch.shape[0] % parts:
+            raise ValueError(f"cannot split a batch of leading size {tuple(batch.shape)[:1]} into {parts} minibatches")
+        return list(batch.chunk(parts))
+    if isinstance(batch, Mapping):
+        split = {k: split_batch(v, parts) for k, v in batch.items()}
+        return [_rebuild(batch, {k: v[i] for k, v in split.items()}) for i in range(parts)]
+    if isinstance(batch, (list, tuple)):
+        if batch and not any(isinstance(x, _CONTAINERS) for x in batch):
+            n = len(batch) // parts
+            return [_rebuild(batch, list(batch[i * n : (i + 1) * n])) for i in range(parts)]
+        cols = [split_batch(x, parts) for x in batch]
+        return [_rebuild(batch, [c[i] for c in cols]) for i in range(parts)]
+    return [batch] * parts
+
+
+_CONTAINERS = (torch.Tensor, Mapping, list, tuple)
+
+
+def _rebuild(like: Any, items: Any) -> Any:
+    """A container of ``like``'s type holding ``items`` (a dict for mappings, a list otherwise)."""
+    if isinstance(like, Mapping):
+        return items if type(like) is dict else type(like)(items)
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        return type(like)(*items)
+    return type(like)(items)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return _rebuild(batch, {k: to_device(v, device) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return _rebuild(batch, [to_device(x, device) for x in batch])
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """Number of examples in a collated batch (leading size of its first tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        for v in batch.values():
+            return batch_len(v)
+    if isinstance(batch, Sequence) and not isinstance(batch, str) and batch:
+        first = batch[0]
+        return batch_len(first) if isinstance(first, (torch.Tensor, Mapping, list, tuple)) else len(batch)
+    return 1

@@ -1,0 +1,126 @@
+"""Choosing the largest minibatch that fits: probed once per model and batch size, cached.
+
+The probe runs one forward and backward pass on a copy of the model for each candidate
+minibatch size (divisors of ``batch_size``, largest first) and keeps the first whose peak memory
+stays within the budget: ``max_memory_usage`` times the device's memory, shared by the nodes
+placed on that device. CUDA peaks come from the caching allocator; CPU peaks from the process's
+resident-set high-water mark, which Linux lets us reset (``/proc/self/clear_refs``). Where the
+peak cannot be measured, the whole batch is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from exogym.data import to_device
+
+logger = logging.getLogger(__name__)
+
+_CACHE: dict[tuple, int] = {}
+
+
+def divisors_desc(n: int) -> list[int]:
+    """Divisors of ``n``, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def device_budget(device: str, nodes_per_device: int, max_memory_usage: float) -> int | None:
+    """Bytes one node may use on ``device``, or ``None`` when unknown."""
+    if device == "cuda":
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    elif device == "cpu":
+        try:
+            total = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    else:
+        return None
+    return int(total * max_memory_usage / max(1, nodes_per_device))
+
+
+def _rss_peak_reset() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_now_and_peak() -> tuple[int, int]:
+    now = peak = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                now = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+    return now, peak
+
+
+def _measure(model: torch.nn.Module, batch: Any, device: str) -> int | None:
+    """Peak extra bytes of one forward+backward of ``model`` on ``batch``, or None if unknown."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        model(batch).backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    if device == "cpu" and _rss_peak_reset():
+        base, _ = _rss_now_and_peak()
+        model(batch).backward()
+        _, peak = _rss_now_and_peak()
+        return max(0, peak - base)
+    return None
+
+
+def probe_minibatch_size(
+    model: torch.nn.Module, dataset: Any, batch_size: int, device: str, budget: int | None
+) -> int:
+    """The largest divisor of ``batch_size`` whose forward+backward fits in ``budget`` bytes.
+
+    Cached by (model type, parameter count, batch size, device, budget). Falls back to
+    ``batch_size`` when the budget or the peak cannot be measured. Raises ``RuntimeError`` when
+    even a minibatch of one example does not fit.
+    """
+    nparams = sum(p.numel() for p in model.parameters())
+    key = (type(model).__qualname__, nparams, batch_size, device, budget)
+    if key in _CACHE:
+        return _CACHE[key]
+    if budget is None or len(dataset) < 1:
+        return batch_size
+    probe = copy.deepcopy(model).to(device)
+    probe.train()
+    chosen: int | None = None
+    for m in divisors_desc(batch_size):
+        examples = [dataset[i % len(dataset)] for i in range(m)]
+        batch = to_device(default_collate(examples), torch.device(device))
+        try:
+            peak = _measure(probe, batch, device)
+        except torch.OutOfMemoryError:
+            peak = budget + 1
+        probe.zero_grad(set_to_none=True)
+        if peak is None:
+            chosen = batch_size
+            break
+        if peak <= budget:
+            chosen = m
+            break
+    del probe
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if chosen is None:
+        raise RuntimeError(
+            f"even a minibatch of 1 example exceeds the memory budget of {budget / 2**20:.0f} MiB per node; "
+            "raise max_memory_usage, use fewer nodes per device, or a smaller model"
+        )
+    logger.info("minibatch_size=%d chosen for batch_size=%d on %s", chosen, batch_size, device)
+    _CACHE[key] = chosen
+    return chosen

@@ -1,0 +1,267 @@
+"""``TrainNode``: one rank's training loop, identical on every rank (rank 0 only logs)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from exogym import data as D
+from exogym.config import FitConfig
+from exogym.core.comm import NodeComm, set_current
+from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.strategy import Strategy
+from exogym.core.transport import TorchDistTransport
+from exogym.launch import connect_store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeJob:
+    """Everything a node process needs, pickled once into each process."""
+
+    model: torch.nn.Module
+    strategy: Strategy
+    train_dataset: Any
+    val_dataset: Any
+    config: FitConfig
+    store_port: int
+    run_name: str
+    logger: Any = None
+
+
+def node_main(rank: int, job: NodeJob) -> bytes | None:
+    """Process entry: set up the process group, train, return (rank 0) the serialized result."""
+    cfg = job.config
+    logging.basicConfig(level=cfg.log_level, format=f"[node {rank}] %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads_per_node)
+    torch.manual_seed(cfg.seed + rank)
+    device = cfg.node_device(rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = connect_store(job.store_port)
+    dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes, timeout=timedelta(minutes=10))
+    try:
+        comm = NodeComm(rank, cfg.num_nodes, TorchDistTransport())
+        set_current(comm)
+        node = TrainNode(job, rank, comm, device)
+        return node.train()
+    finally:
+        set_current(None)
+        dist.destroy_process_group()
+
+
+class TrainNode:
+    """One node: its model copy, data shard and strategy, and the loop that trains them.
+
+    Each step: take a batch, run ``accumulation`` forward/backward passes on its minibatches
+    (``loss / accumulation`` so gradients are the batch mean), call ``strategy.step()`` (which
+    communicates and updates), then ``strategy.zero_grad()``. Every ``log_interval`` steps the
+    train loss and byte counters are averaged over nodes; every ``val_interval`` steps the local
+    model and the all-node average are validated. Those measurement collectives are not charged
+    to the ledger: they are not part of the algorithm.
+    """
+
+    def __init__(self, job: NodeJob, rank: int, comm: NodeComm, device: torch.device) -> None:
+        cfg = job.config
+        self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
+        # The job's tensors may live in memory shared with the parent: copy before training.
+        self.model = copy.deepcopy(job.model).to(device)
+        self.model.train()
+        train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
+        shared = not D.is_factory(job.train_dataset)
+        self.loader, self.sampler = D.train_loader(train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed)
+        self.max_steps = cfg.max_steps or self._agree_on_steps(len(train_ds), shared)
+        val_ds = D.node_dataset(job.val_dataset, rank, cfg.num_nodes, train=False)
+        self.val_loader = None
+        if val_ds is not None and cfg.val_size > 0:
+            sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
+            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size)
+        self.strategy = job.strategy
+        self.strategy._attach(comm, self.max_steps, cfg.seed)
+        self.strategy._init_node(self.model, rank, cfg.num_nodes)
+        self.logger = job.logger if rank == 0 else None
+        self.run_name = job.run_name
+        self.history: list[dict[str, Any]] = []
+        self._avg_model: torch.nn.Module | None = None
+
+    def _agree_on_steps(self, n: int, shared: bool) -> int:
+        """Steps for a factory dataset: every node must run the same count, so take the minimum."""
+        local = D.steps_per_epoch(n, shared, self.cfg.num_nodes, self.cfg.batch_size) * self.cfg.num_epochs
+        t = torch.tensor([float(local)])
+        self.comm.all_reduce(t, op="min", charge=False)
+        steps = int(t.item())
+        if steps < 1:
+            raise ValueError(f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on")
+        return steps
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.cfg.autocast)
+
+    def _forward(self, batch: Any) -> torch.Tensor:
+        with self._autocast():
+            loss = self.model(batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(f"model(batch) must return a scalar loss tensor, got {shape}")
+        return loss.reshape(())
+
+    def train(self) -> bytes | None:
+        """Run ``max_steps`` steps; return the pickled result on rank 0, ``None`` elsewhere."""
+        cfg = self.cfg
+        if self.logger is not None:
+            self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
+        bar = _progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
+        batches = D.forever(self.loader, self.sampler)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_count = 0
+        compute_s = comm_s = 0.0
+        start = time.perf_counter()
+        for step in range(self.max_steps):
+            t0 = time.perf_counter()
+            batch = next(batches)
+            self.strategy.zero_grad()
+            for mb in D.split_batch(batch, cfg.accumulation):
+                loss = self._forward(D.to_device(mb, self.device))
+                (loss / cfg.accumulation).backward()
+                loss_sum += loss.detach().double().cpu()
+                loss_count += 1
+            t1 = time.perf_counter()
+            self.strategy.step()
+            t2 = time.perf_counter()
+            self.comm.ledger.end_step()
+            compute_s += t1 - t0
+            comm_s += t2 - t1
+            done = step + 1
+            if done % cfg.log_interval == 0 or done == self.max_steps:
+                row = self._train_row(done, loss_sum, loss_count, compute_s, comm_s, time.perf_counter() - start)
+                loss_sum.zero_()
+                loss_count, compute_s, comm_s = 0, 0.0, 0.0
+                self._emit(row)
+                bar.set_postfix(loss=f"{row['train_loss']:.4f}")
+            if self.val_loader is not None and (done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0)):
+                self._emit(self._validate(done, time.perf_counter() - start))
+            bar.update(1)
+        bar.close()
+        state = self._averaged_state()
+        if self.logger is not None:
+            self.logger.finish()
+        if self.rank != 0:
+            return None
+        buf = io.BytesIO()
+        torch.save({"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": _peak_memory(self.device)}, buf)
+        return buf.getvalue()
+
+    def _train_row(self, done: int, loss_sum: torch.Tensor, count: int, compute_s: float, comm_s: float, wall: float) -> dict[str, Any]:
+        led = self.comm.ledger
+        stats = torch.tensor([loss_sum.item(), float(count), led.total_sent, led.total_received], dtype=torch.float64)
+        self.comm.all_reduce(stats, op="sum", charge=False)
+        k = self.cfg.num_nodes
+        return {
+            "step": done,
+            "examples": done * self.cfg.batch_size * k,
+            "train_loss": stats[0].item() / max(stats[1].item(), 1.0),
+            "lr": self.strategy.lr,
+            "bytes_sent": stats[2].item() / k,
+            "bytes_received": stats[3].item() / k,
+            "compute_time": compute_s,
+            "comm_time": comm_s,
+            "wall_time": wall,
+        }
+
+    @torch.no_grad()
+    def _evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
+        """(sum of per-example losses, examples) of ``model`` on this node's validation share."""
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        for batch in self.val_loader or []:
+            n = D.batch_len(batch)
+            total += self._forward(D.to_device(batch, self.device)).item() * n
+            count += n
+        model.train(was_training)
+        return total, count
+
+    def _validate(self, done: int, wall: float) -> dict[str, Any]:
+        """Validation loss of the local models (mean over nodes) and of the all-node average."""
+        local = self._evaluate(self.model)
+        avg = self._average_model()
+        original, self.model = self.model, avg
+        try:
+            glob = self._evaluate(avg)
+        finally:
+            self.model = original
+        stats = torch.tensor([local[0], local[1], glob[0], glob[1]], dtype=torch.float64)
+        self.comm.all_reduce(stats, op="sum", charge=False)
+        return {
+            "step": done,
+            "val_loss_local": stats[0].item() / max(stats[1].item(), 1.0),
+            "val_loss_global": stats[2].item() / max(stats[3].item(), 1.0),
+            "wall_time": wall,
+        }
+
+    @torch.no_grad()
+    def _average_model(self) -> torch.nn.Module:
+        """A scratch copy of the model holding the mean of all nodes' floating-point state."""
+        if self._avg_model is None:
+            self._avg_model = copy.deepcopy(self.model)
+            self._avg_floats = [t for t in self._avg_model.state_dict().values() if t.is_floating_point()]
+            self._avg_groups = group_by_dtype(self._avg_floats)
+            self._avg_bufs = [FlatBuffer([self._avg_floats[i] for i in g]) for g in self._avg_groups]
+        self._avg_model.load_state_dict(self.model.state_dict())
+        for idx, buf in zip(self._avg_groups, self._avg_bufs, strict=True):
+            tensors = [self._avg_floats[i] for i in idx]
+            self.comm.all_reduce(buf.pack(tensors), op="mean", charge=False)
+            buf.unpack(tensors)
+        return self._avg_model
+
+    def _averaged_state(self) -> dict[str, torch.Tensor]:
+        """The all-node average of the final state, on CPU. Collective."""
+        return {k: v.detach().cpu().clone() for k, v in self._average_model().state_dict().items()}
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        if self.logger is not None:
+            self.logger.log(row)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kw: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak bytes: CUDA allocator peak, else the process's peak resident set."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+__all__ = ["NodeJob", "TrainNode", "node_main"]

@@ -1,0 +1,232 @@
+"""``Trainer``: validates a run, spawns K node processes, and returns the averaged model."""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from exogym import data as D
+from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
+from exogym.core.strategy import Strategy
+from exogym.launch import check_main_guard, create_store, run_nodes
+from exogym.logger import CSVLogger, Logger, default_run_name
+from exogym.memory import device_budget, probe_minibatch_size
+from exogym.node import NodeJob, node_main
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Simulated distributed training of ``model`` on one machine.
+
+    Args:
+        model: an ``nn.Module`` whose ``forward(batch)`` returns a scalar loss; ``batch`` is what
+            the dataset's default collation produces (any structure: tensors, tuples, dicts).
+        train_dataset: a map-style ``Dataset`` shared by all nodes (split with a
+            ``DistributedSampler``), or a factory ``dataset_factory(rank, num_nodes, train_dataset)``
+            called inside each node (with ``train_dataset=True``).
+        val_dataset: the same for validation (factory called with ``False``), or ``None``.
+
+    After :meth:`fit`, :attr:`history` holds the metric rows and :attr:`result` the run summary.
+    """
+
+    def __init__(self, model: torch.nn.Module, train_dataset: D.DatasetArg, val_dataset: D.DatasetArg = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if train_dataset is None:
+            raise TypeError("train_dataset is required (a Dataset or a dataset_factory)")
+        self.model = model
+        self.train_dataset = train_dataset
+        self.val_dataset = val_dataset
+        self.history: list[dict[str, Any]] = []
+        self.result: dict[str, Any] = {}
+
+    def fit(
+        self,
+        strategy: Strategy,
+        num_nodes: int,
+        num_epochs: int = 1,
+        max_steps: int | None = None,
+        batch_size: int = 32,
+        minibatch_size: int | None = None,
+        gradient_accumulation: int | None = None,
+        device: str | torch.device | None = None,
+        devices: list[int] | None = None,
+        val_size: int = 256,
+        val_interval: int | None = None,
+        autocast: bool | torch.dtype = False,
+        seed: int = 42,
+        logger: Logger | None | bool = None,
+        log_interval: int = 10,
+        max_memory_usage: float = 0.8,
+        shuffle: bool = True,
+        progress: bool = True,
+        run_name: str | None = None,
+    ) -> torch.nn.Module:
+        """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
+
+        Args:
+            strategy: a :class:`~exogym.core.strategy.Strategy` (e.g. ``SimpleReduceStrategy()``).
+            num_nodes: K, the number of node processes (>= 1).
+            num_epochs: passes over each node's shard, when ``max_steps`` is not given.
+            max_steps: optimizer steps per node (overrides ``num_epochs``).
+            batch_size: examples per node per optimizer step.
+            minibatch_size: examples per forward/backward (must divide ``batch_size``); ``None``
+                picks the largest divisor that fits in memory (see :mod:`exogym.memory`).
+            gradient_accumulation: the other way to say ``minibatch_size = batch_size / N``.
+            device: ``'cpu'``, ``'cuda'`` or ``'mps'``; ``None`` picks the best available.
+            devices: CUDA device indices to spread the nodes over (round-robin).
+            val_size: validation examples per evaluation, split across nodes.
+            val_interval: validate every this many steps (``None``: about 10 times per run);
+                the last step is always validated.
+            autocast: ``True`` (bfloat16), a dtype, or ``False``.
+            seed: the shared seed (data order, communicator randomness).
+            logger: a logger for rank 0 (default :class:`~exogym.logger.CSVLogger`), or
+                ``False`` for none.
+            log_interval: aggregate train metrics every this many steps.
+            max_memory_usage: fraction of device memory the automatic minibatch may use.
+            shuffle: reshuffle training data every epoch.
+            progress: progress bar on rank 0.
+            run_name: folder name for the logs (default: strategy name and time).
+
+        Returns:
+            A copy of the model holding the mean of the nodes' final parameters and buffers.
+
+        Raises:
+            TypeError, ValueError: for bad arguments, before any process starts.
+            exogym.launch.NodeFailedError: when a node raises; carries its traceback.
+        """
+        check_main_guard()
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be an exogym Strategy instance, got {type(strategy).__name__}")
+        positive_int(num_nodes, "num_nodes")
+        positive_int(num_epochs, "num_epochs")
+        positive_int(max_steps, "max_steps", allow_none=True)
+        positive_int(batch_size, "batch_size")
+        positive_int(log_interval, "log_interval")
+        positive_int(val_interval, "val_interval", allow_none=True)
+        if not isinstance(val_size, int) or val_size < 0:
+            raise ValueError(f"val_size must be an int >= 0, got {val_size!r}")
+        if not 0.0 < max_memory_usage <= 1.0:
+            raise ValueError(f"max_memory_usage must be in (0, 1], got {max_memory_usage}")
+        D.check_dataset(self.train_dataset, "train_dataset", num_nodes)
+        D.check_dataset(self.val_dataset, "val_dataset", 1)
+        dev = resolve_device(device)
+        if devices is not None and dev != "cuda":
+            raise ValueError(f"devices= lists CUDA devices but device={dev!r}")
+        if devices is not None:
+            bad = [d for d in devices if not 0 <= d < torch.cuda.device_count()]
+            if bad or not devices:
+                raise ValueError(f"devices must be non-empty CUDA indices in [0, {torch.cuda.device_count()}), got {devices}")
+        amp = resolve_autocast(autocast, dev)
+
+        shared = not D.is_factory(self.train_dataset)
+        steps = max_steps
+        if shared:
+            self._check_model_output(dev)
+            per_epoch = D.steps_per_epoch(len(self.train_dataset), True, num_nodes, batch_size)
+            if per_epoch < 1:
+                raise ValueError(
+                    f"batch_size={batch_size} is larger than each node's shard "
+                    f"({-(-len(self.train_dataset) // num_nodes)} examples of {len(self.train_dataset)} over {num_nodes} nodes); "
+                    "lower batch_size or num_nodes"
+                )
+            steps = max_steps or per_epoch * num_epochs
+        mb = self._minibatch(batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage)
+
+        ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
+        backend = "nccl" if dev == "cuda" and ndev >= num_nodes else "gloo"
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cfg = FitConfig(
+            num_nodes=num_nodes,
+            max_steps=steps,
+            num_epochs=num_epochs,
+            batch_size=batch_size,
+            minibatch_size=mb,
+            device=dev,
+            devices=tuple(devices) if devices else None,
+            backend=backend,
+            val_size=val_size if self.val_dataset is not None else 0,
+            val_interval=val_interval if val_interval is not None else (max(1, steps // 10) if steps else None),
+            autocast=amp,
+            seed=seed,
+            log_interval=log_interval,
+            shuffle=shuffle,
+            progress=progress,
+            threads_per_node=max(1, cpus // num_nodes),
+            log_level=logging.getLogger("exogym").getEffectiveLevel(),
+        )
+        run_logger = None if logger is False else (logger if logger is not None else CSVLogger())
+        name = run_name or default_run_name(type(strategy).__name__)
+        store = create_store()
+        try:
+            job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger)
+            results = run_nodes(node_main, num_nodes, (job,))
+        finally:
+            del store
+        out = torch.load(io.BytesIO(results[0]), weights_only=False)
+        self.history = out["history"]
+        self.result = {"max_steps": out["max_steps"], "peak_memory": out["peak_memory"], "run_name": name, "config": cfg}
+        final = copy.deepcopy(self.model).cpu()
+        final.load_state_dict(out["state_dict"])
+        return final
+
+    def _check_model_output(self, device: str) -> None:
+        """Run the model once on two examples (no grad, eval mode) and check it returns a scalar."""
+        ds = self.train_dataset
+        batch = default_collate([ds[i] for i in range(min(2, len(ds)))])
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model(D.to_device(batch, next(model.parameters(), torch.empty(0)).device))
+        finally:
+            model.train(was_training)
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise TypeError(
+                f"model(batch) must return a scalar loss tensor (the mean loss over the batch), got {shape}; "
+                "compute the loss inside forward()"
+            )
+
+    def _minibatch(
+        self,
+        batch_size: int,
+        minibatch_size: int | None,
+        accumulation: int | None,
+        device: str,
+        devices: list[int] | None,
+        num_nodes: int,
+        max_memory_usage: float,
+    ) -> int:
+        positive_int(minibatch_size, "minibatch_size", allow_none=True)
+        positive_int(accumulation, "gradient_accumulation", allow_none=True)
+        if accumulation is not None:
+            if batch_size % accumulation:
+                raise ValueError(f"gradient_accumulation={accumulation} must divide batch_size={batch_size}")
+            if minibatch_size is not None and minibatch_size * accumulation != batch_size:
+                raise ValueError(
+                    f"minibatch_size={minibatch_size} and gradient_accumulation={accumulation} disagree "
+                    f"for batch_size={batch_size}; give one of them"
+                )
+            return batch_size // accumulation
+        if minibatch_size is not None:
+            if minibatch_size > batch_size or batch_size % minibatch_size:
+                raise ValueError(f"minibatch_size={minibatch_size} must divide batch_size={batch_size}")
+            return minibatch_size
+        if D.is_factory(self.train_dataset):
+            return batch_size
+        per_device = -(-num_nodes // max(1, len(set(devices)) if devices else 1))
+        budget = device_budget(device, per_device if device == "cuda" else num_nodes, max_memory_usage)
+        return probe_minibatch_size(self.model, self.train_dataset, batch_size, device, budget)
+
+
+#: The seeds' name for the same class.
+LocalTrainer = Trainer
