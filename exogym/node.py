@@ -252,8 +252,13 @@ class _NoBar:
 def _progress(total: int, enabled: bool) -> Any:
     if not enabled:
         return _NoBar()
+    import threading
+
     from tqdm.auto import tqdm
 
+    # tqdm's default lock is a multiprocessing semaphore; nodes end with os._exit, which would
+    # leave it registered with the resource tracker. A thread lock is all one process needs.
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
 
 

@@ -131,6 +131,9 @@ def sparse_scatter_reference_(
     scale: float = 1.0,
 ) -> None:
     """Pure-torch reference of :func:`sparse_scatter_` (mutates ``dsts`` in place)."""
+    total = sum(i.numel() for i in indices)
+    if values.dim() != 1 or values.numel() != total:
+        raise ValueError(f"sparse_scatter_: values must be 1-D with {total} elements (the sum of the index lengths), got {tuple(values.shape)}")
     offset = 0
     for dst, idx in zip(dsts, indices, strict=True):
         part = values[offset : offset + idx.numel()]

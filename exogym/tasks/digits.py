@@ -13,7 +13,10 @@ from torch.utils.data import TensorDataset
 def digits_datasets(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """(train, val) ``TensorDataset`` s of ``(x [64] float32 in [0, 1], y int64)`` from the 1,797
     bundled digits, split once with ``seed``."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise ImportError("the built-in digits task needs scikit-learn: pip install 'exogym[examples]'") from e
 
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x, dtype=torch.float32) / 16.0

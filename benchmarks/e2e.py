@@ -1,0 +1,138 @@
+"""End-to-end benchmark: ExoGym's K-process simulation against an in-process loop.
+
+The in-process loop trains the same K model copies in one process on the same shards
+(DistributedSampler), averages their gradients in memory and steps K optimizers: the same
+arithmetic with no processes and no collectives. Each side runs in a fresh Python process and is
+timed from process start (torch import included) to the end of training, so the ratio includes
+ExoGym's process start-up. Steady-state time per step is reported beside it (steps after the
+first ``--warmup``).
+
+    python benchmarks/e2e.py --nodes 4 --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+logger = logging.getLogger("benchmarks.e2e")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from exogym.tasks import MLPClassifier, digits_datasets
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    train, _ = digits_datasets()
+    base = MLPClassifier()
+    models = [MLPClassifier() for _ in range(nodes)]
+    for m in models:
+        m.load_state_dict(base.state_dict())
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
+    loaders = []
+    for r in range(nodes):
+        sampler = DistributedSampler(train, nodes, r, shuffle=True, seed=42)
+        loaders.append((DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True), sampler))
+
+    def batches(loader, sampler):
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    its = [batches(*lo) for lo in loaders]
+    t_warm = None
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if step == warmup:
+            t_warm = time.perf_counter()
+        for m, it, o in zip(models, its, opts):
+            o.zero_grad()
+            m(next(it)).backward()
+        with torch.no_grad():
+            for ps in zip(*(m.parameters() for m in models)):
+                mean = torch.stack([p.grad for p in ps]).mean(0)
+                for p in ps:
+                    p.grad.copy_(mean)
+        for o in opts:
+            o.step()
+    end = time.perf_counter()
+    return {"train_s": end - t0, "steady_step_s": (end - t_warm) / (steps - warmup)}
+
+
+def _exogym(nodes: int, steps: int, batch: int, warmup: int, strategy: str) -> dict:
+    from exogym import Trainer
+    from exogym.__main__ import _strategies
+    from exogym.tasks import MLPClassifier, digits_datasets
+
+    train, _ = digits_datasets()
+    trainer = Trainer(MLPClassifier(), train)
+    t0 = time.perf_counter()
+    trainer.fit(_strategies()[strategy](1e-3), num_nodes=nodes, max_steps=steps, batch_size=batch,
+                device="cpu", logger=False, progress=False, log_interval=warmup)
+    end = time.perf_counter()
+    rows = [r for r in trainer.history if "wall_time" in r and "train_loss" in r]
+    w0 = next(r for r in rows if r["step"] == warmup)
+    steady = (rows[-1]["wall_time"] - w0["wall_time"]) / (steps - warmup)
+    return {"train_s": end - t0, "steady_step_s": steady, "bytes_sent": rows[-1]["bytes_sent"]}
+
+
+def _child(args: argparse.Namespace) -> None:
+    """Runs inside the timed subprocess; prints one JSON line."""
+    if args.mode == "inprocess":
+        out = _inprocess(args.nodes, args.steps, args.batch_size, args.warmup)
+    else:
+        out = _exogym(args.nodes, args.steps, args.batch_size, args.warmup, args.mode)
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+def _timed(mode: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--nodes", str(args.nodes),
+           "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    total = time.perf_counter() - t0
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--strategies", default="ddp", help="comma-separated preset names")
+    parser.add_argument("--mode", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    base = _timed("inprocess", args)
+    results = {"inprocess": base}
+    logger.info("K=%d, %d steps, batch %d, MLP 64-256-256-10, CPU (%d cores)", args.nodes, args.steps, args.batch_size, os.cpu_count())
+    logger.info("%-14s %10s %10s %14s %12s %14s", "run", "total s", "x loop", "steady ms/step", "x loop", "MB sent/node")
+    logger.info("%-14s %10.2f %10s %14.2f %12s %14s", "in-process", base["total_s"], "1.00", 1e3 * base["steady_step_s"], "1.00", "-")
+    for name in args.strategies.split(","):
+        r = _timed(name, args)
+        results[name] = r
+        logger.info("%-14s %10.2f %10.2f %14.2f %12.2f %14.2f", name, r["total_s"], r["total_s"] / base["total_s"],
+                    1e3 * r["steady_step_s"], r["steady_step_s"] / base["steady_step_s"], r["bytes_sent"] / 1e6)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

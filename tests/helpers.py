@@ -1,0 +1,105 @@
+"""Models, data and probes shared by the tests (module level, so spawned nodes can import them)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from exogym.core.pipeline import Communicator
+
+FIT_DEFAULTS: dict[str, Any] = {"logger": False, "progress": False, "val_size": 0}
+
+
+def regression_data(n: int = 256, d: int = 8, seed: int = 0) -> TensorDataset:
+    """A noisy linear-regression dataset of ``n`` examples ``(x [d], y [1])``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(d, 1, generator=g)
+    return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=g))
+
+
+class TinyNet(nn.Module):
+    """A two-layer MLP returning the batch-mean MSE: ``forward((x, y)) -> scalar``."""
+
+    def __init__(self, d: int = 8, hidden: int = 16, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, 1)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(self.fc2(torch.tanh(self.fc1(x))), y)
+
+
+class VectorLossNet(TinyNet):
+    """Returns per-example losses: not a valid ExoGym model."""
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return ((self.fc2(torch.tanh(self.fc1(x))) - y) ** 2).squeeze(-1)
+
+
+class FailOnRank(TinyNet):
+    """Raises ``ValueError('boom on rank R')`` on rank ``fail_rank`` from its ``fail_call``-th forward."""
+
+    def __init__(self, fail_rank: int = 1, fail_call: int = 3) -> None:
+        super().__init__()
+        self.fail_rank, self.fail_call, self.calls = fail_rank, fail_call, 0
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        self.calls += 1
+        if dist.is_initialized() and dist.get_rank() == self.fail_rank and self.calls >= self.fail_call:
+            raise ValueError(f"boom on rank {self.fail_rank}")
+        return super().forward(batch)
+
+
+class SaveParams(Communicator):
+    """Test probe: after the last step's optimizer update, every rank saves its parameters to
+    ``<folder>/rank<r>.pt`` (a list of tensors). Costs no communication."""
+
+    space: ClassVar[str] = "param"
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(H=1)
+        self.folder = folder
+
+    def communicate(self, step: int) -> None:
+        if step + 1 == self.ctx.max_steps:
+            params = [p.detach().cpu().clone() for p in self.ctx.model.parameters()]
+            torch.save(params, os.path.join(self.folder, f"rank{self.ctx.rank}.pt"))
+
+
+def load_rank_params(folder: str, num_nodes: int) -> list[list[torch.Tensor]]:
+    """What :class:`SaveParams` wrote, indexed by rank."""
+    return [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(num_nodes)]
+
+
+def child_pids() -> list[int]:
+    """PIDs of this process's live (non-zombie) children, read from /proc.
+
+    The stdlib's multiprocessing resource tracker (one per program, started with the first
+    spawned process and ended with the program) is not a node and is left out.
+    """
+    me = os.getpid()
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" in f.read():
+                    continue
+            out.append(int(pid))
+    return out
