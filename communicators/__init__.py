@@ -2,9 +2,28 @@
 
 Each module is small, does one kind of communication, and charges every byte it would send to
 the node's ledger through :class:`exogym.core.comm.NodeComm`.
+
+* :class:`AveragingCommunicator`: mean of params or grads, optionally in islands / over sampled clients;
+* :class:`SparseCommunicator`: SPARTA sparse averaging with shared-seed (or top-k) selectors;
+* :class:`DiLoCoCommunicator`: DiLoCo's outer step on the averaged pseudo-gradient;
+* :class:`QuantizeCommunicator`: another module's payload in int8 / fp16 / bf16.
 """
 
 from communicators.averaging import AveragingCommunicator
+from communicators.diloco import DiLoCoCommunicator
+from communicators.islands import draw_islands, draw_participants
+from communicators.quantize import QuantizeCommunicator
+from communicators.sparse import SparseCommunicator
 from exogym.core.pipeline import Communicator, NodeContext, Pipeline
 
-__all__ = ["AveragingCommunicator", "Communicator", "NodeContext", "Pipeline"]
+__all__ = [
+    "AveragingCommunicator",
+    "Communicator",
+    "DiLoCoCommunicator",
+    "NodeContext",
+    "Pipeline",
+    "QuantizeCommunicator",
+    "SparseCommunicator",
+    "draw_islands",
+    "draw_participants",
+]

@@ -1,4 +1,4 @@
-"""Average the model or its gradients over all nodes every ``H`` steps."""
+"""Average the model or its gradients over all nodes, random islands, or sampled clients."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 
+from communicators.islands import draw_islands, draw_participants
 from exogym.core.flat import FlatBuffer, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -13,23 +14,41 @@ TARGETS = ("params", "grads")
 
 
 class AveragingCommunicator(Communicator):
-    """Every ``H`` steps, replace the parameters (or gradients) by their mean over all nodes.
+    """Every ``H`` steps, replace the parameters (or gradients) by their mean.
 
     ``target="grads"`` runs before the optimizer step (DDP when ``H=1``); ``target="params"`` runs
     after it (FedAvg / local SGD). One all-reduce per dtype per round, through a flat buffer.
 
+    With ``island_size``, each round the nodes are split into random islands of that size (drawn
+    from the shared seed, the same on every rank, see :func:`communicators.islands.draw_islands`)
+    and each island averages on its own; the ledger charges an all-reduce among the island.
+
+    With ``client_sampling=f``, only ``max(1, round(f * n))`` nodes of each island (or of the
+    world) contribute to a round; the others receive the participants' mean. Charged as an
+    all-reduce among the participants plus a broadcast of the result to the others.
+
     Args:
         H: communicate every ``H`` steps.
         target: ``"params"`` or ``"grads"``.
+        island_size: nodes per island (``None``: everyone; ``>= K`` is the same).
+        client_sampling: fraction of nodes that contribute each round (``None``: all).
     """
 
     space: ClassVar[str] = "param"
 
-    def __init__(self, H: int = 1, target: str = "params") -> None:
+    def __init__(
+        self, H: int = 1, target: str = "params", island_size: int | None = None, client_sampling: float | None = None
+    ) -> None:
         super().__init__(H)
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+        if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
+            raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
+        if client_sampling is not None and not 0.0 < client_sampling <= 1.0:
+            raise ValueError(f"client_sampling must be in (0, 1] or None, got {client_sampling!r}")
         self.target = target
+        self.island_size = island_size
+        self.client_sampling = client_sampling
         self.space = "grad" if target == "grads" else "param"  # type: ignore[misc]
 
     def _init_node(self, ctx: NodeContext) -> None:
@@ -38,13 +57,39 @@ class AveragingCommunicator(Communicator):
         self.groups = group_by_dtype(self.params)
         self.buffers = [FlatBuffer([self.params[i] for i in g]) for g in self.groups]
 
+    def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
+        """(islands or None, this rank's island, its participants) for the round ending at ``step``."""
+        k, rank, seed = self.ctx.num_nodes, self.ctx.rank, self.ctx.seed
+        round_ = step // self.H
+        islands = draw_islands(k, self.island_size, seed, round_) if self.island_size else None
+        members = next(g for g in islands if rank in g) if islands else list(range(k))
+        participants = members if self.client_sampling is None else draw_participants(members, self.client_sampling, seed, round_)
+        return islands, members, participants
+
+    def _mean_(self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]) -> None:
+        comm, tag = self.ctx.comm, f"average_{self.target}"
+        if len(participants) == len(members):
+            comm.all_reduce(flat, op="mean", groups=islands, tag=tag)
+            return
+        rank = self.ctx.rank
+        if rank not in participants:
+            flat.zero_()
+        comm.all_reduce(flat, op="sum", groups=islands, charge=False)
+        flat.div_(len(participants))
+        nbytes = flat.numel() * flat.element_size()
+        if rank in participants:
+            comm.charge("all_reduce", len(participants), nbytes, tag)
+        if rank not in participants or rank == participants[0]:
+            comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag, is_root=rank == participants[0])
+
     @torch.no_grad()
     def communicate(self, step: int) -> None:
+        islands, members, participants = self._round_groups(step)
         for idx, buf in zip(self.groups, self.buffers, strict=True):
             params = [self.params[i] for i in idx]
             if self.target == "grads":
                 flat = buf.pack([p.grad for p in params])
-                self.ctx.comm.all_reduce(flat, op="mean", tag="average_grads")
+                self._mean_(flat, islands, members, participants)
                 for p, view in zip(params, buf.views, strict=True):
                     if p.grad is None:
                         p.grad = view.view_as(p).clone()
@@ -52,8 +97,11 @@ class AveragingCommunicator(Communicator):
                         p.grad.copy_(view.view_as(p))
             else:
                 flat = buf.pack(params)
-                self.ctx.comm.all_reduce(flat, op="mean", tag="average_params")
+                self._mean_(flat, islands, members, participants)
                 buf.unpack(params)
 
     def describe(self) -> str:
-        return f"Averaging({self.target}, H={self.H})"
+        extra = "".join(
+            f", {k}={v}" for k, v in (("island_size", self.island_size), ("client_sampling", self.client_sampling)) if v is not None
+        )
+        return f"Averaging({self.target}, H={self.H}{extra})"

@@ -82,29 +82,32 @@ class TrainNode:
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
         shared = not D.is_factory(job.train_dataset)
         self.loader, self.sampler = D.train_loader(train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed)
-        self.max_steps = cfg.max_steps or self._agree_on_steps(len(train_ds), shared)
+        self.steps_per_epoch = self._agree_on_steps_per_epoch(len(train_ds), shared)
+        self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         val_ds = D.node_dataset(job.val_dataset, rank, cfg.num_nodes, train=False)
         self.val_loader = None
         if val_ds is not None and cfg.val_size > 0:
             sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
             self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size)
         self.strategy = job.strategy
-        self.strategy._attach(comm, self.max_steps, cfg.seed)
+        self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
         self.history: list[dict[str, Any]] = []
         self._avg_model: torch.nn.Module | None = None
 
-    def _agree_on_steps(self, n: int, shared: bool) -> int:
-        """Steps for a factory dataset: every node must run the same count, so take the minimum."""
-        local = D.steps_per_epoch(n, shared, self.cfg.num_nodes, self.cfg.batch_size) * self.cfg.num_epochs
-        t = torch.tensor([float(local)])
-        self.comm.all_reduce(t, op="min", charge=False)
-        steps = int(t.item())
-        if steps < 1:
+    def _agree_on_steps_per_epoch(self, n: int, shared: bool) -> int:
+        """Full batches per epoch. Factory datasets may differ in size, but every node must run
+        the same number of steps, so the nodes take the minimum (one uncharged all-reduce)."""
+        local = D.steps_per_epoch(n, shared, self.cfg.num_nodes, self.cfg.batch_size)
+        if not shared:
+            t = torch.tensor([float(local)])
+            self.comm.all_reduce(t, op="min", charge=False)
+            local = int(t.item())
+        if local < 1:
             raise ValueError(f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on")
-        return steps
+        return local
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.autocast is None:

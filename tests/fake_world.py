@@ -78,3 +78,51 @@ def run_ranks(k: int, fn: Callable[[int, NodeComm], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def train_ranks(
+    k: int,
+    make_strategy: Callable[[], Any],
+    steps: int,
+    make_model: Callable[[], torch.nn.Module] | None = None,
+    dataset: Any = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    steps_per_epoch: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run the real strategy code of ``k`` ranks on threads: each rank trains its own model copy
+    on its DistributedSampler shard and calls ``strategy.step()`` as the node loop does.
+
+    Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy"}``.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from tests.helpers import TinyNet, regression_data
+
+    import copy
+
+    base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
+    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
+
+    def body(rank: int, comm: NodeComm) -> dict[str, Any]:
+        model = copy.deepcopy(base)
+        sampler = DistributedSampler(ds, k, rank, shuffle=True, seed=seed)
+        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True)
+        strategy = make_strategy()
+        strategy._attach(comm, steps, seed, steps_per_epoch or len(loader))
+        strategy._init_node(model, rank, k)
+        records = []
+        batches = iter(loader)
+        for _ in range(steps):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                batch = next(batches)
+            strategy.zero_grad()
+            model(batch).backward()
+            strategy.step()
+            records.append(comm.ledger.end_step())
+        return {"params": [p.detach().clone() for p in model.parameters()], "records": records, "strategy": strategy}
+
+    return run_ranks(k, body)

@@ -22,6 +22,7 @@ class FlatBuffer:
         self.buffer = torch.empty(sum(self.numels), dtype=like[0].dtype, device=like[0].device)
         self.views = list(torch.split(self.buffer, self.numels))
 
+    @torch.no_grad()
     def pack(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Copy ``tensors`` into the buffer (``None`` counts as zeros) and return it."""
         for view, t in zip(self.views, tensors, strict=True):
@@ -31,6 +32,7 @@ class FlatBuffer:
                 view.copy_(t.reshape(-1))
         return self.buffer
 
+    @torch.no_grad()
     def unpack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy the buffer back into ``tensors`` in place."""
         for view, t in zip(self.views, tensors, strict=True):

@@ -37,6 +37,7 @@ class NodeContext:
         optimizer: the inner optimizer (e.g. to read the current learning rate).
         seed: a seed every rank shares; derive shared randomness from it, never broadcast it.
         max_steps: the run's number of steps.
+        steps_per_epoch: steps in one pass over a node's data (the same on every rank).
     """
 
     model: torch.nn.Module
@@ -46,6 +47,7 @@ class NodeContext:
     optimizer: torch.optim.Optimizer
     seed: int
     max_steps: int
+    steps_per_epoch: int
 
 
 class Communicator:
@@ -172,7 +174,7 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         super()._init_node(model, rank, num_nodes)
-        ctx = NodeContext(model, rank, num_nodes, self.comm, self.optim, self.seed, self.max_steps)
+        ctx = NodeContext(model, rank, num_nodes, self.comm, self.optim, self.seed, self.max_steps, self.steps_per_epoch)
         self.pipeline._init_node(ctx)
 
     def step(self) -> None:

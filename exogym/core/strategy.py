@@ -80,17 +80,20 @@ class Strategy(ABC):
         self.max_norm = max_norm
         self.max_steps = 1
         self.seed = 0
+        self.steps_per_epoch = 1
         self.local_step = 0
 
     # -- binding inside a node --------------------------------------------------------------
-    def _attach(self, comm: NodeComm, max_steps: int, seed: int) -> None:
-        """Give the strategy its node's communication object, run length and shared seed.
+    def _attach(self, comm: NodeComm, max_steps: int, seed: int, steps_per_epoch: int) -> None:
+        """Give the strategy its node's communication object, run length, shared seed and the
+        number of steps per epoch.
 
-        Called by the node before :meth:`_init_node`; ``seed`` is the same on every rank.
+        Called by the node before :meth:`_init_node`; every argument is the same on every rank.
         """
         self.comm = comm
         self.max_steps = max_steps
         self.seed = seed
+        self.steps_per_epoch = steps_per_epoch
 
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         """Bind to this node's model: build the optimizer and the LR scheduler.

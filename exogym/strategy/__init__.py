@@ -4,15 +4,24 @@ Presets are :class:`CommunicateOptimizeStrategy` pipelines of modules from the t
 ``communicators`` package.
 """
 
+from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import Strategy
+from exogym.strategy.diloco import DiLoCoStrategy
+from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
+from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
 
 __all__ = [
     "CommunicateOptimizeStrategy",
     "Communicator",
+    "DiLoCoCommunicator",
+    "DiLoCoStrategy",
+    "FedAvgStrategy",
     "OptimSpec",
+    "SPARTADiLoCoStrategy",
+    "SPARTAStrategy",
     "SimpleReduceStrategy",
     "Strategy",
 ]

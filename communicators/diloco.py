@@ -1,0 +1,93 @@
+"""DiLoCo's outer step (Douillard et al. 2023, arXiv 2311.08105, Algorithm 1), without a master.
+
+Every ``H`` steps each rank computes the pseudo-gradient ``delta = theta_global - theta_local``
+(the last synchronised parameters minus its own), all-reduces its mean, resets its parameters to
+``theta_global`` and applies the outer optimizer with ``delta`` as the gradient. Every rank runs
+the same outer step on the same averaged ``delta``, so all ranks end identical (as in torchft):
+no rank is special and nothing is broadcast. ``theta_global`` stays on the model's device and is
+refreshed only at synchronisation, never copied per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from communicators.islands import draw_islands
+from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.optim import OptimSpec
+from exogym.core.pipeline import Communicator, NodeContext
+
+#: The outer optimizer when none is given: Nesterov SGD, lr 0.7, momentum 0.9 (DiLoCo's choice).
+DEFAULT_OUTER = OptimSpec(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
+
+
+class DiLoCoCommunicator(Communicator):
+    """Every ``H`` steps: average the pseudo-gradient and take an outer optimizer step.
+
+    Args:
+        H: inner steps between synchronisations.
+        outer_optim: the outer optimizer as an ``OptimSpec`` (default :data:`DEFAULT_OUTER`).
+        normalize: scale the averaged pseudo-gradient to unit L2 norm (over all parameters)
+            before the outer step (``outer_optim='sgd_normalized'`` in ``DiLoCoStrategy``).
+        island_size: average the pseudo-gradient within random islands of this many nodes.
+    """
+
+    space: ClassVar[str] = "param"
+
+    def __init__(
+        self, H: int = 100, outer_optim: OptimSpec | None = None, normalize: bool = False, island_size: int | None = None
+    ) -> None:
+        super().__init__(H)
+        self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
+        if not isinstance(self.outer_spec, OptimSpec):
+            raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")
+        if island_size is not None and island_size < 1:
+            raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
+        self.normalize = normalize
+        self.island_size = island_size
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        super()._init_node(ctx)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.dtype_groups = group_by_dtype(self.params)
+        self.flats = [FlatBuffer([self.params[i] for i in g]) for g in self.dtype_groups]
+        # theta_global: the parameters as of the last synchronisation (one copy, on device).
+        self.global_params = [p.detach().clone() for p in self.params]
+        self.outer = self.outer_spec.build(self.params)
+
+    @torch.no_grad()
+    def communicate(self, step: int) -> None:
+        islands = None
+        if self.island_size:
+            islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
+        saved_grads = [p.grad for p in self.params]
+        for group, flat in zip(self.dtype_groups, self.flats, strict=True):
+            params = [self.params[i] for i in group]
+            buf = flat.pack([self.global_params[i] - self.params[i] for i in group])
+            self.ctx.comm.all_reduce(buf, op="mean", groups=islands, tag="diloco_pseudo_grad")
+            for p, view in zip(params, flat.views, strict=True):
+                p.grad = view.view_as(p).clone()
+        if self.normalize:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params]))
+            for p in self.params:
+                p.grad.div_(norm.clamp_min(1e-12))
+        for p, g in zip(self.params, self.global_params, strict=True):
+            p.copy_(g)
+        self.outer.step()
+        for p, g, saved in zip(self.params, self.global_params, saved_grads, strict=True):
+            g.copy_(p)
+            p.grad = saved
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"global_params": list(self.global_params), "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for g, t in zip(self.global_params, state["global_params"], strict=True):
+            g.copy_(t)
+        self.outer.load_state_dict(state["outer"])
+
+    def describe(self) -> str:
+        isl = f", island_size={self.island_size}" if self.island_size else ""
+        return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl})"

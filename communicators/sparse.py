@@ -1,0 +1,184 @@
+"""SPARTA-style sparse averaging: each step, average a fraction ``p`` of the parameters.
+
+Which entries are averaged is decided by a *selector*. The shared-seed selectors derive the
+indices from the run's seed, the step and the tensor's position, so every rank computes the same
+indices and none is ever sent (SPARTA, Baioumy & Cheema 2025):
+
+* ``random`` (default): a fresh stratified draw each step (:func:`exogym.ops.select_indices`);
+* ``sequential``: one random permutation of each tensor cut into ``P = round(1/p)`` partitions,
+  visited in turn, so every entry is averaged once every ``P`` steps;
+* ``partitioned``: ``P`` strided partitions ``{i : i % P == c}``; each step picks ``c`` at random;
+* ``blockwise``: one contiguous block (wrapping around) at a random offset per tensor.
+
+``topk`` instead picks, on each rank, the entries that changed most since they were last
+averaged; the ranks' choices differ, so the indices are all-gathered (and charged) before the
+union is averaged.
+
+For ``random`` and ``blockwise``, a tensor of ``n`` entries averages ``floor(p*n)`` entries plus
+one more with probability ``frac(p*n)`` (shared draw), so the expected payload is exactly ``p``
+of the dense one and small tensors are not starved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from communicators.islands import draw_islands
+from exogym import ops
+from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.pipeline import Communicator, NodeContext
+from exogym.core.seeding import generator
+
+SELECTORS = ("random", "sequential", "partitioned", "blockwise", "topk")
+_COUNT_SALT, _PART_SALT, _BLOCK_SALT, _PERM_SALT = 0xC0, 0x9A, 0xB1, 0x9E
+
+
+def expected_count(n: int, p: float, seed: int, step: int, tensor_id: int) -> int:
+    """``floor(p*n)``, plus one with probability ``frac(p*n)`` from the shared seed."""
+    exact = p * n
+    base = math.floor(exact)
+    frac = exact - base
+    if frac > 0 and torch.rand((), generator=generator(seed, _COUNT_SALT, step, tensor_id)).item() < frac:
+        base += 1
+    return min(base, n)
+
+
+class SharedSelector:
+    """Indices from the shared seed. ``select(step)`` returns one sorted int64 tensor per parameter."""
+
+    def __init__(self, mode: str, p: float, seed: int, shapes: list[int], device: torch.device) -> None:
+        self.mode, self.p, self.seed, self.numels, self.device = mode, p, seed, shapes, device
+        self.parts = max(1, round(1.0 / p)) if p > 0 else 0
+        self._perms: list[torch.Tensor] | None = None
+
+    def select(self, step: int) -> list[torch.Tensor]:
+        return [self._one(step, i, n) for i, n in enumerate(self.numels)]
+
+    def _one(self, step: int, i: int, n: int) -> torch.Tensor:
+        if self.p == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        if self.mode == "random":
+            return ops.select_indices(n, expected_count(n, self.p, self.seed, step, i), self.seed, step, i, self.device)
+        if self.mode == "blockwise":
+            k = expected_count(n, self.p, self.seed, step, i)
+            offset = int(torch.randint(n, (), generator=generator(self.seed, _BLOCK_SALT, step, i)))
+            return ((torch.arange(k, device=self.device) + offset) % n).sort().values
+        if self.mode == "partitioned":
+            c = int(torch.randint(self.parts, (), generator=generator(self.seed, _PART_SALT, step)))
+            return torch.arange(c, max(c, n), self.parts, device=self.device)
+        # sequential: shuffled partitions cycled in order
+        if self._perms is None:
+            self._perms = [torch.randperm(m, generator=generator(self.seed, _PERM_SALT, j)).to(self.device) for j, m in enumerate(self.numels)]
+        c = step % self.parts
+        lo, hi = c * n // self.parts, (c + 1) * n // self.parts
+        return self._perms[i][lo:hi].sort().values
+
+
+class SparseCommunicator(Communicator):
+    """Average a fraction ``p`` of the parameters every ``H`` steps (after the optimizer step).
+
+    All parameters of a dtype travel in one buffer: ``sparse_gather`` -> one all-reduce (sum) ->
+    ``sparse_scatter_`` with the ``1/n`` average fused. ``p=1`` averages everything (FedAvg with
+    ``H=1``); ``p=0`` communicates nothing.
+
+    Args:
+        p: fraction of entries averaged per round, in ``[0, 1]``. ``sparsification_rate`` is an
+            accepted alias (the seeds' spelling); give one.
+        selector: one of :data:`SELECTORS` (see the module docstring).
+        H: communicate every ``H`` steps.
+        island_size: average within random islands of this many nodes instead of the world.
+    """
+
+    space: ClassVar[str] = "param"
+
+    def __init__(
+        self,
+        p: float | None = None,
+        selector: str = "random",
+        H: int = 1,
+        island_size: int | None = None,
+        *,
+        sparsification_rate: float | None = None,
+    ) -> None:
+        super().__init__(H)
+        if p is not None and sparsification_rate is not None:
+            raise TypeError("give the fraction once: p or its alias sparsification_rate, not both")
+        p = sparsification_rate if p is None else p
+        if p is None:
+            p = 0.005
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p (the fraction of parameters averaged) must be in [0, 1], got {p}")
+        if selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
+        if island_size is not None and island_size < 1:
+            raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
+        self.p, self.selector, self.island_size = float(p), selector, island_size
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        super()._init_node(ctx)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.dtype_groups = group_by_dtype(self.params)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        if self.selector == "topk":
+            self.flats = [FlatBuffer([self.params[i] for i in g]) for g in self.dtype_groups]
+            self.snapshots = [f.pack([self.params[i] for i in g]).clone() for f, g in zip(self.flats, self.dtype_groups)]
+        else:
+            self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
+
+    def _islands(self, step: int) -> tuple[list[list[int]] | None, int]:
+        if not self.island_size:
+            return None, self.ctx.num_nodes
+        islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
+        return islands, len(next(g for g in islands if self.ctx.rank in g))
+
+    @torch.no_grad()
+    def communicate(self, step: int) -> None:
+        if self.p == 0:
+            return
+        if self.selector == "topk":
+            self._communicate_topk(step)
+            return
+        islands, size = self._islands(step)
+        indices = self.shared.select(step)
+        for group in self.dtype_groups:
+            params = [self.params[i] for i in group]
+            idx = [indices[i] for i in group]
+            if sum(t.numel() for t in idx) == 0:
+                continue
+            buf = ops.sparse_gather(params, idx)
+            self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse")
+            ops.sparse_scatter_(params, idx, buf, 1.0 / size)
+
+    def _communicate_topk(self, step: int) -> None:
+        islands, _ = self._islands(step)
+        comm = self.ctx.comm
+        for group, flat_buf, snap in zip(self.dtype_groups, self.flats, self.snapshots, strict=True):
+            params = [self.params[i] for i in group]
+            flat = flat_buf.pack(params)
+            k = min(flat.numel(), max(1, round(self.p * flat.numel())))
+            local = (flat - snap).abs().topk(k, sorted=False).indices
+            small = torch.int32 if flat.numel() < 2**31 else torch.int64
+            gathered = comm.all_gather(local.to(small), groups=islands, tag="sparse_topk_indices")
+            union = torch.unique(gathered.reshape(-1)).to(torch.int64)
+            values = flat[union]
+            comm.all_reduce(values, op="mean", groups=islands, tag="sparse_topk_values")
+            flat[union] = values
+            snap[union] = values
+            flat_buf.unpack(params)
+
+    def state_dict(self) -> dict:
+        return {"snapshots": list(self.snapshots)} if self.selector == "topk" else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.selector == "topk":
+            for s, t in zip(self.snapshots, state["snapshots"], strict=True):
+                s.copy_(t)
+        else:
+            super().load_state_dict(state)
+
+    def describe(self) -> str:
+        isl = f", island_size={self.island_size}" if self.island_size else ""
+        return f"Sparse(p={self.p}, {self.selector}, H={self.H}{isl})"

@@ -1,0 +1,89 @@
+"""``SPARTAStrategy`` and ``SPARTADiLoCoStrategy``: sparse parameter averaging every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from communicators.diloco import DiLoCoCommunicator
+from communicators.quantize import QuantizeCommunicator
+from communicators.sparse import SparseCommunicator
+from exogym.core.optim import OptimSpec
+from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
+from exogym.strategy.diloco import inner_lr_alias, outer_spec
+
+_BITS = {8: "int8", 16: "fp16"}
+
+
+def sparse_module(
+    p_sparta: float, sparsification_mode: str | None, compression_method: str | None, quantization_bits: int | None
+) -> Communicator:
+    """The SPARTA communicator from the preset spellings (``compression_method`` is an alias of
+    ``sparsification_mode``; ``quantization_bits`` 8 or 16 wraps it in a quantizer)."""
+    if sparsification_mode is not None and compression_method is not None and sparsification_mode != compression_method:
+        raise TypeError(f"sparsification_mode={sparsification_mode!r} and its alias compression_method={compression_method!r} disagree")
+    mode = sparsification_mode or compression_method or "random"
+    module: Communicator = SparseCommunicator(p_sparta, mode)
+    if quantization_bits is not None and quantization_bits != 32:
+        if quantization_bits not in _BITS:
+            raise ValueError(f"quantization_bits must be 8, 16, 32 or None, got {quantization_bits!r}")
+        module = QuantizeCommunicator(module, _BITS[quantization_bits])
+    return module
+
+
+class SPARTAStrategy(CommunicateOptimizeStrategy):
+    """SPARTA: after every inner step, average a fraction ``p_sparta`` of the parameters whose
+    indices every rank derives from the shared seed (no mask is sent).
+
+    Pipeline: ``[SparseCommunicator(p_sparta, mode)]``, wrapped in ``QuantizeCommunicator`` when
+    ``quantization_bits`` is 8 or 16.
+
+    Args:
+        p_sparta: fraction of parameters averaged per step (default 0.005).
+        sparsification_mode: ``random`` (default), ``sequential``, ``partitioned``, ``blockwise``
+            or ``topk`` (see :mod:`communicators.sparse`). ``compression_method`` is an alias.
+        quantization_bits: 8 (int8 with per-chunk scales), 16 (fp16), or 32/``None`` (none).
+        **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
+            ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
+    """
+
+    def __init__(
+        self,
+        p_sparta: float = 0.005,
+        sparsification_mode: str | None = None,
+        compression_method: str | None = None,
+        quantization_bits: int | None = None,
+        **strategy_kwargs: Any,
+    ) -> None:
+        super().__init__([sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits)], **strategy_kwargs)
+
+
+class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
+    """SPARTA every step plus a DiLoCo outer step every ``H`` steps.
+
+    Pipeline: ``[SparseCommunicator(p_sparta, mode), DiLoCoCommunicator(H, outer)]``. Arguments as
+    for :class:`SPARTAStrategy` and :class:`~exogym.strategy.diloco.DiLoCoStrategy`.
+    """
+
+    def __init__(
+        self,
+        p_sparta: float = 0.005,
+        sparsification_mode: str | None = None,
+        H: int = 100,
+        outer_optim: str | OptimSpec = "sgd",
+        outer_lr: float | None = None,
+        outer_momentum: float | None = None,
+        nesterov: bool | None = None,
+        inner_lr: float | None = None,
+        compression_method: str | None = None,
+        quantization_bits: int | None = None,
+        **strategy_kwargs: Any,
+    ) -> None:
+        spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
+        modules = [
+            sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits),
+            DiLoCoCommunicator(H, spec, normalize),
+        ]
+        super().__init__(modules, **inner_lr_alias(strategy_kwargs, inner_lr))
+
+
+__all__ = ["SPARTADiLoCoStrategy", "SPARTAStrategy", "SparseCommunicator"]
