@@ -71,13 +71,13 @@ def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
 
 def _exogym(nodes: int, steps: int, batch: int, warmup: int, strategy: str) -> dict:
     from exogym import Trainer
-    from exogym.__main__ import _strategies
+    from exogym.strategy.registry import build
     from exogym.tasks import MLPClassifier, digits_datasets
 
     train, _ = digits_datasets()
     trainer = Trainer(MLPClassifier(), train)
     t0 = time.perf_counter()
-    trainer.fit(_strategies()[strategy](1e-3), num_nodes=nodes, max_steps=steps, batch_size=batch,
+    trainer.fit(build(strategy, 1e-3, 20), num_nodes=nodes, max_steps=steps, batch_size=batch,
                 device="cpu", logger=False, progress=False, log_interval=warmup)
     end = time.perf_counter()
     rows = [r for r in trainer.history if "wall_time" in r and "train_loss" in r]
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--strategies", default="ddp", help="comma-separated preset names")
+    parser.add_argument("--strategies", default="ddp,fedavg,diloco,sparta,sparta_diloco", help="comma-separated preset names (H=20)")
     parser.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="also write the results here")

@@ -8,22 +8,11 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import torch
-
-from exogym.core.strategy import Strategy
+from exogym.strategy.registry import PRESETS, build
 
 logger = logging.getLogger("exogym.cli")
-
-
-def _strategies() -> dict[str, Callable[[float], Strategy]]:
-    """Preset name -> factory taking the inner learning rate."""
-    from exogym.strategy import OptimSpec, SimpleReduceStrategy
-
-    return {
-        "ddp": lambda lr: SimpleReduceStrategy(OptimSpec(torch.optim.AdamW, lr=lr)),
-    }
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -33,7 +22,7 @@ def _train(args: argparse.Namespace) -> None:
 
     train, val = digits_datasets()
     trainer = Trainer(MLPClassifier(), train, val)
-    strategy = _strategies()[args.strategy](args.lr)
+    strategy = build(args.strategy, args.lr, args.H)
     t0 = time.perf_counter()
     trainer.fit(
         strategy,
@@ -61,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="exogym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train one strategy on the built-in digits task")
-    p.add_argument("--strategy", default="ddp", choices=sorted(_strategies()))
+    p.add_argument("--strategy", default="ddp", choices=sorted(PRESETS))
+    p.add_argument("--H", type=int, default=20, help="communication period of fedavg/diloco")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32)

@@ -1,0 +1,61 @@
+"""A hybrid no preset offers: DiLoCo whose pseudo-gradient is averaged within random islands of
+two nodes and sent as int8 with error feedback, compared with plain DiLoCo on the digits task.
+
+    python -m exogym.examples.hybrid_diloco --nodes 4 --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+
+from communicators import DiLoCoCommunicator, QuantizeCommunicator
+from exogym import Trainer
+from exogym.core.strategy import Strategy
+from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
+from exogym.tasks import MLPClassifier, digits_datasets
+
+logger = logging.getLogger("exogym.examples.hybrid_diloco")
+
+
+def island_int8_diloco(H: int = 20, island_size: int = 2, lr: float = 1e-3) -> CommunicateOptimizeStrategy:
+    """DiLoCo with island-averaged, int8-quantized pseudo-gradients: a three-line pipeline."""
+    pseudo_grad = DiLoCoCommunicator(H=H, island_size=island_size)
+    return CommunicateOptimizeStrategy(
+        [QuantizeCommunicator(pseudo_grad, "int8", error_feedback=True)],
+        optim_spec=OptimSpec(torch.optim.AdamW, lr=lr),
+    )
+
+
+def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
+    """Train both strategies; return each one's final validation loss and bytes sent per node."""
+    train, val = digits_datasets()
+    results = {}
+    strategies: dict[str, Strategy] = {
+        "diloco": DiLoCoStrategy(H=H, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3)),
+        "island_int8_diloco": island_int8_diloco(H=H),
+    }
+    for name, strategy in strategies.items():
+        trainer = Trainer(MLPClassifier(), train, val)
+        trainer.fit(strategy, num_nodes=nodes, max_steps=steps, batch_size=32, val_size=len(val), logger=False, progress=False)
+        val_loss = [r["val_loss_global"] for r in trainer.history if "val_loss_global" in r]
+        sent = [r["bytes_sent"] for r in trainer.history if "bytes_sent" in r][-1]
+        results[name] = {"val_loss_first": val_loss[0], "val_loss": val_loss[-1], "bytes_sent": sent}
+        logger.info("%-20s val loss %.4f  sent %.2f MB per node", name, val_loss[-1], sent / 1e6)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--H", type=int, default=20)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    run(args.nodes, args.steps, args.H)
+
+
+if __name__ == "__main__":
+    main()

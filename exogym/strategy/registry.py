@@ -1,0 +1,43 @@
+"""Preset strategies by name, for the command line and the benchmarks.
+
+Each entry builds a fresh strategy from the inner learning rate (AdamW inner optimizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from exogym.core.optim import OptimSpec
+from exogym.core.strategy import Strategy
+from exogym.strategy.diloco import DiLoCoStrategy
+from exogym.strategy.federated_averaging import FedAvgStrategy
+from exogym.strategy.simple_reduce import SimpleReduceStrategy
+from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
+
+
+def _adamw(lr: float) -> OptimSpec:
+    return OptimSpec(torch.optim.AdamW, lr=lr)
+
+
+#: name -> (factory(lr, H), one-line description)
+PRESETS: dict[str, tuple[Callable[[float, int], Strategy], str]] = {
+    "ddp": (lambda lr, H: SimpleReduceStrategy(_adamw(lr)), "gradient all-reduce every step"),
+    "fedavg": (lambda lr, H: FedAvgStrategy(H=H, optim_spec=_adamw(lr)), "model averaging every H steps"),
+    "diloco": (lambda lr, H: DiLoCoStrategy(H=H, optim_spec=_adamw(lr)), "Nesterov outer step on the mean pseudo-gradient every H steps"),
+    "sparta": (lambda lr, H: SPARTAStrategy(p_sparta=0.005, optim_spec=_adamw(lr)), "average 0.5% of the parameters every step"),
+    "sparta_diloco": (
+        lambda lr, H: SPARTADiLoCoStrategy(p_sparta=0.005, H=H, optim_spec=_adamw(lr)),
+        "SPARTA every step plus DiLoCo every H steps",
+    ),
+}
+
+
+def build(name: str, lr: float, H: int) -> Strategy:
+    """A fresh preset strategy; raises ``ValueError`` naming the choices for an unknown name."""
+    try:
+        factory = PRESETS[name][0]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose from {sorted(PRESETS)}") from None
+    return factory(lr, H)
