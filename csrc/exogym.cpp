@@ -18,4 +18,9 @@ TORCH_LIBRARY(exogym, m) {
   m.def("sparse_gather(Tensor[] srcs, Tensor[] indices) -> Tensor");
   // dst_i.flatten()[indices_i] = values[offset_i : offset_i + len(indices_i)] * scale, in place.
   m.def("sparse_scatter_(Tensor(a!)[] dsts, Tensor[] indices, Tensor values, float scale) -> ()");
+  // Chunked orthonormal 2-D DCT-II of x [rows, cols] in cr x cc chunks; the k largest-magnitude
+  // coefficients per chunk as (indices [chunks, k] int16/int32 sorted, values [chunks, k]).
+  m.def("dct_encode(Tensor x, int cr, int cc, int k) -> (Tensor, Tensor)");
+  // Mean over ranks of gathered top-k ([ranks, chunks, k]) per coefficient, inverse DCT -> [rows, cols].
+  m.def("dct_decode(Tensor indices, Tensor values, int rows, int cols, int cr, int cc, bool sign) -> Tensor");
 }

@@ -1,6 +1,6 @@
 """Custom ops of the ``exogym`` library and the path that serves them.
 
-Each op family lives in its own module (:mod:`exogym.ops.sparse`) with three things side by
+Each op family lives in its own module (:mod:`exogym.ops.sparse`, :mod:`exogym.ops.dct`) with three things side by
 side: the typed wrapper over ``torch.ops.exogym.<op>``, its fake (meta) implementation for
 ``torch.compile``, and a pure-torch reference. The reference is the test oracle, the benchmark
 baseline and the fallback where the compiled extension ``exogym._C`` is not available.
@@ -48,6 +48,13 @@ def use_kernel(op: str, device: torch.device) -> bool:
     return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"exogym::{op}", key)
 
 
+from exogym.ops.dct import (  # noqa: E402
+    chunk_shape,
+    dct_decode,
+    dct_decode_reference,
+    dct_encode,
+    dct_encode_reference,
+)
 from exogym.ops.sparse import (  # noqa: E402
     select_indices,
     select_indices_reference,
@@ -59,6 +66,11 @@ from exogym.ops.sparse import (  # noqa: E402
 
 __all__ = [
     "backend",
+    "chunk_shape",
+    "dct_decode",
+    "dct_decode_reference",
+    "dct_encode",
+    "dct_encode_reference",
     "extension_loaded",
     "use_kernel",
     "select_indices",
