@@ -113,45 +113,61 @@ std::tuple<at::Tensor, at::Tensor> dct_encode_cpu(const at::Tensor& x, int64_t c
   return {idx, vals};
 }
 
+// The orthonormal DCT-II matrix of size n, row-major (rows are frequencies).
+std::vector<float> dct_matrix(int64_t n) {
+  std::vector<float> d(static_cast<size_t>(n * n));
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t i = 0; i < n; ++i)
+      d[k * n + i] = static_cast<float>(std::sqrt((k == 0 ? 1.0 : 2.0) / n) * std::cos(M_PI * (2 * i + 1) * k / (2.0 * n)));
+  return d;
+}
+
+// Decode exploits sparsity: a chunk has at most ranks*k non-zero coefficients C[u][v], so the
+// column pass T = C Dc is one axpy of a basis row per coefficient, and only the row pass
+// X = Dr^T T runs the fast inverse DCT (along dim 0, no transposes).
 template <typename index_t>
 void decode_impl(const at::Tensor& indices, const at::Tensor& values, int64_t rows, int64_t cols, int64_t cr,
                  int64_t cc, bool sign, at::Tensor& out) {
   const int64_t ranks = indices.size(0), nchunks = indices.size(1), k = indices.size(2);
   const int64_t gcols = cols / cc, area = cr * cc;
-  const DctPlan pr(static_cast<int>(cr)), pc(static_cast<int>(cc));
+  const DctPlan pr(static_cast<int>(cr));
+  const std::vector<float> dc = dct_matrix(cc);
   const index_t* ip = indices.data_ptr<index_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "dct_decode", [&] {
     const scalar_t* vp = values.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, nchunks, 8, [&](int64_t begin, int64_t end) {
-      std::vector<float> coef_t(area), colt(area), rowt(area), block(area);
-      std::vector<int32_t> count(area);
-      std::vector<float> work(std::max(pr.workspace(static_cast<int>(cc)), pc.workspace(static_cast<int>(cr))));
+      std::vector<float> sum(area, 0.f), t(area), block(area), work(pr.workspace(static_cast<int>(cc)));
+      std::vector<int32_t> count(area, 0);
+      std::vector<int32_t> touched;
+      touched.reserve(ranks * k);
       for (int64_t c = begin; c < end; ++c) {
-        std::fill(coef_t.begin(), coef_t.end(), 0.f);
-        std::fill(count.begin(), count.end(), 0);
+        touched.clear();
         for (int64_t r = 0; r < ranks; ++r) {  // ranks in order: the sums do not depend on timing
           const int64_t base = (r * nchunks + c) * k;
-          for (int64_t t = 0; t < k; ++t) {
-            const int64_t q = static_cast<int64_t>(ip[base + t]);
+          for (int64_t i = 0; i < k; ++i) {
+            const int64_t q = static_cast<int64_t>(ip[base + i]);
             TORCH_CHECK(q >= 0 && q < area, "dct_decode: index ", q, " out of range for a ", cr, "x", cc, " chunk");
-            const int64_t slot = (q % cc) * cr + q / cc;  // transposed layout [v][u]
-            coef_t[slot] += static_cast<float>(vp[base + t]);
-            count[slot] += 1;
+            if (count[q]++ == 0) touched.push_back(static_cast<int32_t>(q));
+            sum[q] += static_cast<float>(vp[base + i]);
           }
         }
-        for (int64_t s = 0; s < area; ++s)
-          if (count[s] > 1) coef_t[s] /= static_cast<float>(count[s]);
-        pc.inverse(coef_t.data(), colt.data(), static_cast<int>(cr), work.data());  // colt[j][u]
-        for (int64_t j = 0; j < cc; ++j)
-          for (int64_t u = 0; u < cr; ++u) rowt[u * cc + j] = colt[j * cr + u];
-        pr.inverse(rowt.data(), block.data(), static_cast<int>(cc), work.data());  // block[i][j]
+        std::fill(t.begin(), t.end(), 0.f);
+        for (const int32_t q : touched) {  // T[u, :] += mean(C[u][v]) * Dc[v, :]
+          const float mean = sum[q] / static_cast<float>(count[q]);
+          row_axpy(t.data() + (q / cc) * cc, dc.data() + (q % cc) * cc, mean, static_cast<int>(cc));
+          sum[q] = 0.f;
+          count[q] = 0;
+        }
+        pr.inverse(t.data(), block.data(), static_cast<int>(cc), work.data());  // block[i][j]
         const int64_t r0 = (c / gcols) * cr, c0 = (c % gcols) * cc;
         for (int64_t i = 0; i < cr; ++i) {
-          for (int64_t j = 0; j < cc; ++j) {
-            float v = block[i * cc + j];
-            if (sign) v = static_cast<float>((v > 0.f) - (v < 0.f));
-            op[(r0 + i) * cols + c0 + j] = static_cast<scalar_t>(v);
+          const float* src = block.data() + i * cc;
+          scalar_t* dst = op + (r0 + i) * cols + c0;
+          if (sign) {
+            for (int64_t j = 0; j < cc; ++j) dst[j] = static_cast<scalar_t>(static_cast<float>((src[j] > 0.f) - (src[j] < 0.f)));
+          } else {
+            for (int64_t j = 0; j < cc; ++j) dst[j] = static_cast<scalar_t>(src[j]);
           }
         }
       }
