@@ -6,10 +6,13 @@ the node's ledger through :class:`exogym.core.comm.NodeComm`.
 * :class:`AveragingCommunicator`: mean of params or grads, optionally in islands / over sampled clients;
 * :class:`SparseCommunicator`: SPARTA sparse averaging with shared-seed (or top-k) selectors;
 * :class:`DiLoCoCommunicator`: DiLoCo's outer step on the averaged pseudo-gradient;
-* :class:`QuantizeCommunicator`: another module's payload in int8 / fp16 / bf16.
+* :class:`QuantizeCommunicator`: another module's payload in int8 / fp16 / bf16;
+* :class:`DCTCompressCommunicator`: DeMo's decoupled momentum with DCT top-k and sign-SGD
+  (:class:`DCTTopKReducer` compresses DiLoCo's pseudo-gradient the same way).
 """
 
 from communicators.averaging import AveragingCommunicator
+from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKReducer
 from communicators.diloco import DiLoCoCommunicator
 from communicators.islands import draw_islands, draw_participants
 from communicators.quantize import QuantizeCommunicator
@@ -18,6 +21,9 @@ from exogym.core.pipeline import Communicator, NodeContext, Pipeline
 
 __all__ = [
     "AveragingCommunicator",
+    "DCTCompressCommunicator",
+    "DCTTopKExchange",
+    "DCTTopKReducer",
     "Communicator",
     "DiLoCoCommunicator",
     "NodeContext",

@@ -10,14 +10,25 @@ refreshed only at synchronisation, never copied per step.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from communicators.islands import draw_islands
+from exogym.core.comm import Groups, NodeComm
 from exogym.core.flat import FlatBuffer, group_by_dtype
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
+
+class PseudoGradReducer(Protocol):
+    """Replaces per-parameter pseudo-gradients by their (possibly compressed) mean."""
+
+    def reduce_(self, comm: NodeComm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
+        """Collective: average ``tensors`` in place over this rank's group."""
+
+    def describe(self) -> str:
+        """A short label for logs."""
+
 
 #: The outer optimizer when none is given: Nesterov SGD, lr 0.7, momentum 0.9 (DiLoCo's choice).
 DEFAULT_OUTER = OptimSpec(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
@@ -32,12 +43,20 @@ class DiLoCoCommunicator(Communicator):
         normalize: scale the averaged pseudo-gradient to unit L2 norm (over all parameters)
             before the outer step (``outer_optim='sgd_normalized'`` in ``DiLoCoStrategy``).
         island_size: average the pseudo-gradient within random islands of this many nodes.
+        reducer: how the pseudo-gradients are averaged; by default one exact all-reduce per
+            dtype through a flat buffer. E.g. :class:`communicators.dct.DCTTopKReducer`
+            compresses them with DCT top-k.
     """
 
     space: ClassVar[str] = "param"
 
     def __init__(
-        self, H: int = 100, outer_optim: OptimSpec | None = None, normalize: bool = False, island_size: int | None = None
+        self,
+        H: int = 100,
+        outer_optim: OptimSpec | None = None,
+        normalize: bool = False,
+        island_size: int | None = None,
+        reducer: PseudoGradReducer | None = None,
     ) -> None:
         super().__init__(H)
         self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
@@ -47,6 +66,7 @@ class DiLoCoCommunicator(Communicator):
             raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
         self.normalize = normalize
         self.island_size = island_size
+        self.reducer = reducer
 
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
@@ -63,12 +83,18 @@ class DiLoCoCommunicator(Communicator):
         if self.island_size:
             islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
         saved_grads = [p.grad for p in self.params]
-        for group, flat in zip(self.dtype_groups, self.flats, strict=True):
-            params = [self.params[i] for i in group]
-            buf = flat.pack([self.global_params[i] - self.params[i] for i in group])
-            self.ctx.comm.all_reduce(buf, op="mean", groups=islands, tag="diloco_pseudo_grad")
-            for p, view in zip(params, flat.views, strict=True):
-                p.grad = view.view_as(p).clone()
+        if self.reducer is not None:
+            pseudo = [g - p for g, p in zip(self.global_params, self.params, strict=True)]
+            self.reducer.reduce_(self.ctx.comm, pseudo, islands)
+            for p, d in zip(self.params, pseudo, strict=True):
+                p.grad = d
+        else:
+            for group, flat in zip(self.dtype_groups, self.flats, strict=True):
+                params = [self.params[i] for i in group]
+                buf = flat.pack([self.global_params[i] - self.params[i] for i in group])
+                self.ctx.comm.all_reduce(buf, op="mean", groups=islands, tag="diloco_pseudo_grad")
+                for p, view in zip(params, flat.views, strict=True):
+                    p.grad = view.view_as(p).clone()
         if self.normalize:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params]))
             for p in self.params:
@@ -81,13 +107,19 @@ class DiLoCoCommunicator(Communicator):
             p.grad = saved
 
     def state_dict(self) -> dict[str, Any]:
-        return {"global_params": list(self.global_params), "outer": self.outer.state_dict()}
+        state = {"global_params": list(self.global_params), "outer": self.outer.state_dict()}
+        if hasattr(self.reducer, "state_dict"):
+            state["reducer"] = self.reducer.state_dict()  # type: ignore[union-attr]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for g, t in zip(self.global_params, state["global_params"], strict=True):
             g.copy_(t)
         self.outer.load_state_dict(state["outer"])
+        if "reducer" in state:
+            self.reducer.load_state_dict(state["reducer"])  # type: ignore[union-attr]
 
     def describe(self) -> str:
         isl = f", island_size={self.island_size}" if self.island_size else ""
-        return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl})"
+        red = f", reducer={self.reducer.describe()}" if self.reducer is not None else ""
+        return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl}{red})"

@@ -143,6 +143,10 @@ class Pipeline(Communicator):
 class CommunicateOptimizeStrategy(Strategy):
     """A strategy made of communicator modules around the inner optimizer step.
 
+    Gradients are clipped (``max_norm``) after the gradient-space modules, i.e. on what the
+    optimizer will apply; a subclass whose modules transform gradients into something else
+    (DeMo's signs) sets :attr:`clip_before_communication` to clip the raw local gradients.
+
     Args:
         communication_modules: the :class:`Communicator` modules, in order.
         optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm, inner_optim, lr, warmup_steps:
@@ -167,6 +171,9 @@ class CommunicateOptimizeStrategy(Strategy):
         )
         self.pipeline = Pipeline(communication_modules)
 
+    #: Clip the local gradients before the gradient-space modules instead of after them.
+    clip_before_communication: bool = False
+
     @property
     def communication_modules(self) -> list[Communicator]:
         """The modules, in order."""
@@ -179,8 +186,11 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def step(self) -> None:
         step = self.local_step
+        if self.clip_before_communication:
+            self.clip_grad()
         self.pipeline.before_optim(step)
-        self.clip_grad()
+        if not self.clip_before_communication:
+            self.clip_grad()
         self.optim.step()
         self.pipeline.after_optim(step)
         super().step()

@@ -1,5 +1,8 @@
-"""A hybrid no preset offers: DiLoCo whose pseudo-gradient is averaged within random islands of
-two nodes and sent as int8 with error feedback, compared with plain DiLoCo on the digits task.
+"""Hybrids no preset offers, compared with plain DiLoCo on the digits task:
+
+* DiLoCo whose pseudo-gradient is averaged within random islands of two nodes and sent as int8
+  with error feedback;
+* DiLoCo whose pseudo-gradient is DCT top-k compressed (DeMo's codec) with error feedback.
 
     python -m exogym.examples.hybrid_diloco --nodes 4 --steps 200
 """
@@ -11,7 +14,7 @@ import logging
 
 import torch
 
-from communicators import DiLoCoCommunicator, QuantizeCommunicator
+from communicators import DCTTopKReducer, DiLoCoCommunicator, QuantizeCommunicator
 from exogym import Trainer
 from exogym.core.strategy import Strategy
 from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
@@ -29,6 +32,14 @@ def island_int8_diloco(H: int = 20, island_size: int = 2, lr: float = 1e-3) -> C
     )
 
 
+def dct_diloco(H: int = 20, topk: int = 8, lr: float = 1e-3) -> CommunicateOptimizeStrategy:
+    """DiLoCo whose pseudo-gradient travels as the top-``topk`` DCT coefficients per chunk."""
+    return CommunicateOptimizeStrategy(
+        [DiLoCoCommunicator(H=H, reducer=DCTTopKReducer(topk=topk, chunk=64))],
+        optim_spec=OptimSpec(torch.optim.AdamW, lr=lr),
+    )
+
+
 def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
     """Train both strategies; return each one's final validation loss and bytes sent per node."""
     train, val = digits_datasets()
@@ -36,6 +47,7 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
     strategies: dict[str, Strategy] = {
         "diloco": DiLoCoStrategy(H=H, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3)),
         "island_int8_diloco": island_int8_diloco(H=H),
+        "dct_diloco": dct_diloco(H=H),
     }
     for name, strategy in strategies.items():
         trainer = Trainer(MLPClassifier(), train, val)

@@ -11,8 +11,10 @@ Set ``EXOGYM_FORCE_REFERENCE=1`` to use the references even when the extension i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -26,6 +28,20 @@ else:
         from exogym import _C  # noqa: F401  (loading it registers torch.ops.exogym.*)
     except ImportError as e:  # not built: pure-torch references serve every op
         _EXTENSION_ERROR = f"exogym._C could not be imported ({e})"
+
+
+_FORCED_REFERENCE = False
+
+
+@contextlib.contextmanager
+def force_reference() -> Iterator[None]:
+    """Within the block, every op uses its pure-torch reference (for side-by-side benchmarks)."""
+    global _FORCED_REFERENCE
+    previous, _FORCED_REFERENCE = _FORCED_REFERENCE, True
+    try:
+        yield
+    finally:
+        _FORCED_REFERENCE = previous
 
 
 def extension_loaded() -> bool:
@@ -42,7 +58,7 @@ def backend() -> str:
 
 def use_kernel(op: str, device: torch.device) -> bool:
     """True when ``torch.ops.exogym.<op>`` has a kernel registered for ``device``'s type."""
-    if _EXTENSION_ERROR is not None:
+    if _EXTENSION_ERROR is not None or _FORCED_REFERENCE:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device.type)
     return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"exogym::{op}", key)
@@ -72,6 +88,7 @@ __all__ = [
     "dct_encode",
     "dct_encode_reference",
     "extension_loaded",
+    "force_reference",
     "use_kernel",
     "select_indices",
     "select_indices_reference",

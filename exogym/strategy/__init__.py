@@ -8,6 +8,7 @@ from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import Strategy
+from exogym.strategy.demo import DeMoStrategy
 from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
@@ -16,6 +17,7 @@ from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
 __all__ = [
     "CommunicateOptimizeStrategy",
     "Communicator",
+    "DeMoStrategy",
     "DiLoCoCommunicator",
     "DiLoCoStrategy",
     "FedAvgStrategy",

@@ -11,6 +11,7 @@ import torch
 
 from exogym.core.optim import OptimSpec
 from exogym.core.strategy import Strategy
+from exogym.strategy.demo import DeMoStrategy
 from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
@@ -18,6 +19,7 @@ from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
 
 
 def _adamw(lr: float) -> OptimSpec:
+    """The inner optimizer of the presets."""
     return OptimSpec(torch.optim.AdamW, lr=lr)
 
 
@@ -27,6 +29,10 @@ PRESETS: dict[str, tuple[Callable[[float, int], Strategy], str]] = {
     "fedavg": (lambda lr, H: FedAvgStrategy(H=H, optim_spec=_adamw(lr)), "model averaging every H steps"),
     "diloco": (lambda lr, H: DiLoCoStrategy(H=H, optim_spec=_adamw(lr)), "Nesterov outer step on the mean pseudo-gradient every H steps"),
     "sparta": (lambda lr, H: SPARTAStrategy(p_sparta=0.005, optim_spec=_adamw(lr)), "average 0.5% of the parameters every step"),
+    "demo": (
+        lambda lr, H: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr)),
+        "DeMo: DCT top-32 of chunk 64 of the decoupled momentum, sign-SGD",
+    ),
     "sparta_diloco": (
         lambda lr, H: SPARTADiLoCoStrategy(p_sparta=0.005, H=H, optim_spec=_adamw(lr)),
         "SPARTA every step plus DiLoCo every H steps",

@@ -1,0 +1,225 @@
+"""DCT top-k compression of gradient-like tensors, and DeMo's communicator built on it.
+
+:class:`DCTTopKExchange` averages a fixed list of tensors across nodes the DeMo way: each node
+sends, per tensor, the ``topk`` largest coefficients of each chunk of its chunked DCT-II
+(:mod:`exogym.ops.dct`); the receivers average every coefficient over the nodes that chose it and
+invert the DCT. All compressed tensors of a call travel in **one** all-gather of a byte buffer.
+A tensor whose top-k payload would not be smaller than the dense tensor (scalars, tiny biases)
+is instead averaged exactly by **one** dense all-reduce shared by all such tensors.
+
+Bytes per node and call (ledger): an all-gather of ``sum_t chunks_t * k_t * (index bytes +
+value bytes)`` over compressed tensors ``t`` (index bytes 2 for chunks of at most 32,768
+entries, else 4; value bytes the tensor's element size), plus an all-reduce of the dense
+tensors' bytes when there are any.
+
+:class:`DCTCompressCommunicator` is DeMo (Peng, Quesnelle, Kingma 2024, arXiv 2411.19870,
+Algorithm 1) as a gradient-space module: per parameter, ``delta = decay * delta + lr * grad``;
+the top-k of ``delta`` is sent and subtracted from ``delta``; the gradient becomes
+``sign(mean of the received top-k)``, which the inner SGD applies as ``p -= lr * sign(...)``
+(with SGD's weight decay, ``p *= 1 - lr * wd`` first, up to float rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from exogym import ops
+from exogym.core.comm import Groups, NodeComm
+from exogym.core.pipeline import Communicator, NodeContext
+from exogym.ops.dct import as_2d_shape, chunk_shape, index_dtype
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """How one tensor travels: ``compressed`` (DCT top-k) or dense."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    compressed: bool
+    chunks: int
+    k: int
+    index_dtype: torch.dtype
+    payload: int  # bytes this node sends for the tensor
+
+
+def plan_tensor(shape: tuple[int, ...], dtype: torch.dtype, topk: int, chunk: int) -> TensorPlan:
+    """Compress when the top-k payload is smaller than the dense tensor."""
+    cr, cc = chunk_shape(shape, chunk)
+    rows, cols = as_2d_shape(shape)
+    chunks, k = (rows // cr) * (cols // cc), min(topk, cr * cc)
+    idt = index_dtype(cr, cc)
+    elem = torch.empty((), dtype=dtype).element_size()
+    sparse = chunks * k * (torch.empty((), dtype=idt).element_size() + elem)
+    dense = rows * cols * elem
+    if sparse < dense:
+        return TensorPlan(tuple(shape), dtype, True, chunks, k, idt, sparse)
+    return TensorPlan(tuple(shape), dtype, False, 0, 0, idt, dense)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+class DCTTopKExchange:
+    """Average a fixed list of tensors over the nodes with DCT top-k compression.
+
+    Args:
+        like: tensors with the shapes and dtypes of every later call.
+        topk: coefficients kept per chunk.
+        chunk: target chunk side (see :func:`exogym.ops.dct.chunk_shape`).
+    """
+
+    def __init__(self, like: Sequence[torch.Tensor], topk: int, chunk: int) -> None:
+        if topk < 1 or chunk < 1:
+            raise ValueError(f"topk and chunk must be >= 1, got topk={topk}, chunk={chunk}")
+        self.topk, self.chunk = topk, chunk
+        self.plans = [plan_tensor(tuple(t.shape), t.dtype, topk, chunk) for t in like]
+
+    @property
+    def compressed_payload(self) -> int:
+        """Bytes of the all-gather payload per node and call."""
+        return sum(p.payload for p in self.plans if p.compressed)
+
+    @property
+    def dense_payload(self) -> int:
+        """Bytes of the dense all-reduce payload per node and call (0 when none)."""
+        return sum(p.payload for p in self.plans if not p.compressed)
+
+    @torch.no_grad()
+    def exchange(
+        self, comm: NodeComm, tensors: Sequence[torch.Tensor], sign: bool = False, groups: Groups | None = None, tag: str = "dct_topk"
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Collective. Returns ``(averaged, sent)``: per tensor the decoded mean over the group
+        (its sign when ``sign``), and what this node's own message represents (the decode of its
+        top-k; the tensor itself when it went dense), for error feedback."""
+        averaged: list[Any] = [None] * len(tensors)
+        sent: list[Any] = [None] * len(tensors)
+        parts: list[torch.Tensor] = []
+        encoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, (t, plan) in enumerate(zip(tensors, self.plans, strict=True)):
+            if plan.compressed:
+                idx, vals = ops.dct_encode(t, self.chunk, plan.k)
+                encoded[i] = (idx, vals)
+                sent[i] = ops.dct_decode(idx[None], vals[None], plan.shape, self.chunk)
+                parts += [_bytes(vals), _bytes(idx)]
+        if parts:
+            payload = torch.cat(parts)
+            gathered = comm.all_gather(payload, groups=groups, charge=False)
+            comm.charge("all_gather", gathered.shape[0], payload.numel(), tag)
+            offset = 0
+            for i, (idx, vals) in encoded.items():
+                nv, ni = vals.numel() * vals.element_size(), idx.numel() * idx.element_size()
+                all_vals = gathered[:, offset : offset + nv].contiguous().view(vals.dtype).view(-1, *vals.shape)
+                all_idx = gathered[:, offset + nv : offset + nv + ni].contiguous().view(idx.dtype).view(-1, *idx.shape)
+                offset += nv + ni
+                averaged[i] = ops.dct_decode(all_idx, all_vals, self.plans[i].shape, self.chunk, sign=sign)
+        dense = [i for i, p in enumerate(self.plans) if not p.compressed]
+        if dense:
+            flat = torch.cat([tensors[i].reshape(-1) for i in dense])
+            comm.all_reduce(flat, op="mean", groups=groups, tag=f"{tag}_dense")
+            for i, view in zip(dense, flat.split([tensors[i].numel() for i in dense]), strict=True):
+                sent[i] = tensors[i]
+                averaged[i] = view.view_as(tensors[i]).sign() if sign else view.view_as(tensors[i])
+        return averaged, sent
+
+
+class DCTCompressCommunicator(Communicator):
+    """DeMo's decoupled momentum with DCT top-k, as a gradient-space module.
+
+    Per parameter and step: ``delta = decay * delta + lr * grad``; send the top-``topk``
+    coefficients per chunk of ``delta``'s chunked DCT; ``delta -= decode(own top-k)``; replace
+    the gradient by ``sign(decode(mean over nodes))`` (or the mean itself with ``sign=False``).
+    ``lr`` is read from the inner optimizer's parameter group each step, so LR schedules apply.
+
+    Args:
+        topk: coefficients kept per chunk (DeMo: 32).
+        chunk: target chunk side (DeMo: 64).
+        decay: momentum decay of ``delta`` (DeMo: 0.999).
+        sign: return the sign of the decoded mean (sign-SGD).
+    """
+
+    space: ClassVar[str] = "grad"
+
+    def __init__(self, topk: int = 32, chunk: int = 64, decay: float = 0.999, sign: bool = True) -> None:
+        super().__init__(H=1)
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        self.topk, self.chunk, self.decay, self.sign = topk, chunk, decay, sign
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        super()._init_node(ctx)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.deltas = [torch.zeros_like(p) for p in self.params]
+        self.exchange = DCTTopKExchange(self.params, self.topk, self.chunk)
+        groups = {id(p): g for g in ctx.optimizer.param_groups for p in g["params"]}
+        self.groups = [groups[id(p)] for p in self.params]
+
+    @torch.no_grad()
+    def communicate(self, step: int) -> None:
+        for p, delta, group in zip(self.params, self.deltas, self.groups, strict=True):
+            delta.mul_(self.decay)
+            if p.grad is not None:
+                delta.add_(p.grad, alpha=group["lr"])
+        averaged, sent = self.exchange.exchange(self.ctx.comm, self.deltas, sign=self.sign, tag="demo")
+        for p, delta, avg, own in zip(self.params, self.deltas, averaged, sent, strict=True):
+            delta.sub_(own)
+            if p.grad is None:
+                p.grad = avg.clone()
+            else:
+                p.grad.copy_(avg)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"deltas": list(self.deltas)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for d, t in zip(self.deltas, state["deltas"], strict=True):
+            d.copy_(t)
+
+    def describe(self) -> str:
+        return f"DCTCompress(topk={self.topk}, chunk={self.chunk}, decay={self.decay}{', sign' if self.sign else ''})"
+
+
+class DCTTopKReducer:
+    """A pseudo-gradient reducer for :class:`~communicators.diloco.DiLoCoCommunicator`: averages
+    the per-parameter pseudo-gradients by DCT top-k, keeping what was not sent for the next
+    round (error feedback).
+
+    Args:
+        topk: coefficients kept per chunk.
+        chunk: target chunk side.
+        error_feedback: add the unsent remainder to the next round's pseudo-gradient.
+    """
+
+    def __init__(self, topk: int = 32, chunk: int = 64, error_feedback: bool = True) -> None:
+        self.topk, self.chunk, self.error_feedback = topk, chunk, error_feedback
+        self.residuals: list[torch.Tensor] | None = None
+        self._exchange: DCTTopKExchange | None = None
+
+    def reduce_(self, comm: NodeComm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
+        """Replace ``tensors`` by their compressed mean over ``groups``. Collective."""
+        if self._exchange is None:
+            self._exchange = DCTTopKExchange(tensors, self.topk, self.chunk)
+            self.residuals = [torch.zeros_like(t) for t in tensors]
+        assert self.residuals is not None
+        if self.error_feedback:
+            for t, r in zip(tensors, self.residuals, strict=True):
+                t.add_(r)
+        averaged, sent = self._exchange.exchange(comm, tensors, groups=groups, tag="diloco_dct")
+        for t, r, avg, own in zip(tensors, self.residuals, averaged, sent, strict=True):
+            if self.error_feedback:
+                r.copy_(t - own)
+            t.copy_(avg)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The error-feedback residuals (``None`` before the first round)."""
+        return {"residuals": self.residuals}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.residuals = state["residuals"]
+
+    def describe(self) -> str:
+        return f"DCTTopK(topk={self.topk}, chunk={self.chunk}{', EF' if self.error_feedback else ''})"
