@@ -1,67 +1,59 @@
-"""The ``exogym`` command.
+"""The ``exogym`` command (also ``python -m exogym``).
 
-``exogym train`` runs one strategy on a built-in task (no download) and logs a summary.
+``exogym compare`` trains several strategies on a built-in task from the same initial model and
+reports, for each, the final validation loss and accuracy, bytes sent per node, the simulated
+time on a chosen network and the wall time; it writes per-run CSVs, ``summary.csv`` and plots.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import time
 from collections.abc import Sequence
 
-from exogym.strategy.registry import PRESETS, build
+from exogym.core.network import PRESETS as NETWORKS
+from exogym.strategy.registry import PRESETS
+from exogym.tasks import TASKS
 
 logger = logging.getLogger("exogym.cli")
 
-
-def _train(args: argparse.Namespace) -> None:
-    from exogym import Trainer
-    from exogym.logger import CSVLogger
-    from exogym.tasks import MLPClassifier, digits_datasets
-
-    train, val = digits_datasets()
-    trainer = Trainer(MLPClassifier(), train, val)
-    strategy = build(args.strategy, args.lr, args.H)
-    t0 = time.perf_counter()
-    trainer.fit(
-        strategy,
-        num_nodes=args.nodes,
-        max_steps=args.steps,
-        batch_size=args.batch_size,
-        device=args.device,
-        logger=CSVLogger(args.out),
-        val_size=len(val),
-        seed=args.seed,
-    )
-    wall = time.perf_counter() - t0
-    last = trainer.history[-1]
-    train_rows = [r for r in trainer.history if "bytes_sent" in r]
-    logger.info(
-        "%s on digits, %d nodes x %d steps: val loss %.4f (average model), %.1f MB sent per node, %.1f s wall",
-        args.strategy, args.nodes, trainer.result["max_steps"], last.get("val_loss_global", float("nan")),
-        train_rows[-1]["bytes_sent"] / 1e6, wall,
-    )
-    logger.info("metrics: %s/%s/metrics.csv", args.out, trainer.result["run_name"])
+DEFAULT_STRATEGIES = "ddp,fedavg,diloco,sparta,demo"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``exogym`` console script and ``python -m exogym``."""
+    """Entry point of the ``exogym`` console script."""
     parser = argparse.ArgumentParser(prog="exogym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train one strategy on the built-in digits task")
-    p.add_argument("--strategy", default="ddp", choices=sorted(PRESETS))
-    p.add_argument("--H", type=int, default=20, help="communication period of fedavg/diloco")
+    p = sub.add_parser("compare", help="compare strategies on a task", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="digits", choices=TASKS, help="digits and chars need no download (default digits)")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                   help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=32, help="examples per node per step")
+    p.add_argument("--lr", type=float, default=None, help="inner learning rate (default: the task's)")
+    p.add_argument("--H", type=int, default=20, help="communication period of fedavg and diloco")
+    p.add_argument("--network", default="internet", choices=sorted(NETWORKS))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="exogym_runs/compare", help="folder for CSVs and plots")
+    p.add_argument("--data-dir", default="data", help="where mnist and shakespeare are downloaded")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--out", default="exogym_runs", help="folder for the run's CSV and config")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    _train(args)
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown:
+        parser.error(f"unknown strategies {unknown}; choose from {sorted(PRESETS)}")
+
+    from exogym.compare import compare, format_table
+
+    summary = compare(args.task, names, nodes=args.nodes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      H=args.H, network=args.network, out_dir=args.out, device=args.device, data_dir=args.data_dir,
+                      seed=args.seed, progress=not args.no_progress)
+    logger.info("\n%s\n", format_table(summary))
+    logger.info("wrote %s/summary.csv, per-run metrics.csv and val_loss_vs_{step,bytes,sim_time}.png", args.out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from exogym.core.network import Network
+
 
 @dataclass(frozen=True)
 class FitConfig:
@@ -33,6 +35,7 @@ class FitConfig:
         progress: show a progress bar on rank 0.
         threads_per_node: intra-op threads in each node process.
         log_level: ``logging`` level for the nodes.
+        network: the network model that prices communication and compute.
     """
 
     num_nodes: int
@@ -52,6 +55,7 @@ class FitConfig:
     progress: bool
     threads_per_node: int
     log_level: int
+    network: Network
 
     @property
     def accumulation(self) -> int:
@@ -69,6 +73,7 @@ class FitConfig:
         """Plain values for logs."""
         d = asdict(self)
         d["autocast"] = None if self.autocast is None else str(self.autocast)
+        d["network"] = {"name": self.network.name, "bandwidth": self.network.bandwidth, "latency": self.network.latency}
         return d
 
 

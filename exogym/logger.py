@@ -2,7 +2,7 @@
 
 A logger is configured in the user's process, pickled into the nodes, and used by rank 0 only
 (every rank holds the same aggregated metrics; rank 0 only logs). :class:`CSVLogger` is the
-default.
+default; :class:`WandbLogger` and :class:`TensorBoardLogger` need their extras.
 """
 
 from __future__ import annotations
@@ -14,24 +14,9 @@ import os
 import time
 from typing import Any, Protocol
 
+from exogym.metrics import COLUMNS
+
 logger = logging.getLogger(__name__)
-
-#: Columns of the per-run metrics CSV (a row fills the ones it has; the rest stay empty).
-COLUMNS = (
-    "step",
-    "examples",
-    "train_loss",
-    "val_loss_local",
-    "val_loss_global",
-    "lr",
-    "bytes_sent",
-    "bytes_received",
-    "step_time",
-    "compute_time",
-    "comm_time",
-    "wall_time",
-)
-
 
 class Logger(Protocol):
     """What the training loop calls on rank 0."""
@@ -40,7 +25,7 @@ class Logger(Protocol):
         """Begin a run; ``config`` holds the run's settings."""
 
     def log(self, metrics: dict[str, Any]) -> None:
-        """Record one row of metrics (keys from :data:`COLUMNS`)."""
+        """Record one row of metrics (keys from :data:`exogym.metrics.COLUMNS`)."""
 
     def finish(self) -> None:
         """Flush and close."""
@@ -67,7 +52,7 @@ class CSVLogger:
         self._file = open(self.path, "w", newline="")  # noqa: SIM115 - closed in finish()
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
         self._writer.writeheader()
-        logger.info("writing metrics to %s", self.path)
+        logger.debug("writing metrics to %s", self.path)
 
     def log(self, metrics: dict[str, Any]) -> None:
         unknown = set(metrics) - set(COLUMNS)
@@ -80,6 +65,84 @@ class CSVLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class WandbLogger:
+    """Logs to Weights & Biases (the ``[wandb]`` extra). Works offline with ``WANDB_MODE=offline``
+    or ``mode="offline"`` (files under ``save_dir/wandb``).
+
+    Args:
+        project: the W&B project.
+        experiment_name: the run's name (default: the run name of ``fit``).
+        entity: the W&B entity (team or user), if not the default.
+        mode: ``"online"``, ``"offline"`` or ``"disabled"``; ``None`` follows ``WANDB_MODE``.
+        save_dir: where W&B keeps its files.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        experiment_name: str | None = None,
+        entity: str | None = None,
+        mode: str | None = None,
+        save_dir: str = "exogym_runs",
+    ) -> None:
+        try:
+            import wandb  # noqa: F401
+        except ImportError as e:
+            raise ImportError("WandbLogger needs wandb: pip install 'exogym[wandb]'") from e
+        self.project, self.experiment_name, self.entity, self.mode, self.save_dir = project, experiment_name, entity, mode, save_dir
+        self._run: Any = None
+
+    def start(self, run_name: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        os.makedirs(self.save_dir, exist_ok=True)
+        self._run = wandb.init(
+            project=self.project, name=self.experiment_name or run_name, entity=self.entity, mode=self.mode,
+            dir=self.save_dir, config=json.loads(json.dumps(config, default=str)), reinit=True,
+        )
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self._run.log({k: v for k, v in metrics.items() if k != "step" and v is not None}, step=int(metrics["step"]))
+
+    def finish(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+class TensorBoardLogger:
+    """Writes TensorBoard event files to ``<log_dir>/<run_name>`` (the ``[tensorboard]`` extra).
+
+    Args:
+        log_dir: parent folder of the run folders.
+    """
+
+    def __init__(self, log_dir: str = "exogym_runs") -> None:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError as e:
+            raise ImportError("TensorBoardLogger needs tensorboard: pip install 'exogym[tensorboard]'") from e
+        self.log_dir = log_dir
+        self._writer: Any = None
+
+    def start(self, run_name: str, config: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(os.path.join(self.log_dir, run_name))
+        self._writer.add_text("config", json.dumps(config, indent=2, default=str))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        step = int(metrics["step"])
+        for k, v in metrics.items():
+            if k != "step" and v is not None:
+                self._writer.add_scalar(k, v, step)
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def default_run_name(strategy_name: str) -> str:

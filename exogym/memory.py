@@ -121,6 +121,6 @@ def probe_minibatch_size(
             f"even a minibatch of 1 example exceeds the memory budget of {budget / 2**20:.0f} MiB per node; "
             "raise max_memory_usage, use fewer nodes per device, or a smaller model"
         )
-    logger.info("minibatch_size=%d chosen for batch_size=%d on %s", chosen, batch_size, device)
+    logger.debug("minibatch_size=%d chosen for batch_size=%d on %s", chosen, batch_size, device)
     _CACHE[key] = chosen
     return chosen

@@ -23,8 +23,12 @@ from exogym.core.flat import FlatBuffer, group_by_dtype
 from exogym.core.strategy import Strategy
 from exogym.core.transport import TorchDistTransport
 from exogym.launch import connect_store
+from exogym.metrics import MetricsBuffer, StepSample
 
 logger = logging.getLogger(__name__)
+
+#: Pending step samples are exchanged across nodes at least this often (in steps).
+_FLUSH_STEPS = 64
 
 
 @dataclass
@@ -65,12 +69,12 @@ def node_main(rank: int, job: NodeJob) -> bytes | None:
 class TrainNode:
     """One node: its model copy, data shard and strategy, and the loop that trains them.
 
-    Each step: take a batch, run ``accumulation`` forward/backward passes on its minibatches
-    (``loss / accumulation`` so gradients are the batch mean), call ``strategy.step()`` (which
-    communicates and updates), then ``strategy.zero_grad()``. Every ``log_interval`` steps the
-    train loss and byte counters are averaged over nodes; every ``val_interval`` steps the local
-    model and the all-node average are validated. Those measurement collectives are not charged
-    to the ledger: they are not part of the algorithm.
+    Each step: ``strategy.zero_grad()``, ``accumulation`` forward/backward passes on the batch's
+    minibatches (``loss / accumulation``, so gradients are the batch mean), then
+    ``strategy.step()`` (which communicates and updates). Metrics are buffered per step and
+    combined across nodes in batches (:mod:`exogym.metrics`); every ``val_interval`` steps the
+    local models and the all-node average are validated. Those measurement collectives are not
+    charged to the ledger: they are not part of the algorithm.
     """
 
     def __init__(self, job: NodeJob, rank: int, comm: NodeComm, device: torch.device) -> None:
@@ -114,9 +118,9 @@ class TrainNode:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.cfg.autocast)
 
-    def _forward(self, batch: Any) -> torch.Tensor:
+    def _forward(self, batch: Any, model: torch.nn.Module | None = None) -> torch.Tensor:
         with self._autocast():
-            loss = self.model(batch)
+            loss = (model or self.model)(batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise TypeError(f"model(batch) must return a scalar loss tensor, got {shape}")
@@ -129,34 +133,30 @@ class TrainNode:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
         bar = _progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
         batches = D.forever(self.loader, self.sampler)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        loss_count = 0
-        compute_s = comm_s = 0.0
+        metrics = MetricsBuffer(self.comm, cfg.network, cfg.batch_size, cfg.log_interval, self.max_steps)
+        flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
         start = time.perf_counter()
         for step in range(self.max_steps):
             t0 = time.perf_counter()
-            batch = next(batches)
-            self.strategy.zero_grad()
-            for mb in D.split_batch(batch, cfg.accumulation):
-                loss = self._forward(D.to_device(mb, self.device))
-                (loss / cfg.accumulation).backward()
-                loss_sum += loss.detach().double().cpu()
-                loss_count += 1
+            transport0 = self.comm.transport_seconds
+            loss_sum = self._train_step(next(batches))
             t1 = time.perf_counter()
-            self.strategy.step()
-            t2 = time.perf_counter()
-            self.comm.ledger.end_step()
-            compute_s += t1 - t0
-            comm_s += t2 - t1
+            records = self.comm.ledger.end_step()
+            comm_wall = self.comm.transport_seconds - transport0
+            metrics.add(StepSample(
+                loss_sum, float(cfg.accumulation), t1 - t0 - comm_wall, comm_wall, cfg.network.records_time(records),
+                sum(r.sent for r in records), sum(r.received for r in records), self.strategy.lr, t1 - start,
+                float(_peak_memory(self.device)),
+            ))
             done = step + 1
-            if done % cfg.log_interval == 0 or done == self.max_steps:
-                row = self._train_row(done, loss_sum, loss_count, compute_s, comm_s, time.perf_counter() - start)
-                loss_sum.zero_()
-                loss_count, compute_s, comm_s = 0, 0.0, 0.0
-                self._emit(row)
-                bar.set_postfix(loss=f"{row['train_loss']:.4f}")
-            if self.val_loader is not None and (done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0)):
-                self._emit(self._validate(done, time.perf_counter() - start))
+            validate = self.val_loader is not None and (done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0))
+            if done % flush_every == 0 or done == self.max_steps or validate:
+                for row in metrics.flush():
+                    self._emit(row)
+            if validate:
+                self._emit(self._validate(metrics))
+            if done % cfg.log_interval == 0:
+                bar.set_postfix(loss=f"{loss_sum / cfg.accumulation:.4f}")
             bar.update(1)
         bar.close()
         state = self._averaged_state()
@@ -165,56 +165,53 @@ class TrainNode:
         if self.rank != 0:
             return None
         buf = io.BytesIO()
-        torch.save({"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": _peak_memory(self.device)}, buf)
+        torch.save({"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": metrics.peak_memory}, buf)
         return buf.getvalue()
 
-    def _train_row(self, done: int, loss_sum: torch.Tensor, count: int, compute_s: float, comm_s: float, wall: float) -> dict[str, Any]:
-        led = self.comm.ledger
-        stats = torch.tensor([loss_sum.item(), float(count), led.total_sent, led.total_received], dtype=torch.float64)
-        self.comm.all_reduce(stats, op="sum", charge=False)
-        k = self.cfg.num_nodes
-        return {
-            "step": done,
-            "examples": done * self.cfg.batch_size * k,
-            "train_loss": stats[0].item() / max(stats[1].item(), 1.0),
-            "lr": self.strategy.lr,
-            "bytes_sent": stats[2].item() / k,
-            "bytes_received": stats[3].item() / k,
-            "compute_time": compute_s,
-            "comm_time": comm_s,
-            "wall_time": wall,
-        }
+    def _train_step(self, batch: Any) -> float:
+        """Forward/backward over the minibatches, then ``strategy.step()``; the summed loss."""
+        cfg = self.cfg
+        self.strategy.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for mb in D.split_batch(batch, cfg.accumulation):
+            loss = self._forward(D.to_device(mb, self.device))
+            (loss / cfg.accumulation).backward()
+            loss_sum += loss.detach().double().cpu()
+        self.strategy.step()
+        return loss_sum.item()
 
     @torch.no_grad()
-    def _evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
-        """(sum of per-example losses, examples) of ``model`` on this node's validation share."""
+    def _evaluate(self, model: torch.nn.Module) -> tuple[float, float, float, float]:
+        """``(loss sum, examples, correct, labelled)`` of ``model`` on this node's validation share.
+
+        Accuracy is counted when the model has ``logits(inputs)`` and batches are
+        ``(inputs, integer labels)``.
+        """
         was_training = model.training
         model.eval()
-        total, count = 0.0, 0
+        total = count = correct = labelled = 0.0
+        with_logits = callable(getattr(model, "logits", None))
         for batch in self.val_loader or []:
+            batch = D.to_device(batch, self.device)
             n = D.batch_len(batch)
-            total += self._forward(D.to_device(batch, self.device)).item() * n
+            with self._autocast():
+                total += self._forward(batch, model).item() * n
+                if with_logits and isinstance(batch, (tuple, list)) and len(batch) == 2 and not batch[1].is_floating_point():
+                    pred = model.logits(batch[0]).argmax(-1)
+                    correct += (pred == batch[1]).sum().item()
+                    labelled += batch[1].numel()
             count += n
         model.train(was_training)
-        return total, count
+        return total, count, correct, labelled
 
-    def _validate(self, done: int, wall: float) -> dict[str, Any]:
-        """Validation loss of the local models (mean over nodes) and of the all-node average."""
+    def _validate(self, metrics: MetricsBuffer) -> dict[str, Any]:
+        """Validation of the local models (mean over nodes) and of the all-node average. Collective."""
         local = self._evaluate(self.model)
-        avg = self._average_model()
-        original, self.model = self.model, avg
-        try:
-            glob = self._evaluate(avg)
-        finally:
-            self.model = original
-        stats = torch.tensor([local[0], local[1], glob[0], glob[1]], dtype=torch.float64)
+        glob = self._evaluate(self._average_model())
+        stats = torch.tensor([*local, *glob], dtype=torch.float64)
         self.comm.all_reduce(stats, op="sum", charge=False)
-        return {
-            "step": done,
-            "val_loss_local": stats[0].item() / max(stats[1].item(), 1.0),
-            "val_loss_global": stats[2].item() / max(stats[3].item(), 1.0),
-            "wall_time": wall,
-        }
+        v = stats.tolist()
+        return metrics.validation_row(tuple(v[:4]), tuple(v[4:]))
 
     @torch.no_grad()
     def _average_model(self) -> torch.nn.Module:

@@ -13,6 +13,7 @@ from torch.utils.data import default_collate
 
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
+from exogym.core.network import Network, resolve_network
 from exogym.core.strategy import Strategy
 from exogym.launch import check_main_guard, create_store, run_nodes
 from exogym.logger import CSVLogger, Logger, default_run_name
@@ -68,6 +69,7 @@ class Trainer:
         shuffle: bool = True,
         progress: bool = True,
         run_name: str | None = None,
+        network: Network | str | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -94,6 +96,9 @@ class Trainer:
             shuffle: reshuffle training data every epoch.
             progress: progress bar on rank 0.
             run_name: folder name for the logs (default: strategy name and time).
+            network: the network that simulated time is computed for: a
+                :class:`~exogym.core.network.Network` or a preset name (``'datacenter'``,
+                ``'ethernet'`` (default), ``'internet'``).
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers.
@@ -125,6 +130,7 @@ class Trainer:
             if bad or not devices:
                 raise ValueError(f"devices must be non-empty CUDA indices in [0, {torch.cuda.device_count()}), got {devices}")
         amp = resolve_autocast(autocast, dev)
+        net = resolve_network(network)
 
         shared = not D.is_factory(self.train_dataset)
         steps = max_steps
@@ -161,6 +167,7 @@ class Trainer:
             progress=progress,
             threads_per_node=max(1, cpus // num_nodes),
             log_level=logging.getLogger("exogym").getEffectiveLevel(),
+            network=net,
         )
         run_logger = None if logger is False else (logger if logger is not None else CSVLogger())
         name = run_name or default_run_name(type(strategy).__name__)

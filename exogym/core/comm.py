@@ -12,6 +12,7 @@ All methods are collectives: every rank must call them in the same order with th
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -58,6 +59,16 @@ class NodeComm:
         self.world_size = world_size
         self.transport = transport
         self.ledger = ledger if ledger is not None else Ledger()
+        #: Wall seconds spent inside the transport (the simulator's own communication cost).
+        self.transport_seconds = 0.0
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.transport_seconds += time.perf_counter() - t0
 
     # -- groups ---------------------------------------------------------------------------
     def _my_group(self, groups: Groups | None) -> tuple[int, list[int]]:
@@ -101,7 +112,7 @@ class NodeComm:
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
         index, members = self._my_group(groups)
         n_groups = 1 if groups is None else len(groups)
-        with _staged(tensor) as t:
+        with _staged(tensor) as t, self._timed():
             if n_groups == 1:
                 self.transport.all_reduce(t, "sum" if op == "mean" else op)
             else:
@@ -126,7 +137,7 @@ class NodeComm:
         Charged as one all_gather of ``tensor``'s bytes over this rank's group. Collective.
         """
         _, members = self._my_group(groups)
-        with _staged(tensor) as t:
+        with _staged(tensor) as t, self._timed():
             gathered = self.transport.all_gather(t)
         if groups is not None:
             gathered = gathered[members]
@@ -138,7 +149,7 @@ class NodeComm:
         """Overwrite ``tensor`` in place with rank ``src``'s and return it. Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
-        with _staged(tensor) as t:
+        with _staged(tensor) as t, self._timed():
             self.transport.broadcast(t, src)
         if charge:
             self.ledger.record("broadcast", self.world_size, _nbytes(tensor), tag, is_root=self.rank == src)
@@ -146,7 +157,8 @@ class NodeComm:
 
     def barrier(self) -> None:
         """Block until every rank arrives. Collective; costs no bytes."""
-        self.transport.barrier()
+        with self._timed():
+            self.transport.barrier()
 
 
 def _nbytes(t: torch.Tensor) -> int:

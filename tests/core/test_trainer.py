@@ -116,7 +116,8 @@ def test_gradient_accumulation_matches_full_batch() -> None:
 
 
 def test_csv_logger_writes_metrics(tmp_path) -> None:
-    from exogym.logger import COLUMNS, CSVLogger
+    from exogym.logger import CSVLogger
+    from exogym.metrics import COLUMNS
 
     fit(logger=CSVLogger(str(tmp_path)), run_name="run1", log_interval=1)
     lines = (tmp_path / "run1" / "metrics.csv").read_text().splitlines()

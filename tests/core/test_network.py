@@ -1,0 +1,48 @@
+"""The network model against hand-computed cases."""
+
+import pytest
+
+from exogym.core.ledger import CollectiveRecord
+from exogym.core.network import PRESETS, Network, resolve_network
+
+
+def test_hand_computed_costs() -> None:
+    net = Network(bandwidth=1e9, latency=1e-3)  # 1 Gbit/s, 1 ms
+    mb = 1_000_000
+    # ring all-reduce of 1 MB over 4 nodes: 6 latencies + 1.5 * 8e6 bits / 1e9
+    assert net.collective_time("all_reduce", 4, mb) == pytest.approx(6e-3 + 0.012)
+    # all-gather of 1 MB per node over 4 nodes: 3 latencies + 3/4 * 32e6 bits / 1e9
+    assert net.collective_time("all_gather", 4, mb) == pytest.approx(3e-3 + 0.024)
+    assert net.collective_time("reduce_scatter", 4, mb) == pytest.approx(3e-3 + 0.006)
+    # binomial broadcast over 5 nodes: 3 rounds of (1 ms + 8 ms)
+    assert net.collective_time("broadcast", 5, mb) == pytest.approx(3 * (1e-3 + 8e-3))
+    assert net.collective_time("barrier", 8, 0) == pytest.approx(3e-3)
+    assert net.collective_time("all_reduce", 1, mb) == 0.0
+
+
+def test_presets() -> None:
+    assert (PRESETS["datacenter"].bandwidth, PRESETS["datacenter"].latency) == (100e9, 10e-6)
+    assert (PRESETS["ethernet"].bandwidth, PRESETS["ethernet"].latency) == (1e9, 1e-3)
+    assert (PRESETS["internet"].bandwidth, PRESETS["internet"].latency) == (100e6, 30e-3)
+    assert resolve_network(None) is PRESETS["ethernet"] and resolve_network("internet") is PRESETS["internet"]
+    with pytest.raises(ValueError, match="network must be"):
+        resolve_network("wifi")
+    with pytest.raises(ValueError, match="bandwidth"):
+        Network(0, 1e-3)
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+def test_monotone_in_bytes_and_latency(kind: str) -> None:
+    sizes = [0, 1, 10**3, 10**6, 10**8]
+    for n in (2, 3, 8):
+        times = [Network(1e9, 1e-3).collective_time(kind, n, b) for b in sizes]
+        assert times == sorted(times) and times[-1] > times[0]
+        lat = [Network(1e9, a).collective_time(kind, n, 10**4) for a in (0, 1e-5, 1e-3, 1e-1)]
+        assert lat == sorted(lat) and lat[-1] > lat[0]
+
+
+def test_step_time_is_slowest_compute_plus_slowest_comm() -> None:
+    net = Network(1e9, 1e-3, compute_slowdown=(1.0, 3.0))
+    assert net.step_time([0.1, 0.05, 0.1, 0.02], [0.2, 0.3, 0.1, 0.1]) == pytest.approx(0.15 + 0.3)
+    recs = [CollectiveRecord("all_reduce", 4, 10**6, 0, 0), CollectiveRecord("all_gather", 2, 10**3, 0, 0)]
+    assert net.records_time(recs) == pytest.approx(net.collective_time("all_reduce", 4, 10**6) + net.collective_time("all_gather", 2, 10**3))
