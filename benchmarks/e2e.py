@@ -69,19 +69,27 @@ def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
     return {"train_s": end - t0, "steady_step_s": (end - t_warm) / (steps - warmup)}
 
 
-def _exogym(nodes: int, steps: int, batch: int, warmup: int, strategy: str) -> dict:
+def _exogym(nodes: int, steps: int, batch: int, warmup: int, mode: str) -> dict:
+    """``mode`` is a preset name, or ``<preset>+csv1`` for the CSV logger at log_interval=1."""
+    import tempfile
+
     from exogym import Trainer
+    from exogym.logger import CSVLogger
     from exogym.strategy.registry import build
     from exogym.tasks import MLPClassifier, digits_datasets
 
+    strategy, _, logging_mode = mode.partition("+")
     train, _ = digits_datasets()
     trainer = Trainer(MLPClassifier(), train)
+    log_kw: dict = {"logger": False, "log_interval": warmup}
+    if logging_mode == "csv1":
+        log_kw = {"logger": CSVLogger(tempfile.mkdtemp()), "log_interval": 1}
     t0 = time.perf_counter()
     trainer.fit(build(strategy, 1e-3, 20), num_nodes=nodes, max_steps=steps, batch_size=batch,
-                device="cpu", logger=False, progress=False, log_interval=warmup)
+                device="cpu", progress=False, **log_kw)
     end = time.perf_counter()
     rows = [r for r in trainer.history if "wall_time" in r and "train_loss" in r]
-    w0 = next(r for r in rows if r["step"] == warmup)
+    w0 = next(r for r in rows if r["step"] >= warmup)
     steady = (rows[-1]["wall_time"] - w0["wall_time"]) / (steps - warmup)
     return {"train_s": end - t0, "steady_step_s": steady, "bytes_sent": rows[-1]["bytes_sent"]}
 
@@ -110,7 +118,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--strategies", default="ddp,fedavg,diloco,sparta,sparta_diloco", help="comma-separated preset names (H=20)")
+    parser.add_argument("--strategies", default="ddp,fedavg,diloco,sparta,sparta_diloco,demo",
+                        help="comma-separated preset names (H=20); '<name>+csv1' adds the CSV logger at log_interval=1")
     parser.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="also write the results here")

@@ -1,0 +1,64 @@
+"""Built-in tasks and the loading code of the download-based ones, on small local files."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from exogym.tasks import CharDataset, CharGPT, MLPClassifier, load_task, load_text, mnist_datasets, split_text, stdlib_corpus
+from exogym.tasks.mnist import FILES, read_idx
+
+
+def _write_idx(path, array: np.ndarray) -> None:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_loader_reads_idx_files(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 5)):
+        imgs, labels = FILES[split]
+        _write_idx(tmp_path / imgs, rng.integers(0, 256, (n, 28, 28)))
+        _write_idx(tmp_path / labels, rng.integers(0, 10, (n,)))
+    train, val = mnist_datasets(str(tmp_path), download=False)
+    x, y = train[3]
+    assert len(train) == 12 and len(val) == 5 and x.shape == (784,) and 0 <= x.min() and x.max() <= 1
+    raw = read_idx(str(tmp_path / FILES["train"][0]))
+    assert torch.allclose(x, torch.tensor(raw[3].reshape(-1), dtype=torch.float32) / 255)
+    assert y.dtype == torch.int64
+
+
+def test_mnist_missing_files_without_download(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="download=True"):
+        mnist_datasets(str(tmp_path), download=False)
+
+
+def test_text_loader_and_windows(tmp_path) -> None:
+    path = tmp_path / "shakespeare.txt"
+    path.write_bytes(b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20)
+    data = load_text(str(path), url=None)
+    train, val = split_text(data, block=16)
+    x, y = train[2]
+    assert torch.equal(x[1:], y[:-1]) and x.dtype == torch.int64 and len(val) > 0
+    with pytest.raises(FileNotFoundError):
+        load_text(str(tmp_path / "missing.txt"))
+    with pytest.raises(IndexError):
+        train[len(train)]
+
+
+def test_builtin_tasks_need_no_download_and_models_return_a_scalar_loss() -> None:
+    corpus = stdlib_corpus(max_bytes=100_000)
+    assert corpus.numel() == 100_000
+    ds = CharDataset(corpus, block=32)
+    model = CharGPT(block=32)
+    x, y = ds[0]
+    loss = model((x[None], y[None]))
+    assert loss.dim() == 0 and abs(loss.item() - np.log(256)) < 0.5
+    assert model.logits(x[None]).shape == (1, 32, 256)
+    digits = load_task("digits")
+    assert isinstance(digits.make_model(), MLPClassifier) and len(digits.train) > 1000
+    with pytest.raises(ValueError, match="unknown task"):
+        load_task("imagenet")
