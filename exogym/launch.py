@@ -9,6 +9,7 @@ with the traceback of the *first* node that failed. No process outlives ``run_no
 
 from __future__ import annotations
 
+import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -39,10 +41,10 @@ class NodeFailedError(RuntimeError):
 
 
 def check_main_guard() -> None:
-    """Fail fast when a spawned child re-runs a script that lacks ``if __name__ == "__main__":``."""
+    """Fail fast when a node process re-runs a script that lacks ``if __name__ == "__main__":``."""
     if getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
-            "ExoGym starts one process per node with the 'spawn' method, which re-imports your "
+            "ExoGym starts one process per node (forkserver or spawn), which re-imports your "
             "script in every node. Guard the code that calls Trainer.fit with "
             "`if __name__ == \"__main__\":` so that the nodes do not run it again."
         )
@@ -63,7 +65,11 @@ def _entry(fn: Callable[..., Any], rank: int, queue: Any, args: tuple) -> None:
     code = 0
     try:
         result = fn(rank, *args)
-        queue.put(("ok", rank, result))
+        # Serialised here: tensors pickled by torch.multiprocessing would be shared through a
+        # file descriptor that dies with this process before the parent reads it.
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put(("ok", rank, buf.getvalue()))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
         queue.put(("error", rank, time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
         code = 1
@@ -75,17 +81,41 @@ def _entry(fn: Callable[..., Any], rank: int, queue: Any, args: tuple) -> None:
     os._exit(code)
 
 
-def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, Any]:
-    """Run ``fn(rank, *args)`` in ``num_nodes`` spawned processes; return ``{rank: result}``.
+#: Modules the fork server imports once, so that node processes start with them loaded.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.node", "exogym.ops", "communicators"]
 
-    ``fn`` must be a module-level function (spawn pickles it by reference). Raises
+
+def start_method() -> str:
+    """``forkserver`` where available (nodes fork from a server that has torch imported: no
+    per-node import of torch, about 1-2 s of CPU each), else ``spawn``; ``EXOGYM_START_METHOD``
+    overrides. Both re-import the user's ``__main__`` in each node, hence the main guard."""
+    method = os.environ.get("EXOGYM_START_METHOD") or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"EXOGYM_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
+    return method
+
+
+def _context() -> Any:
+    method = start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, Any]:
+    """Run ``fn(rank, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
+
+    ``fn`` must be a module-level function (it is pickled by reference). Raises
     :class:`NodeFailedError` when any node fails, after every node has been stopped.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.SimpleQueue()
     procs = [ctx.Process(target=_entry, args=(fn, r, queue, args), name=f"exogym-node-{r}") for r in range(num_nodes)]
     results: dict[int, Any] = {}
     errors: list[tuple[float, int, str, str]] = []
+    failed: list[int] = []
+    codes: dict[int, int | None] = {}
     try:
         for p in procs:
             p.start()
@@ -93,6 +123,7 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, 
             _drain(queue, results, errors)
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if errors or failed:
+                codes = {r: procs[r].exitcode for r in failed}
                 _collect_late_errors(queue, results, errors)
                 break
             alive = [p.sentinel for p in procs if p.exitcode is None]
@@ -102,12 +133,19 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, 
             multiprocessing.connection.wait(alive, timeout=_POLL_S)
     finally:
         _stop_all(procs)
+    silent = [r for r in failed if r not in {e[1] for e in errors}]
+    if silent:
+        # A node that vanished without a traceback (killed, os._exit, segfault) is reported
+        # first: the others' errors are then mostly about losing their peer.
+        r = silent[0]
+        others = "".join(f"\n  then node {e[1]}: {e[2]}" for e in sorted(errors))
+        raise NodeFailedError(r, f"node {r} of {num_nodes} exited with code {codes[r]}{_signal_name(codes[r])} without reporting an error{others}")
     if errors:
         _, rank, summary, tb = min(errors)
         raise NodeFailedError(rank, f"node {rank} of {num_nodes} failed: {summary}\n\n{tb}")
-    for r, p in enumerate(procs):
-        if p.exitcode != 0 or r not in results:
-            raise NodeFailedError(r, f"node {r} of {num_nodes} exited with code {p.exitcode}{_signal_name(p.exitcode)} without reporting an error")
+    missing = [r for r in range(num_nodes) if r not in results]
+    if missing:
+        raise NodeFailedError(missing[0], f"node {missing[0]} of {num_nodes} ended without a result")
     return results
 
 
@@ -115,7 +153,7 @@ def _drain(queue: Any, results: dict[int, Any], errors: list) -> None:
     while not queue.empty():
         msg = queue.get()
         if msg[0] == "ok":
-            results[msg[1]] = msg[2]
+            results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=False)
         else:
             errors.append((msg[2], msg[1], msg[3], msg[4]))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import logging
 import resource
 import time
@@ -21,7 +20,8 @@ from exogym.config import FitConfig
 from exogym.core.comm import NodeComm, set_current
 from exogym.core.flat import FlatBuffer, group_by_dtype
 from exogym.core.strategy import Strategy
-from exogym.core.transport import TorchDistTransport
+from exogym.core.shm import ShmTransport
+from exogym.core.transport import TorchDistTransport, Transport
 from exogym.launch import connect_store
 from exogym.metrics import MetricsBuffer, StepSample
 
@@ -43,10 +43,12 @@ class NodeJob:
     store_port: int
     run_name: str
     logger: Any = None
+    shm_segment: torch.Tensor | None = None
 
 
-def node_main(rank: int, job: NodeJob) -> bytes | None:
-    """Process entry: set up the process group, train, return (rank 0) the serialized result."""
+def node_main(rank: int, job: NodeJob) -> dict[str, Any] | None:
+    """Process entry: set up the process group, train, return (rank 0) the final averaged
+    state, the metric rows and the run's figures."""
     cfg = job.config
     logging.basicConfig(level=cfg.log_level, format=f"[node {rank}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(cfg.threads_per_node)
@@ -56,14 +58,19 @@ def node_main(rank: int, job: NodeJob) -> bytes | None:
         torch.cuda.set_device(device)
     store = connect_store(job.store_port)
     dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes, timeout=timedelta(minutes=10))
-    try:
-        comm = NodeComm(rank, cfg.num_nodes, TorchDistTransport())
-        set_current(comm)
-        node = TrainNode(job, rank, comm, device)
-        return node.train()
-    finally:
-        set_current(None)
-        dist.destroy_process_group()
+    transport: Transport = TorchDistTransport()
+    if cfg.transport == "shm":
+        assert job.shm_segment is not None
+        transport = ShmTransport(job.shm_segment, rank, cfg.num_nodes, cfg.shm_capacity, fallback=transport)
+    comm = NodeComm(rank, cfg.num_nodes, transport)
+    set_current(comm)
+    # On an exception the process group is deliberately left open: closing it here would make
+    # the peers fail with "connection closed" before this node has reported the real error.
+    # The launcher ends the process right after the report.
+    result = TrainNode(job, rank, comm, device).train()
+    set_current(None)
+    dist.destroy_process_group()
+    return result
 
 
 class TrainNode:
@@ -126,8 +133,8 @@ class TrainNode:
             raise TypeError(f"model(batch) must return a scalar loss tensor, got {shape}")
         return loss.reshape(())
 
-    def train(self) -> bytes | None:
-        """Run ``max_steps`` steps; return the pickled result on rank 0, ``None`` elsewhere."""
+    def train(self) -> dict[str, Any] | None:
+        """Run ``max_steps`` steps; return the result on rank 0, ``None`` elsewhere."""
         cfg = self.cfg
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
@@ -164,9 +171,7 @@ class TrainNode:
             self.logger.finish()
         if self.rank != 0:
             return None
-        buf = io.BytesIO()
-        torch.save({"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": metrics.peak_memory}, buf)
-        return buf.getvalue()
+        return {"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": metrics.peak_memory}
 
     def _train_step(self, batch: Any) -> float:
         """Forward/backward over the minibatches, then ``strategy.step()``; the summed loss."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import io
 import logging
 import os
 from typing import Any
@@ -13,6 +12,7 @@ from torch.utils.data import default_collate
 
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
+from exogym.core import shm
 from exogym.core.network import Network, resolve_network
 from exogym.core.strategy import Strategy
 from exogym.launch import check_main_guard, create_store, run_nodes
@@ -70,6 +70,7 @@ class Trainer:
         progress: bool = True,
         run_name: str | None = None,
         network: Network | str | None = None,
+        transport: str = "auto",
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -99,6 +100,9 @@ class Trainer:
             network: the network that simulated time is computed for: a
                 :class:`~exogym.core.network.Network` or a preset name (``'datacenter'``,
                 ``'ethernet'`` (default), ``'internet'``).
+            transport: how nodes exchange tensors: ``'auto'`` (shared memory for CPU and MPS
+                nodes on x86-64, else the process group), ``'shm'``, ``'gloo'`` or ``'nccl'``
+                (one GPU per node). Results do not depend on it; speed does.
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers.
@@ -147,8 +151,14 @@ class Trainer:
         mb = self._minibatch(batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage)
 
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
-        backend = "nccl" if dev == "cuda" and ndev >= num_nodes else "gloo"
+        backend, kind = _choose_transport(transport, dev, ndev, num_nodes)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        segment = None
+        capacity = 0
+        if kind == "shm":
+            state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+            capacity = max(_MIN_SHM_CAPACITY, 2 * state_bytes)
+            segment = shm.create_segment(num_nodes, capacity)
         cfg = FitConfig(
             num_nodes=num_nodes,
             max_steps=steps,
@@ -158,6 +168,8 @@ class Trainer:
             device=dev,
             devices=tuple(devices) if devices else None,
             backend=backend,
+            transport=kind,
+            shm_capacity=capacity,
             val_size=val_size if self.val_dataset is not None else 0,
             val_interval=val_interval if val_interval is not None else (max(1, steps // 10) if steps else None),
             autocast=amp,
@@ -173,11 +185,11 @@ class Trainer:
         name = run_name or default_run_name(type(strategy).__name__)
         store = create_store()
         try:
-            job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger)
+            job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger, segment)
             results = run_nodes(node_main, num_nodes, (job,))
         finally:
-            del store
-        out = torch.load(io.BytesIO(results[0]), weights_only=False)
+            del store, segment
+        out = results[0]
         self.history = out["history"]
         self.result = {"max_steps": out["max_steps"], "peak_memory": out["peak_memory"], "run_name": name, "config": cfg}
         final = copy.deepcopy(self.model).cpu()
@@ -234,6 +246,30 @@ class Trainer:
         budget = device_budget(device, per_device if device == "cuda" else num_nodes, max_memory_usage)
         return probe_minibatch_size(self.model, self.train_dataset, batch_size, device, budget)
 
+
+def _choose_transport(transport: str, device: str, gpus: int, num_nodes: int) -> tuple[str, str]:
+    """(process-group backend, ``'shm'`` or ``'dist'``) for ``fit(transport=...)``."""
+    choices = ("auto", "shm", "gloo", "nccl")
+    if transport not in choices:
+        raise ValueError(f"transport must be one of {choices}, got {transport!r}")
+    nccl_ok = device == "cuda" and gpus >= num_nodes
+    if transport == "nccl" and not nccl_ok:
+        raise ValueError(f"transport='nccl' needs device='cuda' and one GPU per node ({num_nodes}), have {gpus}")
+    if transport == "shm":
+        if device == "cuda":
+            raise ValueError("transport='shm' moves CPU tensors; with device='cuda' use 'auto', 'nccl' or 'gloo'")
+        if not shm.supported():
+            raise ValueError("transport='shm' needs an x86-64 machine here; use 'gloo'")
+        return "gloo", "shm"
+    if transport == "auto":
+        if device != "cuda" and shm.supported():
+            return "gloo", "shm"
+        return ("nccl" if nccl_ok else "gloo"), "dist"
+    return transport, "dist"
+
+
+#: Smallest shared-memory slot; larger models get twice their state's bytes.
+_MIN_SHM_CAPACITY = 1 << 20
 
 #: The seeds' name for the same class.
 LocalTrainer = Trainer

@@ -84,8 +84,9 @@ def load_rank_params(folder: str, num_nodes: int) -> list[list[torch.Tensor]]:
 def child_pids() -> list[int]:
     """PIDs of this process's live (non-zombie) children, read from /proc.
 
-    The stdlib's multiprocessing resource tracker (one per program, started with the first
-    spawned process and ended with the program) is not a node and is left out.
+    The stdlib's multiprocessing helpers, the resource tracker and the fork server (one each
+    per program, started with the first node process and ended with the program), are not
+    nodes and are left out.
     """
     me = os.getpid()
     out = []
@@ -99,7 +100,55 @@ def child_pids() -> list[int]:
             continue
         if int(fields[1]) == me and fields[0] != "Z":
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"resource_tracker" in f.read():
+                cmd = f.read()
+                if b"resource_tracker" in cmd or b"forkserver" in cmd:
                     continue
             out.append(int(pid))
     return out
+
+
+class ExitOnRank(TinyNet):
+    """Kills its process with ``os._exit(3)`` on rank ``rank`` at the third forward (a hard crash)."""
+
+    def __init__(self, rank: int = 1) -> None:
+        super().__init__()
+        self.crash_rank, self.calls = rank, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        if dist.is_initialized() and dist.get_rank() == self.crash_rank and self.calls >= 3:
+            os._exit(3)
+        return super().forward(batch)
+
+
+def collective_node(rank: int, world: int, port: int, segment: Any, capacity: int, fn: Any) -> Any:
+    """Node body for transport tests: join the process group, build the NodeComm over shared
+    memory (when ``shm_name``) or gloo, and return ``fn(comm)``."""
+    from exogym.core.comm import NodeComm
+    from exogym.core.shm import ShmTransport
+    from exogym.core.transport import TorchDistTransport
+    from exogym.launch import connect_store
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=connect_store(port), rank=rank, world_size=world)
+    try:
+        transport: Any = TorchDistTransport()
+        if segment is not None:
+            transport = ShmTransport(segment, rank, world, capacity, fallback=transport)
+        return fn(NodeComm(rank, world, transport))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_collectives(fn: Any, world: int, transport: str, capacity: int = 1 << 16) -> list[Any]:
+    """Run module-level ``fn(comm)`` on ``world`` node processes; results by rank."""
+    from exogym.core import shm
+    from exogym.launch import create_store, run_nodes
+
+    store = create_store()
+    segment = shm.create_segment(world, capacity) if transport == "shm" else None
+    try:
+        out = run_nodes(collective_node, world, (world, store.port, segment, capacity, fn))
+    finally:
+        del segment
+    return [out[r] for r in range(world)]

@@ -115,9 +115,11 @@ class NodeComm:
         with _staged(tensor) as t, self._timed():
             if n_groups == 1:
                 self.transport.all_reduce(t, "sum" if op == "mean" else op)
+            elif op not in ("sum", "mean"):
+                raise ValueError(f"all_reduce over groups supports op sum or mean, got {op!r}")
+            elif hasattr(self.transport, "all_reduce_group") and self.transport.fits(t):
+                self.transport.all_reduce_group(t, "sum", members)
             else:
-                if op not in ("sum", "mean"):
-                    raise ValueError(f"all_reduce over groups supports op sum or mean, got {op!r}")
                 # Each group reduces into its own slot of a world-wide buffer.
                 slots = t.new_zeros((n_groups, *t.shape))
                 slots[index].copy_(t)

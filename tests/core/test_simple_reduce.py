@@ -34,13 +34,14 @@ def single_node_reference(ds, num_nodes: int) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
 @pytest.mark.parametrize("num_nodes", [2, 4])
-def test_k_nodes_equal_one_node_with_k_times_the_batch(tmp_path, num_nodes: int) -> None:
+def test_k_nodes_equal_one_node_with_k_times_the_batch(tmp_path, num_nodes: int, transport: str) -> None:
     ds = regression_data(n=STEPS * B * num_nodes)
     strategy = CommunicateOptimizeStrategy(
         [AveragingCommunicator(target="grads"), SaveParams(str(tmp_path))], OptimSpec(torch.optim.SGD, lr=LR)
     )
-    final = Trainer(TinyNet(), ds).fit(strategy, num_nodes, max_steps=STEPS, batch_size=B, seed=SEED, **FIT_DEFAULTS)
+    final = Trainer(TinyNet(), ds).fit(strategy, num_nodes, max_steps=STEPS, batch_size=B, seed=SEED, transport=transport, **FIT_DEFAULTS)
     expected = single_node_reference(ds, num_nodes)
     # float32 sums in another order: differences stay near machine epsilon.
     for got, want in zip(final.parameters(), expected, strict=True):
@@ -51,12 +52,14 @@ def test_k_nodes_equal_one_node_with_k_times_the_batch(tmp_path, num_nodes: int)
             assert torch.equal(a, b), f"rank {r} diverged from rank 0"
 
 
-def test_ledger_charges_one_parameter_sized_all_reduce_per_step() -> None:
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_ledger_charges_one_parameter_sized_all_reduce_per_step(transport: str) -> None:
     k, steps = 4, 5
     model = TinyNet()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer = Trainer(model, regression_data(n=steps * B * k))
-    trainer.fit(SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=LR)), k, max_steps=steps, batch_size=B, log_interval=1, **FIT_DEFAULTS)
+    trainer.fit(SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=LR)), k, max_steps=steps, batch_size=B, log_interval=1,
+                transport=transport, **FIT_DEFAULTS)
     rows = [r for r in trainer.history if "bytes_sent" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     per_step = 2 * (k - 1) / k * param_bytes  # ring all-reduce of the gradient bytes

@@ -11,7 +11,7 @@ import torch
 
 from exogym import NodeFailedError, Trainer
 from exogym.strategy import OptimSpec, SimpleReduceStrategy
-from tests.helpers import FIT_DEFAULTS, FailOnRank, TinyNet, VectorLossNet, child_pids, regression_data
+from tests.helpers import FIT_DEFAULTS, ExitOnRank, FailOnRank, TinyNet, VectorLossNet, child_pids, regression_data
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 
@@ -66,10 +66,11 @@ def test_strategy_must_be_a_strategy() -> None:
 
 # -- failures --------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_a_node_error_ends_the_run_with_its_message_and_no_orphans() -> None:
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_a_node_error_ends_the_run_with_its_message_and_no_orphans(transport: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(NodeFailedError, match="boom on rank 1") as info:
-        fit(model=FailOnRank(fail_rank=1, fail_call=3), num_nodes=3, max_steps=50)
+        fit(model=FailOnRank(fail_rank=1, fail_call=3), num_nodes=3, max_steps=50, transport=transport)
     assert info.value.rank == 1
     message = str(info.value)
     assert "Traceback" in message and "in forward" in message
@@ -77,13 +78,31 @@ def test_a_node_error_ends_the_run_with_its_message_and_no_orphans() -> None:
     assert child_pids() == []
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_a_node_killed_while_others_wait_in_a_collective_ends_the_run(transport: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(NodeFailedError, match="node 1 of 3 exited with code 3"):
+        fit(model=ExitOnRank(rank=1), num_nodes=3, max_steps=50, transport=transport)
+    assert time.monotonic() - t0 < 30
+    assert child_pids() == []
+
+
+def test_transport_argument_is_checked() -> None:
+    with pytest.raises(ValueError, match="transport must be one of"):
+        fit(transport="mpi")
+    with pytest.raises(ValueError, match="nccl"):
+        fit(transport="nccl")
+
+
 # -- repeated runs, data options -------------------------------------------------------------
 @pytest.mark.timeout(90)
-def test_two_fits_in_a_row_both_work() -> None:
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_two_fits_in_a_row_both_work(transport: str) -> None:
     ds = regression_data(64)
     trainer = Trainer(TinyNet(), ds)
-    a = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, **FIT_DEFAULTS)
-    b = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, **FIT_DEFAULTS)
+    a = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS)
+    b = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS)
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)  # same seed, same data order, same result
     assert child_pids() == []
