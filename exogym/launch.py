@@ -60,8 +60,14 @@ def connect_store(port: int) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
 
 
-def _entry(fn: Callable[..., Any], rank: int, queue: Any, args: tuple) -> None:
-    """Process body: run ``fn(rank, *args)``; report its result or its traceback to the parent."""
+def _entry(fn: Callable[..., Any], rank: int, queue: Any, env: dict[str, str], args: tuple) -> None:
+    """Process body: run ``fn(rank, *args)``; report its result or its traceback to the parent.
+
+    ``env`` is the parent's environment when the run started: a fork server's children would
+    otherwise see the environment of the moment the server started.
+    """
+    os.environ.clear()
+    os.environ.update(env)
     code = 0
     try:
         result = fn(rank, *args)
@@ -111,7 +117,8 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, 
     """
     ctx = _context()
     queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_entry, args=(fn, r, queue, args), name=f"exogym-node-{r}") for r in range(num_nodes)]
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(fn, r, queue, env, args), name=f"exogym-node-{r}") for r in range(num_nodes)]
     results: dict[int, Any] = {}
     errors: list[tuple[float, int, str, str]] = []
     failed: list[int] = []

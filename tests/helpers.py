@@ -152,3 +152,16 @@ def run_collectives(fn: Any, world: int, transport: str, capacity: int = 1 << 16
     finally:
         del segment
     return [out[r] for r in range(world)]
+
+
+class EnvCheck(TinyNet):
+    """Raises unless the node sees ``EXOGYM_TEST_MARK == expected`` in its environment."""
+
+    def __init__(self, expected: str) -> None:
+        super().__init__()
+        self.expected = expected
+
+    def forward(self, batch):
+        if os.environ.get("EXOGYM_TEST_MARK") != self.expected:
+            raise RuntimeError(f"node environment has EXOGYM_TEST_MARK={os.environ.get('EXOGYM_TEST_MARK')!r}")
+        return super().forward(batch)

@@ -11,7 +11,7 @@ import torch
 
 from exogym import NodeFailedError, Trainer
 from exogym.strategy import OptimSpec, SimpleReduceStrategy
-from tests.helpers import FIT_DEFAULTS, ExitOnRank, FailOnRank, TinyNet, VectorLossNet, child_pids, regression_data
+from tests.helpers import FIT_DEFAULTS, EnvCheck, ExitOnRank, FailOnRank, TinyNet, VectorLossNet, child_pids, regression_data
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 
@@ -106,6 +106,13 @@ def test_two_fits_in_a_row_both_work(transport: str) -> None:
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)  # same seed, same data order, same result
     assert child_pids() == []
+
+
+@pytest.mark.timeout(60)
+def test_environment_at_fit_time_reaches_the_nodes(monkeypatch) -> None:
+    fit()  # the first run starts the fork server, with the environment of that moment
+    monkeypatch.setenv("EXOGYM_TEST_MARK", "set-later")
+    fit(model=EnvCheck("set-later"))
 
 
 def shard_factory(rank: int, num_nodes: int, train_dataset: bool):
