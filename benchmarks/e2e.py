@@ -91,7 +91,8 @@ def _exogym(nodes: int, steps: int, batch: int, warmup: int, mode: str) -> dict:
     rows = [r for r in trainer.history if "wall_time" in r and "train_loss" in r]
     w0 = next(r for r in rows if r["step"] >= warmup)
     steady = (rows[-1]["wall_time"] - w0["wall_time"]) / (steps - warmup)
-    return {"train_s": end - t0, "steady_step_s": steady, "bytes_sent": rows[-1]["bytes_sent"]}
+    return {"train_s": end - t0, "steady_step_s": steady, "bytes_sent": rows[-1]["bytes_sent"],
+            "peak_rss_per_node": trainer.result["peak_memory"]}
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -131,13 +132,15 @@ def main() -> None:
     base = _timed("inprocess", args)
     results = {"inprocess": base}
     logger.info("K=%d, %d steps, batch %d, MLP 64-256-256-10, CPU (%d cores)", args.nodes, args.steps, args.batch_size, os.cpu_count())
-    logger.info("%-14s %10s %10s %14s %12s %14s", "run", "total s", "x loop", "steady ms/step", "x loop", "MB sent/node")
-    logger.info("%-14s %10.2f %10s %14.2f %12s %14s", "in-process", base["total_s"], "1.00", 1e3 * base["steady_step_s"], "1.00", "-")
+    logger.info("%-14s %10s %10s %14s %12s %14s %16s", "run", "total s", "x loop", "steady ms/step", "x loop", "MB sent/node",
+                "peak RSS/node MB")
+    logger.info("%-14s %10.2f %10s %14.2f %12s %14s %16s", "in-process", base["total_s"], "1.00", 1e3 * base["steady_step_s"], "1.00", "-", "-")
     for name in args.strategies.split(","):
         r = _timed(name, args)
         results[name] = r
-        logger.info("%-14s %10.2f %10.2f %14.2f %12.2f %14.2f", name, r["total_s"], r["total_s"] / base["total_s"],
-                    1e3 * r["steady_step_s"], r["steady_step_s"] / base["steady_step_s"], r["bytes_sent"] / 1e6)
+        logger.info("%-14s %10.2f %10.2f %14.2f %12.2f %14.2f %16.0f", name, r["total_s"], r["total_s"] / base["total_s"],
+                    1e3 * r["steady_step_s"], r["steady_step_s"] / base["steady_step_s"], r["bytes_sent"] / 1e6,
+                    r["peak_rss_per_node"] / 2**20)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
