@@ -15,6 +15,7 @@ from tests.fake_world import train_ranks
 from tests.helpers import regression_data
 
 
+pytestmark = pytest.mark.usefixtures("op_path")
 class ConvMLP(nn.Module):
     """Has 2-D weights, a 4-D conv weight, 1-D biases and a scalar, to exercise every layout."""
 
@@ -181,15 +182,3 @@ def test_demo_accepts_the_seed_spellings() -> None:
     s = DeMoStrategy(compression_decay=0.999, compression_topk=32, compression_chunk=64, weight_decay=1e-4)
     assert s.optim_spec.kwargs["weight_decay"] == 1e-4
 
-
-@pytest.mark.timeout(120)
-def test_four_node_demo_trains_on_the_builtin_task() -> None:
-    from exogym import Trainer
-    from exogym.tasks import MLPClassifier, digits_datasets
-
-    train, val = digits_datasets()
-    trainer = Trainer(MLPClassifier(), train, val)
-    trainer.fit(DeMoStrategy(OptimSpec(torch.optim.SGD, lr=3e-3)), num_nodes=4, max_steps=60, batch_size=16,
-                val_size=len(val), val_interval=20, logger=False, progress=False)
-    val_loss = [r["val_loss_global"] for r in trainer.history if "val_loss_global" in r]
-    assert val_loss[-1] < 0.7 * val_loss[0], val_loss

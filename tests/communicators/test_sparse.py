@@ -10,6 +10,7 @@ from exogym.strategy.sparta import SparseCommunicator as SeedPathSparse
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet
 
+pytestmark = pytest.mark.usefixtures("op_path")
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 FROZEN = OptimSpec(torch.optim.SGD, lr=0.0)
 

@@ -75,3 +75,28 @@ def test_all_gather_and_broadcast_for_custom_strategies() -> None:
 def test_collectives_outside_a_node_raise() -> None:
     with pytest.raises(RuntimeError, match="no ExoGym node is running"):
         all_reduce(torch.zeros(1))
+
+
+class RawTorchDistributed(Strategy):
+    """Calls torch.distributed directly, as code written for a real cluster would."""
+
+    def step(self):
+        import torch.distributed as dist
+
+        for p in self.model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        self.optim.step()
+        super().step()
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_raw_torch_distributed_calls_work_on_every_transport(transport) -> None:
+    from exogym.strategy import SimpleReduceStrategy
+
+    ds = regression_data(n=64)
+    sgd = OptimSpec(torch.optim.SGD, lr=0.05)
+    raw = Trainer(TinyNet(), ds).fit(RawTorchDistributed(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS)
+    ddp = Trainer(TinyNet(), ds).fit(SimpleReduceStrategy(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS)
+    for p, q in zip(raw.parameters(), ddp.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
