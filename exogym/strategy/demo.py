@@ -6,7 +6,6 @@ import warnings
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
 
 from communicators.dct import DCTCompressCommunicator
 from exogym.core.optim import OptimSpec
@@ -29,7 +28,9 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
         compression_topk: coefficients sent per chunk (default 32).
         compression_chunk: target chunk side (default 64).
         weight_decay: decoupled weight decay (default: the spec's ``weight_decay``, else 0).
-        lr, lr_scheduler, lr_scheduler_kwargs, warmup_steps, max_norm: as for ``Strategy``.
+        lr: overrides the spec's learning rate.
+        **strategy_kwargs: ``lr_scheduler``, ``lr_scheduler_kwargs``, ``warmup_steps``,
+            ``max_norm``, as for ``Strategy``.
     """
 
     clip_before_communication = True
@@ -41,13 +42,10 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
         compression_topk: int = 32,
         compression_chunk: int = 64,
         weight_decay: float | None = None,
-        lr_scheduler: str | type[LRScheduler] | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        max_norm: float | None = None,
         *,
         inner_optim: OptimSpec | str | None = None,
         lr: float | None = None,
-        warmup_steps: int | None = None,
+        **strategy_kwargs: Any,
     ) -> None:
         if optim_spec is not None and inner_optim is not None:
             raise TypeError("give the inner optimizer once: optim_spec or its alias inner_optim, not both")
@@ -61,9 +59,7 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
         spec = OptimSpec(torch.optim.SGD, lr=lr if lr is not None else (given.lr or 1e-3), weight_decay=wd)
         self.weight_decay = wd
         module = DCTCompressCommunicator(compression_topk, compression_chunk, compression_decay, sign=True)
-        super().__init__(
-            [module], spec, lr_scheduler, lr_scheduler_kwargs, max_norm, warmup_steps=warmup_steps
-        )
+        super().__init__([module], spec, **strategy_kwargs)
 
 
 __all__ = ["DCTCompressCommunicator", "DeMoStrategy"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.optim.lr_scheduler import LRScheduler
-
 from communicators.averaging import AveragingCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
@@ -15,23 +13,13 @@ class SimpleReduceStrategy(CommunicateOptimizeStrategy):
     """Data-parallel training: one all-reduce (mean) of the flattened gradients per step, then the
     inner optimizer step. Equivalent to PyTorch DDP.
 
-    Pipeline: ``[AveragingCommunicator(H=1, target="grads")]``. Arguments as for
-    :class:`~exogym.core.strategy.Strategy`.
+    Pipeline: ``[AveragingCommunicator(H=1, target="grads")]``.
+
+    Args:
+        optim_spec: the inner optimizer (alias ``inner_optim``).
+        **strategy_kwargs: ``lr``, ``lr_scheduler``, ``lr_scheduler_kwargs``, ``warmup_steps``,
+            ``max_norm``, ``inner_optim``, as for ``Strategy``.
     """
 
-    def __init__(
-        self,
-        optim_spec: OptimSpec | str | None = None,
-        lr_scheduler: str | type[LRScheduler] | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        max_norm: float | None = None,
-        *,
-        inner_optim: OptimSpec | str | None = None,
-        lr: float | None = None,
-        warmup_steps: int | None = None,
-    ) -> None:
-        super().__init__(
-            [AveragingCommunicator(H=1, target="grads")],
-            optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm,
-            inner_optim=inner_optim, lr=lr, warmup_steps=warmup_steps,
-        )
+    def __init__(self, optim_spec: OptimSpec | str | None = None, **strategy_kwargs: Any) -> None:
+        super().__init__([AveragingCommunicator(H=1, target="grads")], optim_spec, **strategy_kwargs)
