@@ -31,11 +31,7 @@ def _extensions() -> list:
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cxx = ["-O3", "-fopenmp", "-DPy_LIMITED_API=0x030A0000"]
     link = ["-fopenmp"]
-    use_cuda = (
-        torch.version.cuda is not None
-        and CUDA_HOME is not None
-        and os.environ.get("EXOGYM_NO_CUDA", "0") != "1"
-    )
+    use_cuda = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("EXOGYM_NO_CUDA", "0") != "1"
     if use_cuda:
         sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
         return [

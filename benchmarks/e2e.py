@@ -55,11 +55,11 @@ def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
     for step in range(steps):
         if step == warmup:
             t_warm = time.perf_counter()
-        for m, it, o in zip(models, its, opts):
+        for m, it, o in zip(models, its, opts, strict=True):
             o.zero_grad()
             m(next(it)).backward()
         with torch.no_grad():
-            for ps in zip(*(m.parameters() for m in models)):
+            for ps in zip(*(m.parameters() for m in models), strict=True):
                 mean = torch.stack([p.grad for p in ps]).mean(0)
                 for p in ps:
                     p.grad.copy_(mean)
@@ -85,14 +85,25 @@ def _exogym(nodes: int, steps: int, batch: int, warmup: int, mode: str) -> dict:
     if logging_mode == "csv1":
         log_kw = {"logger": CSVLogger(tempfile.mkdtemp()), "log_interval": 1}
     t0 = time.perf_counter()
-    trainer.fit(build(strategy, 1e-3, 20), num_nodes=nodes, max_steps=steps, batch_size=batch,
-                device="cpu", progress=False, **log_kw)
+    trainer.fit(
+        build(strategy, 1e-3, 20),
+        num_nodes=nodes,
+        max_steps=steps,
+        batch_size=batch,
+        device="cpu",
+        progress=False,
+        **log_kw,
+    )
     end = time.perf_counter()
     rows = [r for r in trainer.history if "wall_time" in r and "train_loss" in r]
     w0 = next(r for r in rows if r["step"] >= warmup)
     steady = (rows[-1]["wall_time"] - w0["wall_time"]) / (steps - warmup)
-    return {"train_s": end - t0, "steady_step_s": steady, "bytes_sent": rows[-1]["bytes_sent"],
-            "peak_rss_per_node": trainer.result["peak_memory"]}
+    return {
+        "train_s": end - t0,
+        "steady_step_s": steady,
+        "bytes_sent": rows[-1]["bytes_sent"],
+        "peak_rss_per_node": trainer.result["peak_memory"],
+    }
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -105,8 +116,21 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _timed(mode: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--nodes", str(args.nodes),
-           "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--mode",
+        mode,
+        "--nodes",
+        str(args.nodes),
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--warmup",
+        str(args.warmup),
+    ]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     total = time.perf_counter() - t0
@@ -119,8 +143,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--strategies", default="ddp,fedavg,diloco,sparta,sparta_diloco,demo",
-                        help="comma-separated preset names (H=20); '<name>+csv1' adds the CSV logger at log_interval=1")
+    parser.add_argument(
+        "--strategies",
+        default="ddp,fedavg,diloco,sparta,sparta_diloco,demo",
+        help="comma-separated preset names (H=20); '<name>+csv1' adds the CSV logger at log_interval=1",
+    )
     parser.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -131,16 +158,46 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     base = _timed("inprocess", args)
     results = {"inprocess": base}
-    logger.info("K=%d, %d steps, batch %d, MLP 64-256-256-10, CPU (%d cores)", args.nodes, args.steps, args.batch_size, os.cpu_count())
-    logger.info("%-14s %10s %10s %14s %12s %14s %16s", "run", "total s", "x loop", "steady ms/step", "x loop", "MB sent/node",
-                "peak RSS/node MB")
-    logger.info("%-14s %10.2f %10s %14.2f %12s %14s %16s", "in-process", base["total_s"], "1.00", 1e3 * base["steady_step_s"], "1.00", "-", "-")
+    logger.info(
+        "K=%d, %d steps, batch %d, MLP 64-256-256-10, CPU (%d cores)",
+        args.nodes,
+        args.steps,
+        args.batch_size,
+        os.cpu_count(),
+    )
+    logger.info(
+        "%-14s %10s %10s %14s %12s %14s %16s",
+        "run",
+        "total s",
+        "x loop",
+        "steady ms/step",
+        "x loop",
+        "MB sent/node",
+        "peak RSS/node MB",
+    )
+    logger.info(
+        "%-14s %10.2f %10s %14.2f %12s %14s %16s",
+        "in-process",
+        base["total_s"],
+        "1.00",
+        1e3 * base["steady_step_s"],
+        "1.00",
+        "-",
+        "-",
+    )
     for name in args.strategies.split(","):
         r = _timed(name, args)
         results[name] = r
-        logger.info("%-14s %10.2f %10.2f %14.2f %12.2f %14.2f %16.0f", name, r["total_s"], r["total_s"] / base["total_s"],
-                    1e3 * r["steady_step_s"], r["steady_step_s"] / base["steady_step_s"], r["bytes_sent"] / 1e6,
-                    r["peak_rss_per_node"] / 2**20)
+        logger.info(
+            "%-14s %10.2f %10.2f %14.2f %12.2f %14.2f %16.0f",
+            name,
+            r["total_s"],
+            r["total_s"] / base["total_s"],
+            1e3 * r["steady_step_s"],
+            r["steady_step_s"] / base["steady_step_s"],
+            r["bytes_sent"] / 1e6,
+            r["peak_rss_per_node"] / 2**20,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -54,6 +54,7 @@ def test_demo_communicator_step_4096(benchmark, record, path: str) -> None:
     if path == "extension":
         benchmark(lambda: mod.communicate(0))
     else:
+
         def run() -> None:
             with ops.force_reference():
                 mod.communicate(0)

@@ -63,10 +63,14 @@ class AveragingCommunicator(Communicator):
         round_ = step // self.H
         islands = draw_islands(k, self.island_size, seed, round_) if self.island_size else None
         members = next(g for g in islands if rank in g) if islands else list(range(k))
-        participants = members if self.client_sampling is None else draw_participants(members, self.client_sampling, seed, round_)
+        participants = (
+            members if self.client_sampling is None else draw_participants(members, self.client_sampling, seed, round_)
+        )
         return islands, members, participants
 
-    def _mean_(self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]) -> None:
+    def _mean_(
+        self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]
+    ) -> None:
         comm, tag = self.ctx.comm, f"average_{self.target}"
         if len(participants) == len(members):
             comm.all_reduce(flat, op="mean", groups=islands, tag=tag)
@@ -102,6 +106,8 @@ class AveragingCommunicator(Communicator):
 
     def describe(self) -> str:
         extra = "".join(
-            f", {k}={v}" for k, v in (("island_size", self.island_size), ("client_sampling", self.client_sampling)) if v is not None
+            f", {k}={v}"
+            for k, v in (("island_size", self.island_size), ("client_sampling", self.client_sampling))
+            if v is not None
         )
         return f"Averaging({self.target}, H={self.H}{extra})"

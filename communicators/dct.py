@@ -91,7 +91,12 @@ class DCTTopKExchange:
 
     @torch.no_grad()
     def exchange(
-        self, comm: NodeComm, tensors: Sequence[torch.Tensor], sign: bool = False, groups: Groups | None = None, tag: str = "dct_topk"
+        self,
+        comm: NodeComm,
+        tensors: Sequence[torch.Tensor],
+        sign: bool = False,
+        groups: Groups | None = None,
+        tag: str = "dct_topk",
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Collective. Returns ``(averaged, sent)``: per tensor the decoded mean over the group
         (its sign when ``sign``), and what this node's own message represents (the decode of its

@@ -20,6 +20,7 @@ from exogym.core.flat import FlatBuffer, group_by_dtype
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
 
+
 class PseudoGradReducer(Protocol):
     """Replaces per-parameter pseudo-gradients by their (possibly compressed) mean."""
 

@@ -80,9 +80,11 @@ class QuantizedComm:
         codes, scales = self._encode(tensor, (tag, tensor.numel(), tensor.dtype))
         all_codes = self.base.all_gather(codes, groups=groups, charge=False)
         all_scales = self.base.all_gather(scales, groups=groups, charge=False)
-        return torch.stack([dequantize(c, s, self.fmt, self.chunk) for c, s in zip(all_codes, all_scales)])
+        return torch.stack([dequantize(c, s, self.fmt, self.chunk) for c, s in zip(all_codes, all_scales, strict=True)])
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None, charge: bool = True, tag: str = "") -> torch.Tensor:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None, charge: bool = True, tag: str = ""
+    ) -> torch.Tensor:
         """As :meth:`NodeComm.all_reduce`; float ``sum``/``mean`` payloads travel quantized."""
         if not tensor.is_floating_point() or op not in ("sum", "mean"):
             return self.base.all_reduce(tensor, op, groups, charge, tag)
@@ -90,16 +92,28 @@ class QuantizedComm:
         out = decoded.sum(0) if op == "sum" else decoded.mean(0)
         tensor.copy_(out.view_as(tensor))
         if charge:
-            self.base.charge("all_reduce", decoded.shape[0], quantized_bytes(tensor.numel(), self.fmt, self.chunk), f"{tag}+{self.fmt}")
+            self.base.charge(
+                "all_reduce",
+                decoded.shape[0],
+                quantized_bytes(tensor.numel(), self.fmt, self.chunk),
+                f"{tag}+{self.fmt}",
+            )
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = "") -> torch.Tensor:
+    def all_gather(
+        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
+    ) -> torch.Tensor:
         """As :meth:`NodeComm.all_gather`; float payloads travel quantized."""
         if not tensor.is_floating_point():
             return self.base.all_gather(tensor, groups, charge, tag)
         decoded = self._gather_decoded(tensor, groups, tag)
         if charge:
-            self.base.charge("all_gather", decoded.shape[0], quantized_bytes(tensor.numel(), self.fmt, self.chunk), f"{tag}+{self.fmt}")
+            self.base.charge(
+                "all_gather",
+                decoded.shape[0],
+                quantized_bytes(tensor.numel(), self.fmt, self.chunk),
+                f"{tag}+{self.fmt}",
+            )
         return decoded.view(decoded.shape[0], *tensor.shape).to(tensor.dtype)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
@@ -139,7 +153,9 @@ class QuantizeCommunicator(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
         self.qcomm = QuantizedComm(ctx.comm, self.fmt, self.chunk, self.error_feedback)
-        inner_ctx = NodeContext(ctx.model, ctx.rank, ctx.num_nodes, self.qcomm, ctx.optimizer, ctx.seed, ctx.max_steps, ctx.steps_per_epoch)  # type: ignore[arg-type]
+        inner_ctx = NodeContext(
+            ctx.model, ctx.rank, ctx.num_nodes, self.qcomm, ctx.optimizer, ctx.seed, ctx.max_steps, ctx.steps_per_epoch
+        )  # type: ignore[arg-type]
         self.inner._init_node(inner_ctx)
 
     def before_optim(self, step: int) -> None:

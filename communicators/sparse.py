@@ -71,7 +71,10 @@ class SharedSelector:
             return torch.arange(c, max(c, n), self.parts, device=self.device)
         # sequential: shuffled partitions cycled in order
         if self._perms is None:
-            self._perms = [torch.randperm(m, generator=generator(self.seed, _PERM_SALT, j)).to(self.device) for j, m in enumerate(self.numels)]
+            self._perms = [
+                torch.randperm(m, generator=generator(self.seed, _PERM_SALT, j)).to(self.device)
+                for j, m in enumerate(self.numels)
+            ]
         c = step % self.parts
         lo, hi = c * n // self.parts, (c + 1) * n // self.parts
         return self._perms[i][lo:hi].sort().values
@@ -124,7 +127,9 @@ class SparseCommunicator(Communicator):
         device = self.params[0].device if self.params else torch.device("cpu")
         if self.selector == "topk":
             self.flats = [FlatBuffer([self.params[i] for i in g]) for g in self.dtype_groups]
-            self.snapshots = [f.pack([self.params[i] for i in g]).clone() for f, g in zip(self.flats, self.dtype_groups)]
+            self.snapshots = [
+                f.pack([self.params[i] for i in g]).clone() for f, g in zip(self.flats, self.dtype_groups, strict=True)
+            ]
         else:
             self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
 

@@ -22,13 +22,22 @@ DEFAULT_STRATEGIES = "ddp,fedavg,diloco,sparta,demo"
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``exogym`` console script."""
-    parser = argparse.ArgumentParser(prog="exogym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="exogym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("compare", help="compare strategies on a task", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "compare",
+        help="compare strategies on a task",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--task", default="digits", choices=TASKS, help="digits and chars need no download (default digits)")
-    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                   help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}")
+    p.add_argument(
+        "--strategies",
+        default=DEFAULT_STRATEGIES,
+        help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}",
+    )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32, help="examples per node per step")
@@ -49,9 +58,21 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from exogym.compare import compare, format_table
 
-    summary = compare(args.task, names, nodes=args.nodes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      H=args.H, network=args.network, out_dir=args.out, device=args.device, data_dir=args.data_dir,
-                      seed=args.seed, progress=not args.no_progress)
+    summary = compare(
+        args.task,
+        names,
+        nodes=args.nodes,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        H=args.H,
+        network=args.network,
+        out_dir=args.out,
+        device=args.device,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     logger.info("\n%s\n", format_table(summary))
     logger.info("wrote %s/summary.csv, per-run metrics.csv and val_loss_vs_{step,bytes,sim_time}.png", args.out)
 

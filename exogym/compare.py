@@ -49,27 +49,47 @@ def compare(
     summary = []
     for i, name in enumerate(strategies):
         strategy = build(name, lr or spec.lr, H)  # unknown names fail before any training
-        logger.info("[%d/%d] %s on %s: %d nodes x %d steps, network %s", i + 1, len(strategies), name, task, nodes, steps, net.name)
+        logger.info(
+            "[%d/%d] %s on %s: %d nodes x %d steps, network %s",
+            i + 1,
+            len(strategies),
+            name,
+            task,
+            nodes,
+            steps,
+            net.name,
+        )
         torch.manual_seed(seed)
         trainer = Trainer(spec.make_model(), spec.train, spec.val)
         t0 = time.perf_counter()
         trainer.fit(
-            strategy, num_nodes=nodes, max_steps=steps, batch_size=batch_size, device=device, network=net,
-            logger=CSVLogger(out_dir), run_name=name, val_size=min(val_size, len(spec.val)), seed=seed, progress=progress,
+            strategy,
+            num_nodes=nodes,
+            max_steps=steps,
+            batch_size=batch_size,
+            device=device,
+            network=net,
+            logger=CSVLogger(out_dir),
+            run_name=name,
+            val_size=min(val_size, len(spec.val)),
+            seed=seed,
+            progress=progress,
         )
         wall = time.perf_counter() - t0
         histories[name] = trainer.history
         last_val = [r for r in trainer.history if "val_loss_global" in r][-1]
         last_train = [r for r in trainer.history if "train_loss" in r][-1]
-        summary.append({
-            "strategy": name,
-            "val_loss": last_val["val_loss_global"],
-            "val_accuracy": last_val.get("val_accuracy_global"),
-            "bytes_sent_per_node": last_train["bytes_sent"],
-            "sim_time": last_train["sim_time"],
-            "wall_time": wall,
-            "steps": last_train["step"],
-        })
+        summary.append(
+            {
+                "strategy": name,
+                "val_loss": last_val["val_loss_global"],
+                "val_accuracy": last_val.get("val_accuracy_global"),
+                "bytes_sent_per_node": last_train["bytes_sent"],
+                "sim_time": last_train["sim_time"],
+                "wall_time": wall,
+                "steps": last_train["step"],
+            }
+        )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)

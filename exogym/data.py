@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler, Subset
 
 #: ``dataset_factory(rank, num_nodes, train_dataset) -> Dataset``, called inside each node.
 DatasetFactory = Callable[[int, int, bool], Dataset]
-DatasetArg = Union[Dataset, DatasetFactory, None]
+DatasetArg = Dataset | DatasetFactory | None
 
 
 def is_factory(ds: DatasetArg) -> bool:
@@ -30,10 +30,15 @@ def check_dataset(ds: DatasetArg, name: str, num_nodes: int) -> None:
             return
         positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if len(positional) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
-            raise TypeError(f"{name} factory must accept (rank, num_nodes, train_dataset); got signature {inspect.signature(ds)}")
+            raise TypeError(
+                f"{name} factory must accept (rank, num_nodes, train_dataset); got signature {inspect.signature(ds)}"
+            )
         return
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
-        raise TypeError(f"{name} must be a map-style Dataset (with __len__ and __getitem__) or a dataset factory, got {type(ds).__name__}")
+        raise TypeError(
+            f"{name} must be a map-style Dataset (with __len__ and __getitem__) or a dataset factory, "
+            f"got {type(ds).__name__}"
+        )
     if len(ds) < num_nodes:
         raise ValueError(f"{name} has {len(ds)} examples, fewer than num_nodes={num_nodes}: every node needs data")
 

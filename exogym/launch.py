@@ -46,7 +46,7 @@ def check_main_guard() -> None:
         raise RuntimeError(
             "ExoGym starts one process per node (forkserver or spawn), which re-imports your "
             "script in every node. Guard the code that calls Trainer.fit with "
-            "`if __name__ == \"__main__\":` so that the nodes do not run it again."
+            '`if __name__ == "__main__":` so that the nodes do not run it again.'
         )
 
 
@@ -95,7 +95,9 @@ def start_method() -> str:
     """``forkserver`` where available (nodes fork from a server that has torch imported: no
     per-node import of torch, about 1-2 s of CPU each), else ``spawn``; ``EXOGYM_START_METHOD``
     overrides. Both re-import the user's ``__main__`` in each node, hence the main guard."""
-    method = os.environ.get("EXOGYM_START_METHOD") or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    method = os.environ.get("EXOGYM_START_METHOD") or (
+        "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    )
     if method not in ("forkserver", "spawn"):
         raise ValueError(f"EXOGYM_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
     return method
@@ -118,7 +120,9 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, 
     ctx = _context()
     queue = ctx.SimpleQueue()
     env = dict(os.environ)
-    procs = [ctx.Process(target=_entry, args=(fn, r, queue, env, args), name=f"exogym-node-{r}") for r in range(num_nodes)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, queue, env, args), name=f"exogym-node-{r}") for r in range(num_nodes)
+    ]
     results: dict[int, Any] = {}
     errors: list[tuple[float, int, str, str]] = []
     failed: list[int] = []
@@ -146,7 +150,11 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, 
         # first: the others' errors are then mostly about losing their peer.
         r = silent[0]
         others = "".join(f"\n  then node {e[1]}: {e[2]}" for e in sorted(errors))
-        raise NodeFailedError(r, f"node {r} of {num_nodes} exited with code {codes[r]}{_signal_name(codes[r])} without reporting an error{others}")
+        raise NodeFailedError(
+            r,
+            f"node {r} of {num_nodes} exited with code {codes[r]}{_signal_name(codes[r])} "
+            f"without reporting an error{others}",
+        )
     if errors:
         _, rank, summary, tb = min(errors)
         raise NodeFailedError(rank, f"node {rank} of {num_nodes} failed: {summary}\n\n{tb}")

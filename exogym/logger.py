@@ -18,6 +18,7 @@ from exogym.metrics import COLUMNS
 
 logger = logging.getLogger(__name__)
 
+
 class Logger(Protocol):
     """What the training loop calls on rank 0."""
 
@@ -91,7 +92,13 @@ class WandbLogger:
             import wandb  # noqa: F401
         except ImportError as e:
             raise ImportError("WandbLogger needs wandb: pip install 'exogym[wandb]'") from e
-        self.project, self.experiment_name, self.entity, self.mode, self.save_dir = project, experiment_name, entity, mode, save_dir
+        self.project, self.experiment_name, self.entity, self.mode, self.save_dir = (
+            project,
+            experiment_name,
+            entity,
+            mode,
+            save_dir,
+        )
         self._run: Any = None
 
     def start(self, run_name: str, config: dict[str, Any]) -> None:
@@ -99,8 +106,13 @@ class WandbLogger:
 
         os.makedirs(self.save_dir, exist_ok=True)
         self._run = wandb.init(
-            project=self.project, name=self.experiment_name or run_name, entity=self.entity, mode=self.mode,
-            dir=self.save_dir, config=json.loads(json.dumps(config, default=str)), reinit=True,
+            project=self.project,
+            name=self.experiment_name or run_name,
+            entity=self.entity,
+            mode=self.mode,
+            dir=self.save_dir,
+            config=json.loads(json.dumps(config, default=str)),
+            reinit=True,
         )
 
     def log(self, metrics: dict[str, Any]) -> None:

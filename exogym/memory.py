@@ -81,9 +81,7 @@ def _measure(model: torch.nn.Module, batch: Any, device: str) -> int | None:
     return None
 
 
-def probe_minibatch_size(
-    model: torch.nn.Module, dataset: Any, batch_size: int, device: str, budget: int | None
-) -> int:
+def probe_minibatch_size(model: torch.nn.Module, dataset: Any, batch_size: int, device: str, budget: int | None) -> int:
     """The largest divisor of ``batch_size`` whose forward+backward fits in ``budget`` bytes.
 
     Cached by (model type, parameter count, batch size, device, budget). Falls back to

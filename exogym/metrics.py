@@ -123,25 +123,29 @@ class MetricsBuffer:
             self.comm_time += s[:, 3].max().item()
             self.wall = s[:, 8].max().item()
             self.peak_memory = max(self.peak_memory, s[:, 9].max().item())
-            self._interval += torch.stack([s[:, 0].sum(), s[:, 1].sum(), s[:, 5].sum() / k, torch.tensor(1.0, dtype=torch.float64)])
+            self._interval += torch.stack(
+                [s[:, 0].sum(), s[:, 1].sum(), s[:, 5].sum() / k, torch.tensor(1.0, dtype=torch.float64)]
+            )
             if self.step % self.log_interval == 0 or self.step == self.max_steps:
                 loss_sum, count, sent, steps = self._interval.tolist()
                 self._interval.zero_()
-                rows.append({
-                    "step": self.step,
-                    "examples": self.step * self.batch_size * k,
-                    "train_loss": loss_sum / max(count, 1.0),
-                    "lr": s[0, 7].item(),
-                    "bytes_sent": self.sent,
-                    "bytes_received": self.received,
-                    "bytes_sent_per_step": sent / steps,
-                    "compute_time": self.compute_time,
-                    "sim_comm_time": self.sim_comm_time,
-                    "sim_time": self.sim_time,
-                    "comm_time": self.comm_time,
-                    "wall_time": self.wall,
-                    "peak_memory": self.peak_memory,
-                })
+                rows.append(
+                    {
+                        "step": self.step,
+                        "examples": self.step * self.batch_size * k,
+                        "train_loss": loss_sum / max(count, 1.0),
+                        "lr": s[0, 7].item(),
+                        "bytes_sent": self.sent,
+                        "bytes_received": self.received,
+                        "bytes_sent_per_step": sent / steps,
+                        "compute_time": self.compute_time,
+                        "sim_comm_time": self.sim_comm_time,
+                        "sim_time": self.sim_time,
+                        "comm_time": self.comm_time,
+                        "wall_time": self.wall,
+                        "peak_memory": self.peak_memory,
+                    }
+                )
         return rows
 
     def validation_row(self, local: tuple[float, ...], glob: tuple[float, ...]) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from exogym import data as D
 from exogym.config import FitConfig
 from exogym.core.comm import NodeComm, set_current
 from exogym.core.flat import FlatBuffer, group_by_dtype
-from exogym.core.strategy import Strategy
 from exogym.core.shm import ShmTransport
+from exogym.core.strategy import Strategy
 from exogym.core.transport import TorchDistTransport, Transport
 from exogym.launch import connect_store
 from exogym.metrics import MetricsBuffer, StepSample
@@ -57,7 +57,9 @@ def node_main(rank: int, job: NodeJob) -> dict[str, Any] | None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = connect_store(job.store_port)
-    dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes, timeout=timedelta(minutes=10))
+    dist.init_process_group(
+        cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes, timeout=timedelta(minutes=10)
+    )
     transport: Transport = TorchDistTransport()
     if cfg.transport == "shm":
         assert job.shm_segment is not None
@@ -92,7 +94,9 @@ class TrainNode:
         self.model.train()
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
         shared = not D.is_factory(job.train_dataset)
-        self.loader, self.sampler = D.train_loader(train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed)
+        self.loader, self.sampler = D.train_loader(
+            train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed
+        )
         self.steps_per_epoch = self._agree_on_steps_per_epoch(len(train_ds), shared)
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         val_ds = D.node_dataset(job.val_dataset, rank, cfg.num_nodes, train=False)
@@ -117,7 +121,9 @@ class TrainNode:
             self.comm.all_reduce(t, op="min", charge=False)
             local = int(t.item())
         if local < 1:
-            raise ValueError(f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on")
+            raise ValueError(
+                f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on"
+            )
         return local
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -150,13 +156,24 @@ class TrainNode:
             t1 = time.perf_counter()
             records = self.comm.ledger.end_step()
             comm_wall = self.comm.transport_seconds - transport0
-            metrics.add(StepSample(
-                loss_sum, float(cfg.accumulation), t1 - t0 - comm_wall, comm_wall, cfg.network.records_time(records),
-                sum(r.sent for r in records), sum(r.received for r in records), self.strategy.lr, t1 - start,
-                float(_peak_memory(self.device)),
-            ))
+            metrics.add(
+                StepSample(
+                    loss_sum,
+                    float(cfg.accumulation),
+                    t1 - t0 - comm_wall,
+                    comm_wall,
+                    cfg.network.records_time(records),
+                    sum(r.sent for r in records),
+                    sum(r.received for r in records),
+                    self.strategy.lr,
+                    t1 - start,
+                    float(_peak_memory(self.device)),
+                )
+            )
             done = step + 1
-            validate = self.val_loader is not None and (done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0))
+            validate = self.val_loader is not None and (
+                done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0)
+            )
             if done % flush_every == 0 or done == self.max_steps or validate:
                 for row in metrics.flush():
                     self._emit(row)
@@ -171,7 +188,12 @@ class TrainNode:
             self.logger.finish()
         if self.rank != 0:
             return None
-        return {"state_dict": state, "history": self.history, "max_steps": self.max_steps, "peak_memory": metrics.peak_memory}
+        return {
+            "state_dict": state,
+            "history": self.history,
+            "max_steps": self.max_steps,
+            "peak_memory": metrics.peak_memory,
+        }
 
     def _train_step(self, batch: Any) -> float:
         """Forward/backward over the minibatches, then ``strategy.step()``; the summed loss."""
@@ -201,7 +223,12 @@ class TrainNode:
             n = D.batch_len(batch)
             with self._autocast():
                 total += self._forward(batch, model).item() * n
-                if with_logits and isinstance(batch, (tuple, list)) and len(batch) == 2 and not batch[1].is_floating_point():
+                if (
+                    with_logits
+                    and isinstance(batch, (tuple, list))
+                    and len(batch) == 2
+                    and not batch[1].is_floating_point()
+                ):
                     pred = model.logits(batch[0]).argmax(-1)
                     correct += (pred == batch[1]).sum().item()
                     labelled += batch[1].numel()

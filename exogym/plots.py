@@ -31,7 +31,7 @@ def plot_comparison(histories: Mapping[str, Sequence[dict[str, Any]]], out_dir: 
         for name, rows in histories.items():
             pts = [(r[col] * scale, r["val_loss_global"]) for r in rows if "val_loss_global" in r and col in r]
             if pts:
-                xs, ys = zip(*pts)
+                xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o", markersize=3, label=name)
         if col == "bytes_sent":
             ax.set_xscale("symlog", linthresh=1e-3)

@@ -132,7 +132,9 @@ class Trainer:
         if devices is not None:
             bad = [d for d in devices if not 0 <= d < torch.cuda.device_count()]
             if bad or not devices:
-                raise ValueError(f"devices must be non-empty CUDA indices in [0, {torch.cuda.device_count()}), got {devices}")
+                raise ValueError(
+                    f"devices must be non-empty CUDA indices in [0, {torch.cuda.device_count()}), got {devices}"
+                )
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
 
@@ -144,11 +146,14 @@ class Trainer:
             if per_epoch < 1:
                 raise ValueError(
                     f"batch_size={batch_size} is larger than each node's shard "
-                    f"({-(-len(self.train_dataset) // num_nodes)} examples of {len(self.train_dataset)} over {num_nodes} nodes); "
+                    f"({-(-len(self.train_dataset) // num_nodes)} examples of {len(self.train_dataset)} "
+                    f"over {num_nodes} nodes); "
                     "lower batch_size or num_nodes"
                 )
             steps = max_steps or per_epoch * num_epochs
-        mb = self._minibatch(batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage)
+        mb = self._minibatch(
+            batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
+        )
 
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
         backend, kind = _choose_transport(transport, dev, ndev, num_nodes)
@@ -185,13 +190,20 @@ class Trainer:
         name = run_name or default_run_name(type(strategy).__name__)
         store = create_store()
         try:
-            job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger, segment)
+            job = NodeJob(
+                self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger, segment
+            )
             results = run_nodes(node_main, num_nodes, (job,))
         finally:
             del store, segment
         out = results[0]
         self.history = out["history"]
-        self.result = {"max_steps": out["max_steps"], "peak_memory": out["peak_memory"], "run_name": name, "config": cfg}
+        self.result = {
+            "max_steps": out["max_steps"],
+            "peak_memory": out["peak_memory"],
+            "run_name": name,
+            "config": cfg,
+        }
         final = copy.deepcopy(self.model).cpu()
         final.load_state_dict(out["state_dict"])
         return final

@@ -95,11 +95,11 @@ def train_ranks(
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy"}``.
     """
+    import copy
+
     from torch.utils.data import DataLoader, DistributedSampler
 
     from tests.helpers import TinyNet, regression_data
-
-    import copy
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)

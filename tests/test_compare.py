@@ -26,9 +26,28 @@ def _is_png(path: str) -> bool:
 def test_compare_command_writes_table_csvs_and_plots(tmp_path) -> None:
     out = tmp_path / "cmp"
     proc = subprocess.run(
-        [sys.executable, "-m", "exogym", "compare", "--strategies", "ddp,diloco", "--nodes", "2", "--steps", "30",
-         "--H", "10", "--batch-size", "16", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "-m",
+            "exogym",
+            "compare",
+            "--strategies",
+            "ddp,diloco",
+            "--nodes",
+            "2",
+            "--steps",
+            "30",
+            "--H",
+            "10",
+            "--batch-size",
+            "16",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "strategy" in proc.stderr and "ddp" in proc.stderr and "diloco" in proc.stderr
@@ -47,7 +66,12 @@ def test_compare_command_writes_table_csvs_and_plots(tmp_path) -> None:
 
 
 def test_unknown_strategy_is_rejected_before_training() -> None:
-    proc = subprocess.run([sys.executable, "-m", "exogym", "compare", "--strategies", "ddp,adam"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exogym", "compare", "--strategies", "ddp,adam"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "unknown strategies ['adam']" in proc.stderr
 
 
@@ -57,8 +81,17 @@ def _fit_with(logger) -> None:
     from tests.helpers import TinyNet, regression_data
 
     ds = regression_data(64)
-    Trainer(TinyNet(), ds, ds).fit(SimpleReduceStrategy(), num_nodes=2, max_steps=4, batch_size=8, logger=logger,
-                                   run_name="logged", log_interval=1, progress=False, val_size=16)
+    Trainer(TinyNet(), ds, ds).fit(
+        SimpleReduceStrategy(),
+        num_nodes=2,
+        max_steps=4,
+        batch_size=8,
+        logger=logger,
+        run_name="logged",
+        log_interval=1,
+        progress=False,
+        val_size=16,
+    )
 
 
 def test_wandb_offline_writes_its_files(tmp_path, monkeypatch) -> None:

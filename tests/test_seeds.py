@@ -34,7 +34,10 @@ optim_spec = OptimSpec(torch.optim.SGD, lr=0.01)
 
 SNIPPETS = {
     # 000: FedAvg with an OptimSpec, 3 nodes, 2 epochs on CPU
-    "fedavg_basic": (lambda: FedAvgStrategy(inner_optim=optim_spec, H=5), {"num_nodes": 3, "num_epochs": 2, "device": "cpu"}),
+    "fedavg_basic": (
+        lambda: FedAvgStrategy(inner_optim=optim_spec, H=5),
+        {"num_nodes": 3, "num_epochs": 2, "device": "cpu"},
+    ),
     # 001: DiLoCo with inner Adam, H=100 (device 'mps' -> cpu)
     "diloco_readme": (lambda: DiLoCoStrategy(inner_optim="adam", H=100), {"num_nodes": 4, "max_steps": 110}),
     # 002 quick start: DiLoCo
@@ -43,40 +46,89 @@ SNIPPETS = {
         {"num_nodes": 4, "max_steps": 110, "batch_size": 32},
     ),
     # 002: FedAvg with islands (16 nodes -> 4)
-    "fedavg_islands": (lambda: FedAvgStrategy(inner_optim="sgd", island_size=4, H=5, lr=0.01), {"num_nodes": 4, "max_steps": 40}),
+    "fedavg_islands": (
+        lambda: FedAvgStrategy(inner_optim="sgd", island_size=4, H=5, lr=0.01),
+        {"num_nodes": 4, "max_steps": 40},
+    ),
     # 002: SPARTA at 0.1% (8 nodes -> 4)
-    "sparta_quickstart": (lambda: SPARTAStrategy(p_sparta=0.001, inner_optim="adamw", lr=1e-4), {"num_nodes": 4, "max_steps": 40}),
+    "sparta_quickstart": (
+        lambda: SPARTAStrategy(p_sparta=0.001, inner_optim="adamw", lr=1e-4),
+        {"num_nodes": 4, "max_steps": 40},
+    ),
     # 002: composed hybrid
     "hybrid": (_hybrid, {"num_nodes": 4, "max_steps": 40}),
     # 002: DiLoCo configuration
     "diloco_configured": (
-        lambda: DiLoCoStrategy(inner_optim="adamw", outer_optim="sgd", H=200, inner_lr=1e-4, outer_lr=0.5, max_norm=1.0,
-                               lr_scheduler="cosine", warmup_steps=1000),
+        lambda: DiLoCoStrategy(
+            inner_optim="adamw",
+            outer_optim="sgd",
+            H=200,
+            inner_lr=1e-4,
+            outer_lr=0.5,
+            max_norm=1.0,
+            lr_scheduler="cosine",
+            warmup_steps=1000,
+        ),
         {"num_nodes": 2, "max_steps": 210},
     ),
     # 002: memory options
-    "memory_options": (lambda: DiLoCoStrategy(H=50), {"num_nodes": 2, "batch_size": 32, "gradient_accumulation": 4, "max_memory_usage": 0.8, "max_steps": 60}),
+    "memory_options": (
+        lambda: DiLoCoStrategy(H=50),
+        {"num_nodes": 2, "batch_size": 32, "gradient_accumulation": 4, "max_memory_usage": 0.8, "max_steps": 60},
+    ),
     # 002: bandwidth-optimised SPARTA
-    "sparta_topk_int8": (lambda: SPARTAStrategy(p_sparta=0.005, compression_method="topk", quantization_bits=8), {"num_nodes": 2, "max_steps": 40}),
+    "sparta_topk_int8": (
+        lambda: SPARTAStrategy(p_sparta=0.005, compression_method="topk", quantization_bits=8),
+        {"num_nodes": 2, "max_steps": 40},
+    ),
     # 004: API reference constructors
-    "api_simple_reduce": (lambda: SimpleReduceStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001, weight_decay=0.01)), {"num_nodes": 2, "max_steps": 40}),
+    "api_simple_reduce": (
+        lambda: SimpleReduceStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001, weight_decay=0.01)),
+        {"num_nodes": 2, "max_steps": 40},
+    ),
     "api_diloco": (
-        lambda: DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4), outer_optim="sgd", H=100, inner_lr=1e-4, outer_lr=0.7, nesterov=True),
+        lambda: DiLoCoStrategy(
+            optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4),
+            outer_optim="sgd",
+            H=100,
+            inner_lr=1e-4,
+            outer_lr=0.7,
+            nesterov=True,
+        ),
         {"num_nodes": 2, "max_steps": 110},
     ),
-    "api_sparta": (lambda: SPARTAStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001), p_sparta=0.01, sparsification_mode="random"), {"num_nodes": 2, "max_steps": 40}),
+    "api_sparta": (
+        lambda: SPARTAStrategy(
+            optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001), p_sparta=0.01, sparsification_mode="random"
+        ),
+        {"num_nodes": 2, "max_steps": 40},
+    ),
     "api_fedavg": (
-        lambda: FedAvgStrategy(optim_spec=OptimSpec(torch.optim.SGD, lr=0.01), local_epochs=5, island_size=4, client_sampling=0.1),
+        lambda: FedAvgStrategy(
+            optim_spec=OptimSpec(torch.optim.SGD, lr=0.01), local_epochs=5, island_size=4, client_sampling=0.1
+        ),
         {"num_nodes": 4, "max_steps": 40},
     ),
     "api_cosine": (
-        lambda: DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4), lr_scheduler="lambda_cosine",
-                               lr_scheduler_kwargs={"warmup_steps": 1000, "cosine_anneal": True, "min_lr_factor": 0.1}),
+        lambda: DiLoCoStrategy(
+            optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4),
+            lr_scheduler="lambda_cosine",
+            lr_scheduler_kwargs={"warmup_steps": 1000, "cosine_anneal": True, "min_lr_factor": 0.1},
+        ),
         {"num_nodes": 2, "max_steps": 40},
     ),
-    "api_clipping": (lambda: DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4), max_norm=1.0), {"num_nodes": 2, "max_steps": 40}),
-    "api_cpu_sparta": (lambda: SPARTAStrategy(p_sparta=0.01, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3)), {"num_nodes": 2, "max_steps": 40}),
-    "api_mps_diloco": (lambda: DiLoCoStrategy(H=50, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4)), {"num_nodes": 2, "max_steps": 60}),
+    "api_clipping": (
+        lambda: DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4), max_norm=1.0),
+        {"num_nodes": 2, "max_steps": 40},
+    ),
+    "api_cpu_sparta": (
+        lambda: SPARTAStrategy(p_sparta=0.01, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3)),
+        {"num_nodes": 2, "max_steps": 40},
+    ),
+    "api_mps_diloco": (
+        lambda: DiLoCoStrategy(H=50, optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4)),
+        {"num_nodes": 2, "max_steps": 60},
+    ),
 }
 
 

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from exogym.tasks import CharDataset, CharGPT, MLPClassifier, load_task, load_text, mnist_datasets, split_text, stdlib_corpus
+from exogym.tasks import (
+    CharDataset,
+    CharGPT,
+    MLPClassifier,
+    load_task,
+    load_text,
+    mnist_datasets,
+    split_text,
+    stdlib_corpus,
+)
 from exogym.tasks.mnist import FILES, read_idx
 
 

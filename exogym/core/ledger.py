@@ -81,7 +81,9 @@ class Ledger:
     total_payload: int = 0
     total_collectives: int = 0
 
-    def record(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> CollectiveRecord:
+    def record(
+        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False
+    ) -> CollectiveRecord:
         """Charge one collective to this node and return its record."""
         sent, received = wire_bytes(kind, group_size, payload, is_root)
         rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag)

@@ -40,7 +40,9 @@ class OptimSpec:
         try:
             opt = OPTIMIZERS[name.lower()]
         except KeyError:
-            raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)} or pass an OptimSpec") from None
+            raise ValueError(
+                f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)} or pass an OptimSpec"
+            ) from None
         return cls(opt, **kwargs)
 
     @classmethod

@@ -166,8 +166,13 @@ class CommunicateOptimizeStrategy(Strategy):
         warmup_steps: int | None = None,
     ) -> None:
         super().__init__(
-            optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm,
-            inner_optim=inner_optim, lr=lr, warmup_steps=warmup_steps,
+            optim_spec,
+            lr_scheduler,
+            lr_scheduler_kwargs,
+            max_norm,
+            inner_optim=inner_optim,
+            lr=lr,
+            warmup_steps=warmup_steps,
         )
         self.pipeline = Pipeline(communication_modules)
 
@@ -181,7 +186,9 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         super()._init_node(model, rank, num_nodes)
-        ctx = NodeContext(model, rank, num_nodes, self.comm, self.optim, self.seed, self.max_steps, self.steps_per_epoch)
+        ctx = NodeContext(
+            model, rank, num_nodes, self.comm, self.optim, self.seed, self.max_steps, self.steps_per_epoch
+        )
         self.pipeline._init_node(ctx)
 
     def step(self) -> None:

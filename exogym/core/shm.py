@@ -89,7 +89,8 @@ class ShmTransport:
             if spins > _SPINS_BEFORE_YIELD:
                 os.sched_yield()
 
-    def _fits(self, tensor: torch.Tensor) -> bool:
+    def fits(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` travels through shared memory (else through the fallback)."""
         return tensor.numel() * tensor.element_size() <= self.capacity and tensor.device.type == "cpu"
 
     def _write_slot(self, tensor: torch.Tensor) -> None:
@@ -97,7 +98,7 @@ class ShmTransport:
         self._slots[self.rank, :nbytes].view(tensor.dtype).copy_(tensor.reshape(-1))
 
     def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        if not self._fits(tensor):
+        if not self.fits(tensor):
             self.fallback.all_reduce(tensor, op)
             return
         n, k = tensor.numel(), self.world_size
@@ -137,7 +138,7 @@ class ShmTransport:
         tensor.copy_(total.view_as(tensor))
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self._fits(tensor):
+        if not self.fits(tensor):
             return self.fallback.all_gather(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         self._write_slot(tensor.contiguous())
@@ -147,7 +148,7 @@ class ShmTransport:
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        if not self._fits(tensor):
+        if not self.fits(tensor):
             self.fallback.broadcast(tensor, src)
             return
         nbytes = tensor.numel() * tensor.element_size()
@@ -157,7 +158,3 @@ class ShmTransport:
         if self.rank != src:
             tensor.copy_(self._slots[src, :nbytes].view(tensor.dtype).view_as(tensor))
         self.barrier()
-
-    def fits(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` travels through shared memory (else through the fallback)."""
-        return self._fits(tensor)

@@ -51,7 +51,9 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
     }
     for name, strategy in strategies.items():
         trainer = Trainer(MLPClassifier(), train, val)
-        trainer.fit(strategy, num_nodes=nodes, max_steps=steps, batch_size=32, val_size=len(val), logger=False, progress=False)
+        trainer.fit(
+            strategy, num_nodes=nodes, max_steps=steps, batch_size=32, val_size=len(val), logger=False, progress=False
+        )
         val_loss = [r["val_loss_global"] for r in trainer.history if "val_loss_global" in r]
         sent = [r["bytes_sent"] for r in trainer.history if "bytes_sent" in r][-1]
         results[name] = {"val_loss_first": val_loss[0], "val_loss": val_loss[-1], "bytes_sent": sent}

@@ -136,7 +136,10 @@ def dct_decode(
     ``values``' dtype.
     """
     if indices.dim() != 3 or indices.shape != values.shape:
-        raise ValueError(f"dct_decode: indices and values must both be [ranks, chunks, k], got {tuple(indices.shape)} and {tuple(values.shape)}")
+        raise ValueError(
+            "dct_decode: indices and values must both be [ranks, chunks, k], "
+            f"got {tuple(indices.shape)} and {tuple(values.shape)}"
+        )
     if not _ops.use_kernel("dct_decode", values.device):
         return dct_decode_reference(indices, values, tuple(shape), chunk, sign)
     cr, cc = chunk_shape(shape, chunk)

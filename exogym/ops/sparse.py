@@ -104,9 +104,7 @@ def _signed64(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def sparse_gather_reference(
-    srcs: Sequence[torch.Tensor], indices: Sequence[torch.Tensor]
-) -> torch.Tensor:
+def sparse_gather_reference(srcs: Sequence[torch.Tensor], indices: Sequence[torch.Tensor]) -> torch.Tensor:
     """Pure-torch reference of :func:`sparse_gather`."""
     return torch.cat([s.reshape(-1)[i] for s, i in zip(srcs, indices, strict=True)])
 
@@ -133,7 +131,10 @@ def sparse_scatter_reference_(
     """Pure-torch reference of :func:`sparse_scatter_` (mutates ``dsts`` in place)."""
     total = sum(i.numel() for i in indices)
     if values.dim() != 1 or values.numel() != total:
-        raise ValueError(f"sparse_scatter_: values must be 1-D with {total} elements (the sum of the index lengths), got {tuple(values.shape)}")
+        raise ValueError(
+            f"sparse_scatter_: values must be 1-D with {total} elements (the sum of the index lengths), "
+            f"got {tuple(values.shape)}"
+        )
     offset = 0
     for dst, idx in zip(dsts, indices, strict=True):
         part = values[offset : offset + idx.numel()]

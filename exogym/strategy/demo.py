@@ -49,7 +49,9 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
     ) -> None:
         if optim_spec is not None and inner_optim is not None:
             raise TypeError("give the inner optimizer once: optim_spec or its alias inner_optim, not both")
-        given = OptimSpec.coerce(optim_spec if optim_spec is not None else inner_optim, OptimSpec(torch.optim.SGD, lr=1e-3))
+        given = OptimSpec.coerce(
+            optim_spec if optim_spec is not None else inner_optim, OptimSpec(torch.optim.SGD, lr=1e-3)
+        )
         if given.cls is not torch.optim.SGD:
             warnings.warn(
                 f"DeMoStrategy updates with sign-SGD; of {given!r} only lr and weight_decay are used",

@@ -24,7 +24,10 @@ def outer_spec(
     """
     if isinstance(outer_optim, OptimSpec):
         if any(v is not None for v in (outer_lr, outer_momentum, nesterov)):
-            raise TypeError("outer_lr, outer_momentum and nesterov configure the 'sgd' outer optimizer; put them in the OptimSpec instead")
+            raise TypeError(
+                "outer_lr, outer_momentum and nesterov configure the 'sgd' outer optimizer; "
+                "put them in the OptimSpec instead"
+            )
         return outer_optim, False
     if outer_optim not in OUTER_NAMES:
         raise ValueError(f"outer_optim must be one of {OUTER_NAMES} or an OptimSpec, got {outer_optim!r}")
@@ -73,7 +76,9 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
         **strategy_kwargs: Any,
     ) -> None:
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
-        super().__init__([DiLoCoCommunicator(H, spec, normalize, island_size)], **inner_lr_alias(strategy_kwargs, inner_lr))
+        super().__init__(
+            [DiLoCoCommunicator(H, spec, normalize, island_size)], **inner_lr_alias(strategy_kwargs, inner_lr)
+        )
 
 
 __all__ = ["DiLoCoCommunicator", "DiLoCoStrategy"]

@@ -27,8 +27,14 @@ def _adamw(lr: float) -> OptimSpec:
 PRESETS: dict[str, tuple[Callable[[float, int], Strategy], str]] = {
     "ddp": (lambda lr, H: SimpleReduceStrategy(_adamw(lr)), "gradient all-reduce every step"),
     "fedavg": (lambda lr, H: FedAvgStrategy(H=H, optim_spec=_adamw(lr)), "model averaging every H steps"),
-    "diloco": (lambda lr, H: DiLoCoStrategy(H=H, optim_spec=_adamw(lr)), "Nesterov outer step on the mean pseudo-gradient every H steps"),
-    "sparta": (lambda lr, H: SPARTAStrategy(p_sparta=0.005, optim_spec=_adamw(lr)), "average 0.5% of the parameters every step"),
+    "diloco": (
+        lambda lr, H: DiLoCoStrategy(H=H, optim_spec=_adamw(lr)),
+        "Nesterov outer step on the mean pseudo-gradient every H steps",
+    ),
+    "sparta": (
+        lambda lr, H: SPARTAStrategy(p_sparta=0.005, optim_spec=_adamw(lr)),
+        "average 0.5% of the parameters every step",
+    ),
     "demo": (
         lambda lr, H: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr)),
         "DeMo: DCT top-32 of chunk 64 of the decoupled momentum, sign-SGD",

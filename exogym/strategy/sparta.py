@@ -20,7 +20,10 @@ def sparse_module(
     """The SPARTA communicator from the preset spellings (``compression_method`` is an alias of
     ``sparsification_mode``; ``quantization_bits`` 8 or 16 wraps it in a quantizer)."""
     if sparsification_mode is not None and compression_method is not None and sparsification_mode != compression_method:
-        raise TypeError(f"sparsification_mode={sparsification_mode!r} and its alias compression_method={compression_method!r} disagree")
+        raise TypeError(
+            f"sparsification_mode={sparsification_mode!r} and its alias "
+            f"compression_method={compression_method!r} disagree"
+        )
     mode = sparsification_mode or compression_method or "random"
     module: Communicator = SparseCommunicator(p_sparta, mode)
     if quantization_bits is not None and quantization_bits != 32:
@@ -54,7 +57,9 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         quantization_bits: int | None = None,
         **strategy_kwargs: Any,
     ) -> None:
-        super().__init__([sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits)], **strategy_kwargs)
+        super().__init__(
+            [sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits)], **strategy_kwargs
+        )
 
 
 class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):

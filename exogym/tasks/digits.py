@@ -38,7 +38,7 @@ class MLPClassifier(nn.Module):
     def __init__(self, sizes: Sequence[int] = (64, 256, 256, 10)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(nn.ReLU())

@@ -50,7 +50,11 @@ def test_islands_average_within_and_are_charged_at_island_size() -> None:
         assert _equal(out[isl[0]]["params"], out[isl[1]]["params"])
     assert not _equal(out[islands[0][0]]["params"], out[islands[1][0]]["params"])
     rec = out[0]["records"][-1][0]
-    assert rec.kind == "all_reduce" and rec.group_size == size and rec.sent == pytest.approx(2 * (size - 1) / size * PARAM_BYTES)
+    assert (
+        rec.kind == "all_reduce"
+        and rec.group_size == size
+        and rec.sent == pytest.approx(2 * (size - 1) / size * PARAM_BYTES)
+    )
 
 
 def test_draws_are_shared_and_vary_by_round() -> None:
@@ -77,7 +81,9 @@ class SetToRank(CommunicateOptimizeStrategy):
 def test_client_sampling_gives_everyone_the_participants_mean() -> None:
     k, seed = 5, 3
     frozen = OptimSpec(torch.optim.SGD, lr=0.0)
-    out = train_ranks(k, lambda: SetToRank([AveragingCommunicator(client_sampling=0.4)], optim_spec=frozen), 1, seed=seed)
+    out = train_ranks(
+        k, lambda: SetToRank([AveragingCommunicator(client_sampling=0.4)], optim_spec=frozen), 1, seed=seed
+    )
     chosen = draw_participants(list(range(k)), 0.4, seed, 0)
     assert len(chosen) == 2
     for o in out:

@@ -14,8 +14,9 @@ from exogym.strategy import CommunicateOptimizeStrategy, DeMoStrategy, OptimSpec
 from tests.fake_world import train_ranks
 from tests.helpers import regression_data
 
-
 pytestmark = pytest.mark.usefixtures("op_path")
+
+
 class ConvMLP(nn.Module):
     """Has 2-D weights, a 4-D conv weight, 1-D biases and a scalar, to exercise every layout."""
 
@@ -42,7 +43,9 @@ def ref_divisor(n: int, c: int) -> int:
 def ref_dct(n: int) -> torch.Tensor:
     k = torch.arange(n, dtype=torch.float64)[:, None]
     i = torch.arange(n, dtype=torch.float64)[None, :]
-    return (torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * torch.where(k == 0, math.sqrt(1 / n), math.sqrt(2 / n))).float()
+    return (
+        torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * torch.where(k == 0, math.sqrt(1 / n), math.sqrt(2 / n))
+    ).float()
 
 
 def ref_layout(shape, chunk):
@@ -80,11 +83,18 @@ def reference_demo(k, steps, lr, decay, topk, chunk, wd, make_model, ds, batch=8
     models = [base] + [ConvMLP() for _ in range(k - 1)]
     for m in models[1:]:
         m.load_state_dict(base.state_dict())
-    loaders = [iter(DataLoader(ds, batch_size=batch, sampler=DistributedSampler(ds, k, r, shuffle=True, seed=seed), drop_last=True)) for r in range(k)]
+    loaders = [
+        iter(
+            DataLoader(
+                ds, batch_size=batch, sampler=DistributedSampler(ds, k, r, shuffle=True, seed=seed), drop_last=True
+            )
+        )
+        for r in range(k)
+    ]
     deltas = [[torch.zeros_like(p) for p in m.parameters()] for m in models]
     for _ in range(steps):
         grads = []
-        for m, it in zip(models, loaders):
+        for m, it in zip(models, loaders, strict=True):
             m.zero_grad()
             m(next(it)).backward()
             grads.append([p.grad.clone() for p in m.parameters()])
@@ -113,7 +123,13 @@ def reference_demo(k, steps, lr, decay, topk, chunk, wd, make_model, ds, batch=8
 def test_demo_strategy_matches_the_reference_after_20_steps(k: int) -> None:
     steps, lr, decay, topk, chunk, wd = 20, 0.01, 0.999, 32, 64, 0.01
     ds = regression_data(n=k * 8 * steps)
-    ours = train_ranks(k, lambda: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr), decay, topk, chunk, weight_decay=wd), steps, make_model=ConvMLP, dataset=ds)
+    ours = train_ranks(
+        k,
+        lambda: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr), decay, topk, chunk, weight_decay=wd),
+        steps,
+        make_model=ConvMLP,
+        dataset=ds,
+    )
     ref = reference_demo(k, steps, lr, decay, topk, chunk, wd, ConvMLP, ds)
     for r in range(k):
         for a, b in zip(ours[r]["params"], ref[r], strict=True):
@@ -124,7 +140,7 @@ def test_demo_strategy_matches_the_reference_after_20_steps(k: int) -> None:
 def test_every_tensor_layout_is_planned_and_bytes_match_the_formula() -> None:
     model = ConvMLP()
     ex = DCTTopKExchange(list(model.parameters()), topk=32, chunk=64)
-    plans = {n: p for (n, _), p in zip(model.named_parameters(), ex.plans)}
+    plans = {n: p for (n, _), p in zip(model.named_parameters(), ex.plans, strict=True)}
     assert plans["fc1.weight"].compressed and plans["conv.weight"].compressed  # [96, 8] and [16, 1, 2, 2]
     # fc1.bias [96]: 2 chunks of 48, 32 kept: 2*32*6 = 384 bytes, not below its 384 dense bytes
     assert not plans["fc1.bias"].compressed and not plans["gain"].compressed
@@ -134,7 +150,10 @@ def test_every_tensor_layout_is_planned_and_bytes_match_the_formula() -> None:
     assert plans["conv.weight"].payload == 1 * 32 * (2 + 4)
     out = train_ranks(2, lambda: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=0.01)), 2, make_model=ConvMLP)
     recs = out[0]["records"][0]
-    assert [(r.kind, r.payload) for r in recs] == [("all_gather", ex.compressed_payload), ("all_reduce", ex.dense_payload)]
+    assert [(r.kind, r.payload) for r in recs] == [
+        ("all_gather", ex.compressed_payload),
+        ("all_reduce", ex.dense_payload),
+    ]
 
 
 def test_a_2d_fp32_weight_is_sent_at_least_40x_smaller() -> None:
@@ -146,7 +165,9 @@ def test_a_2d_fp32_weight_is_sent_at_least_40x_smaller() -> None:
 def test_decay_0_and_full_k_is_sign_sgd_on_the_averaged_gradient() -> None:
     k, lr = 3, 0.01
     chunk = 64
-    make = lambda: CommunicateOptimizeStrategy([DCTCompressCommunicator(topk=64 * 64, chunk=chunk, decay=0.0)], OptimSpec(torch.optim.SGD, lr=lr))
+    make = lambda: CommunicateOptimizeStrategy(
+        [DCTCompressCommunicator(topk=64 * 64, chunk=chunk, decay=0.0)], OptimSpec(torch.optim.SGD, lr=lr)
+    )
     ours = train_ranks(k, make, 1, make_model=ConvMLP)
     # sign-SGD on the mean gradient, computed directly
     ds = regression_data(n=k * 8)
@@ -167,7 +188,9 @@ def test_decay_0_and_full_k_is_sign_sgd_on_the_averaged_gradient() -> None:
 
 
 def test_dct_reducer_composes_with_diloco_and_keeps_ranks_identical() -> None:
-    make = lambda: CommunicateOptimizeStrategy([DiLoCoCommunicator(H=2, reducer=DCTTopKReducer(topk=8, chunk=64))], OptimSpec(torch.optim.SGD, lr=0.05))
+    make = lambda: CommunicateOptimizeStrategy(
+        [DiLoCoCommunicator(H=2, reducer=DCTTopKReducer(topk=8, chunk=64))], OptimSpec(torch.optim.SGD, lr=0.05)
+    )
     out = train_ranks(2, make, 4, make_model=ConvMLP)
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
         assert torch.equal(a, b)
@@ -177,8 +200,12 @@ def test_dct_reducer_composes_with_diloco_and_keeps_ranks_identical() -> None:
 
 def test_demo_accepts_the_seed_spellings() -> None:
     with pytest.warns(UserWarning, match="sign-SGD"):
-        s = DeMoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001), compression_decay=0.999, compression_topk=32, compression_chunk=64)
+        s = DeMoStrategy(
+            optim_spec=OptimSpec(torch.optim.AdamW, lr=0.001),
+            compression_decay=0.999,
+            compression_topk=32,
+            compression_chunk=64,
+        )
     assert s.optim_spec == OptimSpec(torch.optim.SGD, lr=0.001, weight_decay=0.0)
     s = DeMoStrategy(compression_decay=0.999, compression_topk=32, compression_chunk=64, weight_decay=1e-4)
     assert s.optim_spec.kwargs["weight_decay"] == 1e-4
-

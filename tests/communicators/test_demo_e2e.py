@@ -13,7 +13,15 @@ def test_four_node_demo_trains_on_the_builtin_task() -> None:
 
     train, val = digits_datasets()
     trainer = Trainer(MLPClassifier(), train, val)
-    trainer.fit(DeMoStrategy(OptimSpec(torch.optim.SGD, lr=3e-3)), num_nodes=4, max_steps=60, batch_size=16,
-                val_size=len(val), val_interval=20, logger=False, progress=False)
+    trainer.fit(
+        DeMoStrategy(OptimSpec(torch.optim.SGD, lr=3e-3)),
+        num_nodes=4,
+        max_steps=60,
+        batch_size=16,
+        val_size=len(val),
+        val_interval=20,
+        logger=False,
+        progress=False,
+    )
     val_loss = [r["val_loss_global"] for r in trainer.history if "val_loss_global" in r]
     assert val_loss[-1] < 0.7 * val_loss[0], val_loss

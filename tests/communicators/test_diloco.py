@@ -34,7 +34,9 @@ class ScriptedLocal(CommunicateOptimizeStrategy):
 
 
 def run(outer: OptimSpec, rounds: int) -> list[dict]:
-    return train_ranks(3, lambda: ScriptedLocal([DiLoCoCommunicator(H=1, outer_optim=outer)], optim_spec=FROZEN), rounds)
+    return train_ranks(
+        3, lambda: ScriptedLocal([DiLoCoCommunicator(H=1, outer_optim=outer)], optim_spec=FROZEN), rounds
+    )
 
 
 def test_outer_sgd_lr1_no_momentum_lands_on_the_average() -> None:
@@ -51,8 +53,8 @@ def test_nesterov_matches_the_hand_computed_update() -> None:
     g, buf = G0, 0.0
     for r in range(2):
         delta = g - sum(g + x for x in LOCAL[r]) / 3  # theta_global - mean(theta_local)
-        buf = delta if r == 0 else m * buf + delta      # torch SGD: buffer starts at the first grad
-        g = g - lr * (delta + m * buf)                  # Nesterov look-ahead
+        buf = delta if r == 0 else m * buf + delta  # torch SGD: buffer starts at the first grad
+        g = g - lr * (delta + m * buf)  # Nesterov look-ahead
     for o in out:
         for p in o["params"]:
             torch.testing.assert_close(p, torch.full_like(p, g), rtol=1e-6, atol=1e-6)
@@ -73,7 +75,14 @@ def test_bytes_are_ddp_bytes_once_per_h_and_ranks_end_identical() -> None:
 
 
 def test_constructor_spellings() -> None:
-    s = DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4), outer_optim="sgd", H=100, inner_lr=1e-4, outer_lr=0.7, nesterov=True)
+    s = DiLoCoStrategy(
+        optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-4),
+        outer_optim="sgd",
+        H=100,
+        inner_lr=1e-4,
+        outer_lr=0.7,
+        nesterov=True,
+    )
     mod = s.communication_modules[0]
     assert mod.outer_spec == OptimSpec(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True) and mod.H == 100
     assert s.optim_spec.lr == 1e-4
@@ -97,4 +106,4 @@ def test_state_dict_round_trip() -> None:
     for g in mod.global_params:
         g.zero_()
     strategy.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(mod.global_params, saved))
+    assert all(torch.equal(a, b) for a, b in zip(mod.global_params, saved, strict=True))

@@ -68,7 +68,11 @@ def test_grad_modules_run_before_and_param_modules_after_the_optimizer() -> None
             step = self.optim.step
             self.optim.step = lambda *a, **k: (log.append("optim"), step(*a, **k))[1]
 
-    mods = [Recorder("p1", "param", log), Recorder("g1", "grad", log), Pipeline([Recorder("p2", "param", log), Recorder("g2", "grad", log)])]
+    mods = [
+        Recorder("p1", "param", log),
+        Recorder("g1", "grad", log),
+        Pipeline([Recorder("p2", "param", log), Recorder("g2", "grad", log)]),
+    ]
     train_ranks(1, lambda: Logged(mods, optim_spec=SGD), 1)
     assert log == ["g1", "g2", "optim", "p1", "p2"]
 

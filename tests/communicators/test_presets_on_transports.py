@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from communicators import AveragingCommunicator, DiLoCoCommunicator, SparseCommunicator
 from exogym import Trainer
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.strategy import OptimSpec
-from communicators import AveragingCommunicator, DiLoCoCommunicator, SparseCommunicator
 from tests.helpers import FIT_DEFAULTS, SaveParams, TinyNet, load_rank_params, regression_data
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,9 +27,11 @@ def test_fedavg_diloco_sparta_equal_ddp_in_processes(tmp_path, transport: str) -
         folder = tmp_path / name
         folder.mkdir()
         strategy = CommunicateOptimizeStrategy([make(), SaveParams(str(folder))], SGD)
-        finals[name] = Trainer(TinyNet(), ds).fit(strategy, 2, max_steps=6, batch_size=8, transport=transport, **FIT_DEFAULTS)
+        finals[name] = Trainer(TinyNet(), ds).fit(
+            strategy, 2, max_steps=6, batch_size=8, transport=transport, **FIT_DEFAULTS
+        )
         a, b = load_rank_params(str(folder), 2)
-        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"{name}: ranks differ"
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"{name}: ranks differ"
     for name in ("fedavg_h1", "diloco_h1", "sparta_p1"):
         for p, q in zip(finals["ddp"].parameters(), finals[name].parameters(), strict=True):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)

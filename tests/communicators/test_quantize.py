@@ -28,7 +28,9 @@ def test_int8_codec_error_is_at_most_half_a_step_per_chunk() -> None:
 def test_quantized_averaging_is_charged_at_the_quantized_size(fmt, ratio) -> None:
     k = 2
     plain = train_ranks(k, lambda: CommunicateOptimizeStrategy([AveragingCommunicator()], optim_spec=SGD), 2)
-    quant = train_ranks(k, lambda: CommunicateOptimizeStrategy([QuantizeCommunicator(AveragingCommunicator(), fmt)], optim_spec=SGD), 2)
+    quant = train_ranks(
+        k, lambda: CommunicateOptimizeStrategy([QuantizeCommunicator(AveragingCommunicator(), fmt)], optim_spec=SGD), 2
+    )
     n = sum(p.numel() for p in TinyNet().parameters())
     dense = plain[0]["records"][0][0]
     q = quant[0]["records"][0][0]
@@ -37,7 +39,7 @@ def test_quantized_averaging_is_charged_at_the_quantized_size(fmt, ratio) -> Non
     assert q.sent == pytest.approx(dense.sent * expected / dense.payload)
     for a, b in zip(quant[0]["params"], quant[1]["params"], strict=True):
         assert torch.equal(a, b)  # every rank decodes the same codes
-        
+
 
 def test_error_feedback_carries_the_residual() -> None:
     rounds = 50

@@ -35,7 +35,7 @@ def test_shared_selectors_average_the_same_entries_on_every_rank(selector: str) 
     assert all(torch.equal(averaged[0], a) for a in averaged[1:])
     n = base.numel()
     assert 0.15 * n < averaged[0].sum() < 0.35 * n
-    for r, (f, a) in enumerate(zip(flats, averaged)):
+    for r, (f, a) in enumerate(zip(flats, averaged, strict=True)):
         assert torch.equal(f[~a], (r + 1) * base[~a])  # untouched entries keep the rank's value
 
 
@@ -45,7 +45,7 @@ def test_selectors_are_deterministic_sorted_and_in_range(selector: str) -> None:
     again = SharedSelector(selector, 0.1, seed=4, shapes=[1000, 37, 5], device=torch.device("cpu"))
     for step in range(4):
         a, b = sel.select(step), again.select(step)
-        for x, y, n in zip(a, b, [1000, 37, 5]):
+        for x, y, n in zip(a, b, [1000, 37, 5], strict=True):
             assert torch.equal(x, y) and torch.equal(x, x.sort().values) and x.unique().numel() == x.numel()
             assert x.numel() == 0 or (0 <= int(x.min()) and int(x.max()) < n)
 

@@ -40,7 +40,14 @@ def test_user_strategy_with_int32_all_reduce_trains_and_is_charged_int32_bytes()
     n_elems = sum(p.numel() for p in model.parameters())
     n_tensors = len(list(model.parameters()))
     trainer = Trainer(model, regression_data(n=steps * 8 * k))
-    trainer.fit(QuantizedReduce(optim_spec=OptimSpec(torch.optim.SGD, lr=0.05)), k, max_steps=steps, batch_size=8, log_interval=1, **FIT_DEFAULTS)
+    trainer.fit(
+        QuantizedReduce(optim_spec=OptimSpec(torch.optim.SGD, lr=0.05)),
+        k,
+        max_steps=steps,
+        batch_size=8,
+        log_interval=1,
+        **FIT_DEFAULTS,
+    )
     rows = [r for r in trainer.history if "train_loss" in r]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     ring = 2 * (k - 1) / k
@@ -64,7 +71,9 @@ class GatherBroadcast(Strategy):
 
 def test_all_gather_and_broadcast_for_custom_strategies() -> None:
     trainer = Trainer(TinyNet(), regression_data(n=64))
-    trainer.fit(GatherBroadcast(optim_spec="sgd", lr=0.05), 2, max_steps=4, batch_size=8, log_interval=4, **FIT_DEFAULTS)
+    trainer.fit(
+        GatherBroadcast(optim_spec="sgd", lr=0.05), 2, max_steps=4, batch_size=8, log_interval=4, **FIT_DEFAULTS
+    )
     model = TinyNet()
     nbytes = sum(p.numel() * 4 for p in model.parameters())
     # all_gather: (n-1)*b each; broadcast: root sends b, the other receives b; mean over 2 nodes.
@@ -96,7 +105,11 @@ def test_raw_torch_distributed_calls_work_on_every_transport(transport) -> None:
 
     ds = regression_data(n=64)
     sgd = OptimSpec(torch.optim.SGD, lr=0.05)
-    raw = Trainer(TinyNet(), ds).fit(RawTorchDistributed(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS)
-    ddp = Trainer(TinyNet(), ds).fit(SimpleReduceStrategy(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS)
+    raw = Trainer(TinyNet(), ds).fit(
+        RawTorchDistributed(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS
+    )
+    ddp = Trainer(TinyNet(), ds).fit(
+        SimpleReduceStrategy(optim_spec=sgd), 2, max_steps=4, batch_size=8, transport=transport, **FIT_DEFAULTS
+    )
     for p, q in zip(raw.parameters(), ddp.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -45,4 +45,6 @@ def test_step_time_is_slowest_compute_plus_slowest_comm() -> None:
     net = Network(1e9, 1e-3, compute_slowdown=(1.0, 3.0))
     assert net.step_time([0.1, 0.05, 0.1, 0.02], [0.2, 0.3, 0.1, 0.1]) == pytest.approx(0.15 + 0.3)
     recs = [CollectiveRecord("all_reduce", 4, 10**6, 0, 0), CollectiveRecord("all_gather", 2, 10**3, 0, 0)]
-    assert net.records_time(recs) == pytest.approx(net.collective_time("all_reduce", 4, 10**6) + net.collective_time("all_gather", 2, 10**3))
+    assert net.records_time(recs) == pytest.approx(
+        net.collective_time("all_reduce", 4, 10**6) + net.collective_time("all_gather", 2, 10**3)
+    )

@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, Subset
 
+from communicators import AveragingCommunicator
 from exogym import Trainer
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.strategy import OptimSpec, SimpleReduceStrategy
-from communicators import AveragingCommunicator
 from tests.helpers import FIT_DEFAULTS, SaveParams, TinyNet, load_rank_params, regression_data
 
 pytestmark = pytest.mark.timeout(90)
@@ -41,7 +41,9 @@ def test_k_nodes_equal_one_node_with_k_times_the_batch(tmp_path, num_nodes: int,
     strategy = CommunicateOptimizeStrategy(
         [AveragingCommunicator(target="grads"), SaveParams(str(tmp_path))], OptimSpec(torch.optim.SGD, lr=LR)
     )
-    final = Trainer(TinyNet(), ds).fit(strategy, num_nodes, max_steps=STEPS, batch_size=B, seed=SEED, transport=transport, **FIT_DEFAULTS)
+    final = Trainer(TinyNet(), ds).fit(
+        strategy, num_nodes, max_steps=STEPS, batch_size=B, seed=SEED, transport=transport, **FIT_DEFAULTS
+    )
     expected = single_node_reference(ds, num_nodes)
     # float32 sums in another order: differences stay near machine epsilon.
     for got, want in zip(final.parameters(), expected, strict=True):
@@ -58,8 +60,15 @@ def test_ledger_charges_one_parameter_sized_all_reduce_per_step(transport: str) 
     model = TinyNet()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer = Trainer(model, regression_data(n=steps * B * k))
-    trainer.fit(SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=LR)), k, max_steps=steps, batch_size=B, log_interval=1,
-                transport=transport, **FIT_DEFAULTS)
+    trainer.fit(
+        SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=LR)),
+        k,
+        max_steps=steps,
+        batch_size=B,
+        log_interval=1,
+        transport=transport,
+        **FIT_DEFAULTS,
+    )
     rows = [r for r in trainer.history if "bytes_sent" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     per_step = 2 * (k - 1) / k * param_bytes  # ring all-reduce of the gradient bytes
@@ -71,8 +80,17 @@ def test_ledger_charges_one_parameter_sized_all_reduce_per_step(transport: str) 
 def test_training_reduces_the_loss_and_reports_validation() -> None:
     full = regression_data(n=576)
     trainer = Trainer(TinyNet(), Subset(full, range(512)), Subset(full, range(512, 576)))
-    trainer.fit(SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=0.1)), 2, num_epochs=2, batch_size=16,
-                logger=False, progress=False, val_size=64, val_interval=8, log_interval=4)
+    trainer.fit(
+        SimpleReduceStrategy(OptimSpec(torch.optim.SGD, lr=0.1)),
+        2,
+        num_epochs=2,
+        batch_size=16,
+        logger=False,
+        progress=False,
+        val_size=64,
+        val_interval=8,
+        log_interval=4,
+    )
     train = [r["train_loss"] for r in trainer.history if "train_loss" in r]
     val = [r for r in trainer.history if "val_loss_global" in r]
     assert train[-1] < 0.5 * train[0]

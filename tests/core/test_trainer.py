@@ -11,14 +11,25 @@ import torch
 
 from exogym import NodeFailedError, Trainer
 from exogym.strategy import OptimSpec, SimpleReduceStrategy
-from tests.helpers import FIT_DEFAULTS, EnvCheck, ExitOnRank, FailOnRank, TinyNet, VectorLossNet, child_pids, regression_data
+from tests.helpers import (
+    FIT_DEFAULTS,
+    EnvCheck,
+    ExitOnRank,
+    FailOnRank,
+    TinyNet,
+    VectorLossNet,
+    child_pids,
+    regression_data,
+)
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 
 
 def fit(model=None, ds=None, **kw):
     args = {**FIT_DEFAULTS, "num_nodes": 2, "max_steps": 3, "batch_size": 8, **kw}
-    return Trainer(model or TinyNet(), ds if ds is not None else regression_data(64)).fit(SimpleReduceStrategy(SGD), **args)
+    return Trainer(model or TinyNet(), ds if ds is not None else regression_data(64)).fit(
+        SimpleReduceStrategy(SGD), **args
+    )
 
 
 # -- bad arguments fail in the parent, before any process starts ---------------------------
@@ -101,8 +112,12 @@ def test_transport_argument_is_checked() -> None:
 def test_two_fits_in_a_row_both_work(transport: str) -> None:
     ds = regression_data(64)
     trainer = Trainer(TinyNet(), ds)
-    a = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS)
-    b = trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS)
+    a = trainer.fit(
+        SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS
+    )
+    b = trainer.fit(
+        SimpleReduceStrategy(SGD), num_nodes=2, max_steps=3, batch_size=8, transport=transport, **FIT_DEFAULTS
+    )
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)  # same seed, same data order, same result
     assert child_pids() == []
@@ -126,7 +141,9 @@ def shard_factory(rank: int, num_nodes: int, train_dataset: bool):
 @pytest.mark.timeout(60)
 def test_dataset_factory_is_called_inside_each_node() -> None:
     trainer = Trainer(TinyNet(), shard_factory, shard_factory)
-    trainer.fit(SimpleReduceStrategy(SGD), num_nodes=2, batch_size=8, num_epochs=2, logger=False, progress=False, val_size=16)
+    trainer.fit(
+        SimpleReduceStrategy(SGD), num_nodes=2, batch_size=8, num_epochs=2, logger=False, progress=False, val_size=16
+    )
     # 32 examples per node, batch 8, 2 epochs: 8 steps agreed on by both nodes.
     assert trainer.result["max_steps"] == 8
     assert any("val_loss_global" in r for r in trainer.history)
@@ -155,17 +172,24 @@ def test_csv_logger_writes_metrics(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_script_without_main_guard_gets_a_fix_it_message(tmp_path) -> None:
     script = tmp_path / "noguard.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         from exogym import Trainer
         from exogym.strategy import SimpleReduceStrategy
         from tests.helpers import TinyNet, regression_data
         Trainer(TinyNet(), regression_data(64)).fit(SimpleReduceStrategy(), num_nodes=2, max_steps=1,
                                                     batch_size=8, logger=False, progress=False)
         """
-    ))
+        )
+    )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50,
-                          env={**os.environ, "PYTHONPATH": root})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     assert proc.returncode != 0
     assert 'if __name__ == "__main__":' in proc.stderr

@@ -6,7 +6,10 @@ import torch
 from exogym.core import shm
 from tests.helpers import run_collectives
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not shm.supported(), reason="shared-memory transport needs x86-64")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not shm.supported(), reason="shared-memory transport needs x86-64"),
+]
 
 
 def every_collective(comm):

@@ -27,7 +27,7 @@ def test_gather_scatter_cuda_equals_cpu(dtype) -> None:
     b = [s.cuda() for s in srcs]
     ops.sparse_scatter_(a, idx, g_cpu * 2, 0.5)
     ops.sparse_scatter_(b, [i.cuda() for i in idx], g_cuda * 2, 0.5)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert torch.equal(x, y.cpu())
 
 

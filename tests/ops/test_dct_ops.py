@@ -117,7 +117,9 @@ def _gathered(shape, ranks, k, dtype=torch.float32):
     rows, cols = as_2d_shape(shape)
     n = (rows // cr) * (cols // cc)
     g = torch.Generator().manual_seed(3)
-    idx = torch.stack([torch.stack([torch.randperm(cr * cc, generator=g)[:k].sort().values for _ in range(n)]) for _ in range(ranks)])
+    idx = torch.stack(
+        [torch.stack([torch.randperm(cr * cc, generator=g)[:k].sort().values for _ in range(n)]) for _ in range(ranks)]
+    )
     vals = torch.randn(ranks, n, k, generator=g).to(dtype)
     return idx.to(torch.int16), vals
 

@@ -43,7 +43,10 @@ def test_reference_matches_the_rule_written_in_python(n: int, k: int) -> None:
 
 
 @needs_ext
-@pytest.mark.parametrize(("n", "k", "seed", "step", "tid"), [(10**7, 50000, 0, 0, 0), (50257, 100, -5, 2**40, 9), (10**10, 64, 2**63 - 1, 7, 3)])
+@pytest.mark.parametrize(
+    ("n", "k", "seed", "step", "tid"),
+    [(10**7, 50000, 0, 0, 0), (50257, 100, -5, 2**40, 9), (10**10, 64, 2**63 - 1, 7, 3)],
+)
 def test_kernel_equals_reference(n, k, seed, step, tid) -> None:
     assert torch.equal(ops.select_indices(n, k, seed, step, tid), ops.select_indices_reference(n, k, seed, step, tid))
 
@@ -89,7 +92,7 @@ def test_gather_and_scatter_equal_reference(dtype, contiguous) -> None:
     idx = [ops.select_indices(t.numel(), max(1, t.numel() // 7), 3, 1, i) for i, t in enumerate(srcs)]
     gathered = ops.sparse_gather(srcs, idx)
     assert torch.equal(gathered, ops.sparse_gather_reference(srcs, idx))
-    assert torch.equal(gathered, torch.cat([s.reshape(-1)[i] for s, i in zip(srcs, idx)]))
+    assert torch.equal(gathered, torch.cat([s.reshape(-1)[i] for s, i in zip(srcs, idx, strict=True)]))
     values = gathered * 3
     a = [s.clone() for s in srcs]
     b = [s.clone() for s in srcs]
@@ -98,7 +101,7 @@ def test_gather_and_scatter_equal_reference(dtype, contiguous) -> None:
         b[1] = srcs[1].t().clone().t()
     ops.sparse_scatter_(a, idx, values, 0.25)
     ops.sparse_scatter_reference_(b, idx, values, 0.25)
-    for x, y, s, i in zip(a, b, srcs, idx):
+    for x, y, s, i in zip(a, b, srcs, idx, strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
         torch.testing.assert_close(x.reshape(-1)[i].float(), s.reshape(-1)[i].float() * 0.75, rtol=1e-2, atol=1e-2)
         untouched = torch.ones(s.numel(), dtype=torch.bool)
@@ -111,7 +114,9 @@ def test_opcheck_sparse_ops() -> None:
     srcs = [torch.randn(100), torch.randn(10, 10)]
     idx = [ops.select_indices(100, 10, 0, 0, i) for i in range(2)]
     torch.library.opcheck(torch.ops.exogym.sparse_gather.default, (srcs, idx))
-    torch.library.opcheck(torch.ops.exogym.sparse_scatter_.default, ([s.clone() for s in srcs], idx, torch.randn(20), 0.5))
+    torch.library.opcheck(
+        torch.ops.exogym.sparse_scatter_.default, ([s.clone() for s in srcs], idx, torch.randn(20), 0.5)
+    )
     torch.library.opcheck(torch.ops.exogym.select_indices.default, (100, 1, 2, 3, torch.empty(10, dtype=torch.int64)))
 
 
