@@ -100,6 +100,19 @@ class DctPlan {
     }
   }
 
+  // Odd lengths: out = C in (or C^T in) with the level's cosine matrix C, row by row.
+  static void dense(const Level& lv, bool transpose, const float* in, float* out, int w) {
+    const int n = lv.n;
+    for (int r = 0; r < n; ++r) {
+      float* o = out + static_cast<int64_t>(r) * w;
+      for (int j = 0; j < w; ++j) o[j] = 0.f;
+      for (int c = 0; c < n; ++c) {
+        const float coef = transpose ? lv.cosmat[c * n + r] : lv.cosmat[r * n + c];
+        row_axpy(o, in + static_cast<int64_t>(c) * w, coef, w);
+      }
+    }
+  }
+
   // Unnormalised DCT-II of the level-`d` length along dim 0 of `in` into `out`.
   void forward_rec(size_t d, const float* in, float* out, int w, float* work) const {
     const Level& lv = levels_[d];
@@ -109,11 +122,7 @@ class DctPlan {
       return;
     }
     if (!lv.cosmat.empty()) {
-      for (int k = 0; k < n; ++k) {
-        float* o = out + static_cast<int64_t>(k) * w;
-        for (int j = 0; j < w; ++j) o[j] = 0.f;
-        for (int i = 0; i < n; ++i) row_axpy(o, in + static_cast<int64_t>(i) * w, lv.cosmat[k * n + i], w);
-      }
+      dense(lv, /*transpose=*/false, in, out, w);
       return;
     }
     const int h = n / 2;
@@ -149,11 +158,7 @@ class DctPlan {
       return;
     }
     if (!lv.cosmat.empty()) {
-      for (int i = 0; i < n; ++i) {
-        float* o = out + static_cast<int64_t>(i) * w;
-        for (int j = 0; j < w; ++j) o[j] = 0.f;
-        for (int k = 0; k < n; ++k) row_axpy(o, in + static_cast<int64_t>(k) * w, lv.cosmat[k * n + i], w);
-      }
+      dense(lv, /*transpose=*/true, in, out, w);
       return;
     }
     const int h = n / 2;
