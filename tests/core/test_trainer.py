@@ -158,6 +158,15 @@ def test_gradient_accumulation_matches_full_batch() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.timeout(60)
+def test_autocast_bfloat16_trains() -> None:
+    ds = regression_data(256)
+    model = TinyNet()
+    final = fit(model=model, ds=ds, num_nodes=2, max_steps=20, batch_size=16, autocast=True)
+    with torch.no_grad():
+        assert final(ds[:256]).item() < model(ds[:256]).item()
+
+
 def test_csv_logger_writes_metrics(tmp_path) -> None:
     from exogym.logger import CSVLogger
     from exogym.metrics import COLUMNS
