@@ -114,43 +114,17 @@ class Trainer:
         check_main_guard()
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an exogym Strategy instance, got {type(strategy).__name__}")
-        positive_int(num_nodes, "num_nodes")
-        positive_int(num_epochs, "num_epochs")
-        positive_int(max_steps, "max_steps", allow_none=True)
-        positive_int(batch_size, "batch_size")
-        positive_int(log_interval, "log_interval")
-        positive_int(val_interval, "val_interval", allow_none=True)
-        if not isinstance(val_size, int) or val_size < 0:
-            raise ValueError(f"val_size must be an int >= 0, got {val_size!r}")
-        if not 0.0 < max_memory_usage <= 1.0:
-            raise ValueError(f"max_memory_usage must be in (0, 1], got {max_memory_usage}")
+        _check_counts(
+            num_nodes, num_epochs, max_steps, batch_size, log_interval, val_interval, val_size, max_memory_usage
+        )
         D.check_dataset(self.train_dataset, "train_dataset", num_nodes)
         D.check_dataset(self.val_dataset, "val_dataset", 1)
         dev = resolve_device(device)
-        if devices is not None and dev != "cuda":
-            raise ValueError(f"devices= lists CUDA devices but device={dev!r}")
-        if devices is not None:
-            bad = [d for d in devices if not 0 <= d < torch.cuda.device_count()]
-            if bad or not devices:
-                raise ValueError(
-                    f"devices must be non-empty CUDA indices in [0, {torch.cuda.device_count()}), got {devices}"
-                )
+        _check_devices(devices, dev)
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
 
-        shared = not D.is_factory(self.train_dataset)
-        steps = max_steps
-        if shared:
-            self._check_model_output(dev)
-            per_epoch = D.steps_per_epoch(len(self.train_dataset), True, num_nodes, batch_size)
-            if per_epoch < 1:
-                raise ValueError(
-                    f"batch_size={batch_size} is larger than each node's shard "
-                    f"({-(-len(self.train_dataset) // num_nodes)} examples of {len(self.train_dataset)} "
-                    f"over {num_nodes} nodes); "
-                    "lower batch_size or num_nodes"
-                )
-            steps = max_steps or per_epoch * num_epochs
+        steps = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
@@ -208,6 +182,23 @@ class Trainer:
         final.load_state_dict(out["state_dict"])
         return final
 
+    def _planned_steps(
+        self, device: str, num_nodes: int, num_epochs: int, max_steps: int | None, batch_size: int
+    ) -> int | None:
+        """Steps per node for a shared dataset (after checking the model's output and the shard
+        size); for a factory, ``max_steps`` or ``None`` (the nodes then agree on it)."""
+        if D.is_factory(self.train_dataset):
+            return max_steps
+        self._check_model_output(device)
+        n = len(self.train_dataset)
+        per_epoch = D.steps_per_epoch(n, True, num_nodes, batch_size)
+        if per_epoch < 1:
+            raise ValueError(
+                f"batch_size={batch_size} is larger than each node's shard "
+                f"({-(-n // num_nodes)} examples of {n} over {num_nodes} nodes); lower batch_size or num_nodes"
+            )
+        return max_steps or per_epoch * num_epochs
+
     def _check_model_output(self, device: str) -> None:
         """Run the model once on two examples (no grad, eval mode) and check it returns a scalar."""
         ds = self.train_dataset
@@ -257,6 +248,40 @@ class Trainer:
         per_device = -(-num_nodes // max(1, len(set(devices)) if devices else 1))
         budget = device_budget(device, per_device if device == "cuda" else num_nodes, max_memory_usage)
         return probe_minibatch_size(self.model, self.train_dataset, batch_size, device, budget)
+
+
+def _check_counts(
+    num_nodes: int,
+    num_epochs: int,
+    max_steps: int | None,
+    batch_size: int,
+    log_interval: int,
+    val_interval: int | None,
+    val_size: int,
+    max_memory_usage: float,
+) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the first bad count or fraction."""
+    positive_int(num_nodes, "num_nodes")
+    positive_int(num_epochs, "num_epochs")
+    positive_int(max_steps, "max_steps", allow_none=True)
+    positive_int(batch_size, "batch_size")
+    positive_int(log_interval, "log_interval")
+    positive_int(val_interval, "val_interval", allow_none=True)
+    if not isinstance(val_size, int) or val_size < 0:
+        raise ValueError(f"val_size must be an int >= 0, got {val_size!r}")
+    if not 0.0 < max_memory_usage <= 1.0:
+        raise ValueError(f"max_memory_usage must be in (0, 1], got {max_memory_usage}")
+
+
+def _check_devices(devices: list[int] | None, device: str) -> None:
+    """``devices`` must list existing CUDA devices, and only with ``device='cuda'``."""
+    if devices is None:
+        return
+    if device != "cuda":
+        raise ValueError(f"devices= lists CUDA devices but device={device!r}")
+    count = torch.cuda.device_count()
+    if not devices or any(not 0 <= d < count for d in devices):
+        raise ValueError(f"devices must be non-empty CUDA indices in [0, {count}), got {devices}")
 
 
 def _choose_transport(transport: str, device: str, gpus: int, num_nodes: int) -> tuple[str, str]:
