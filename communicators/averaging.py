@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 
 from communicators.islands import draw_islands, draw_participants
-from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.flat import dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
 TARGETS = ("params", "grads")
@@ -54,8 +54,7 @@ class AveragingCommunicator(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self.groups = group_by_dtype(self.params)
-        self.buffers = [FlatBuffer([self.params[i] for i in g]) for g in self.groups]
+        self.buckets = dtype_buckets(self.params)
 
     def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
         """(islands or None, this rank's island, its participants) for the round ending at ``step``."""
@@ -89,8 +88,8 @@ class AveragingCommunicator(Communicator):
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         islands, members, participants = self._round_groups(step)
-        for idx, buf in zip(self.groups, self.buffers, strict=True):
-            params = [self.params[i] for i in idx]
+        for bucket in self.buckets:
+            params, buf = bucket.tensors, bucket.buffer
             if self.target == "grads":
                 flat = buf.pack([p.grad for p in params])
                 self._mean_(flat, islands, members, participants)

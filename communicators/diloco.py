@@ -16,7 +16,7 @@ import torch
 
 from communicators.islands import draw_islands
 from exogym.core.comm import Groups, NodeComm
-from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.flat import dtype_buckets
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -72,8 +72,7 @@ class DiLoCoCommunicator(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self.dtype_groups = group_by_dtype(self.params)
-        self.flats = [FlatBuffer([self.params[i] for i in g]) for g in self.dtype_groups]
+        self.buckets = dtype_buckets(self.params)
         # theta_global: the parameters as of the last synchronisation (one copy, on device).
         self.global_params = [p.detach().clone() for p in self.params]
         self.outer = self.outer_spec.build(self.params)
@@ -90,11 +89,10 @@ class DiLoCoCommunicator(Communicator):
             for p, d in zip(self.params, pseudo, strict=True):
                 p.grad = d
         else:
-            for group, flat in zip(self.dtype_groups, self.flats, strict=True):
-                params = [self.params[i] for i in group]
-                buf = flat.pack([self.global_params[i] - self.params[i] for i in group])
+            for bucket in self.buckets:
+                buf = bucket.buffer.pack([self.global_params[i] - self.params[i] for i in bucket.indices])
                 self.ctx.comm.all_reduce(buf, op="mean", groups=islands, tag="diloco_pseudo_grad")
-                for p, view in zip(params, flat.views, strict=True):
+                for p, view in zip(bucket.tensors, bucket.buffer.views, strict=True):
                     p.grad = view.view_as(p).clone()
         if self.normalize:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params]))

@@ -28,7 +28,7 @@ import torch
 
 from communicators.islands import draw_islands
 from exogym import ops
-from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.flat import dtype_buckets, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.core.seeding import generator
 
@@ -126,10 +126,8 @@ class SparseCommunicator(Communicator):
         self.dtype_groups = group_by_dtype(self.params)
         device = self.params[0].device if self.params else torch.device("cpu")
         if self.selector == "topk":
-            self.flats = [FlatBuffer([self.params[i] for i in g]) for g in self.dtype_groups]
-            self.snapshots = [
-                f.pack([self.params[i] for i in g]).clone() for f, g in zip(self.flats, self.dtype_groups, strict=True)
-            ]
+            self.buckets = dtype_buckets(self.params)
+            self.snapshots = [b.buffer.pack(b.tensors).clone() for b in self.buckets]
         else:
             self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
 
@@ -160,9 +158,8 @@ class SparseCommunicator(Communicator):
     def _communicate_topk(self, step: int) -> None:
         islands, _ = self._islands(step)
         comm = self.ctx.comm
-        for group, flat_buf, snap in zip(self.dtype_groups, self.flats, self.snapshots, strict=True):
-            params = [self.params[i] for i in group]
-            flat = flat_buf.pack(params)
+        for bucket, snap in zip(self.buckets, self.snapshots, strict=True):
+            flat = bucket.buffer.pack(bucket.tensors)
             k = min(flat.numel(), max(1, round(self.p * flat.numel())))
             local = (flat - snap).abs().topk(k, sorted=False).indices
             small = torch.int32 if flat.numel() < 2**31 else torch.int64
@@ -172,7 +169,7 @@ class SparseCommunicator(Communicator):
             comm.all_reduce(values, op="mean", groups=islands, tag="sparse_topk_values")
             flat[union] = values
             snap[union] = values
-            flat_buf.unpack(params)
+            bucket.buffer.unpack(bucket.tensors)
 
     def state_dict(self) -> dict:
         return {"snapshots": list(self.snapshots)} if self.selector == "topk" else {}

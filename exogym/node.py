@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from exogym import data as D
 from exogym.config import FitConfig
 from exogym.core.comm import NodeComm, set_current
-from exogym.core.flat import FlatBuffer, group_by_dtype
+from exogym.core.flat import dtype_buckets
 from exogym.core.shm import ShmTransport
 from exogym.core.strategy import Strategy
 from exogym.core.transport import TorchDistTransport, Transport
@@ -250,14 +250,12 @@ class TrainNode:
         """A scratch copy of the model holding the mean of all nodes' floating-point state."""
         if self._avg_model is None:
             self._avg_model = copy.deepcopy(self.model)
-            self._avg_floats = [t for t in self._avg_model.state_dict().values() if t.is_floating_point()]
-            self._avg_groups = group_by_dtype(self._avg_floats)
-            self._avg_bufs = [FlatBuffer([self._avg_floats[i] for i in g]) for g in self._avg_groups]
+            floats = [t for t in self._avg_model.state_dict().values() if t.is_floating_point()]
+            self._avg_buckets = dtype_buckets(floats)
         self._avg_model.load_state_dict(self.model.state_dict())
-        for idx, buf in zip(self._avg_groups, self._avg_bufs, strict=True):
-            tensors = [self._avg_floats[i] for i in idx]
-            self.comm.all_reduce(buf.pack(tensors), op="mean", charge=False)
-            buf.unpack(tensors)
+        for bucket in self._avg_buckets:
+            self.comm.all_reduce(bucket.buffer.pack(bucket.tensors), op="mean", charge=False)
+            bucket.buffer.unpack(bucket.tensors)
         return self._avg_model
 
     def _averaged_state(self) -> dict[str, torch.Tensor]:

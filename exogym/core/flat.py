@@ -4,6 +4,7 @@ collective per dtype instead of one per parameter."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -45,3 +46,20 @@ def group_by_dtype(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
     for i, t in enumerate(tensors):
         groups.setdefault((t.dtype, t.device), []).append(i)
     return list(groups.values())
+
+
+@dataclass
+class Bucket:
+    """Same-dtype tensors (and their positions in the original list) with a flat buffer laid
+    out for them: one collective moves the whole bucket."""
+
+    indices: list[int]
+    tensors: list[torch.Tensor]
+    buffer: FlatBuffer
+
+
+def dtype_buckets(tensors: Sequence[torch.Tensor]) -> list[Bucket]:
+    """One :class:`Bucket` per (dtype, device) of ``tensors``, in first-seen order."""
+    return [
+        Bucket(idx, [tensors[i] for i in idx], FlatBuffer([tensors[i] for i in idx])) for idx in group_by_dtype(tensors)
+    ]
