@@ -21,10 +21,10 @@ SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024}
 
 
 def _node(rank: int, world: int, port: int, segment: Any, capacity: int, numel: int, iters: int) -> float:
-    from exogym.core.comm import NodeComm
-    from exogym.core.shm import ShmTransport
-    from exogym.core.transport import TorchDistTransport
-    from exogym.launch import connect_store
+    from exogym.core.comm.comm import NodeComm
+    from exogym.core.comm.shm import ShmTransport
+    from exogym.core.comm.transport import TorchDistTransport
+    from exogym.runtime.launch import connect_store
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     dist.init_process_group("gloo", store=connect_store(port), rank=rank, world_size=world)
@@ -46,8 +46,8 @@ def _node(rank: int, world: int, port: int, segment: Any, capacity: int, numel: 
 
 def measure(world: int, numel: int, transport: str) -> float:
     """Mean seconds per all-reduce (slowest node)."""
-    from exogym.core import shm
-    from exogym.launch import create_store, run_nodes
+    from exogym.core.comm import shm
+    from exogym.runtime.launch import create_store, run_nodes
 
     iters = 200 if numel < 10**6 else 10
     store = create_store()

@@ -15,7 +15,7 @@ import torch
 
 from communicators import DCTCompressCommunicator
 from exogym import ops
-from exogym.core.comm import NodeComm
+from exogym.core.comm.comm import NodeComm
 from exogym.core.pipeline import NodeContext
 
 WORLD = 4

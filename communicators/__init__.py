@@ -1,7 +1,7 @@
 """Communicator modules: the building blocks of ``CommunicateOptimizeStrategy`` pipelines.
 
 Each module is small, does one kind of communication, and charges every byte it would send to
-the node's ledger through :class:`exogym.core.comm.NodeComm`.
+the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
 
 * :class:`AveragingCommunicator`: mean of params or grads, optionally in islands / over sampled clients;
 * :class:`SparseCommunicator`: SPARTA sparse averaging with shared-seed (or top-k) selectors;

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 
 from communicators.islands import draw_islands, draw_participants
-from exogym.core.flat import dtype_buckets
+from exogym.core.comm.flat import dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
 TARGETS = ("params", "grads")

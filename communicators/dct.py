@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from exogym import ops
-from exogym.core.comm import Groups, NodeComm
+from exogym.core.comm.comm import Groups, NodeComm
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.ops.dct import as_2d_shape, chunk_shape, index_dtype
 

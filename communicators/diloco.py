@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from communicators.islands import draw_islands
-from exogym.core.comm import Groups, NodeComm
-from exogym.core.flat import dtype_buckets
+from exogym.core.comm.comm import Groups, NodeComm
+from exogym.core.comm.flat import dtype_buckets
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
 

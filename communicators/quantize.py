@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.comm import Groups, NodeComm
+from exogym.core.comm.comm import Groups, NodeComm
 from exogym.core.pipeline import Communicator, NodeContext
 
 FORMATS = ("int8", "fp16", "bf16")
@@ -58,7 +58,7 @@ def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
 
 
 class QuantizedComm:
-    """A :class:`~exogym.core.comm.NodeComm` look-alike that quantizes float payloads."""
+    """A :class:`~exogym.core.comm.comm.NodeComm` look-alike that quantizes float payloads."""
 
     def __init__(self, base: NodeComm, fmt: str, chunk: int, error_feedback: bool) -> None:
         self.base, self.fmt, self.chunk, self.error_feedback = base, fmt, chunk, error_feedback

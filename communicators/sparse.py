@@ -28,7 +28,7 @@ import torch
 
 from communicators.islands import draw_islands
 from exogym import ops
-from exogym.core.flat import dtype_buckets, group_by_dtype
+from exogym.core.comm.flat import dtype_buckets, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.core.seeding import generator
 

@@ -5,7 +5,7 @@ collectives; strategies live in :mod:`exogym.strategy`, communicator modules in 
 ``communicators`` package.
 """
 
-from exogym.launch import NodeFailedError
+from exogym.runtime.launch import NodeFailedError
 from exogym.trainer import LocalTrainer, Trainer
 
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from exogym.core.network import PRESETS as NETWORKS
+from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {sorted(PRESETS)}")
 
-    from exogym.compare import compare, format_table
+    from exogym.cli.compare import compare, format_table
 
     summary = compare(
         args.task,

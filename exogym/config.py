@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.network import Network
+from exogym.core.comm.network import Network
 
 
 @dataclass(frozen=True)

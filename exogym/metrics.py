@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from exogym.core.comm import NodeComm
-from exogym.core.network import Network
+from exogym.core.comm.comm import NodeComm
+from exogym.core.comm.network import Network
 
 COLUMNS = (
     "step",

@@ -12,13 +12,13 @@ from torch.utils.data import default_collate
 
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
-from exogym.core import shm
-from exogym.core.network import Network, resolve_network
+from exogym.core.comm import shm
+from exogym.core.comm.network import Network, resolve_network
 from exogym.core.strategy import Strategy
-from exogym.launch import check_main_guard, create_store, run_nodes
 from exogym.logger import CSVLogger, Logger, default_run_name
-from exogym.memory import device_budget, probe_minibatch_size
-from exogym.node import NodeJob, node_main
+from exogym.runtime.launch import check_main_guard, create_store, run_nodes
+from exogym.runtime.memory import device_budget, probe_minibatch_size
+from exogym.runtime.node import NodeJob, node_main
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Trainer:
             max_steps: optimizer steps per node (overrides ``num_epochs``).
             batch_size: examples per node per optimizer step.
             minibatch_size: examples per forward/backward (must divide ``batch_size``); ``None``
-                picks the largest divisor that fits in memory (see :mod:`exogym.memory`).
+                picks the largest divisor that fits in memory (see :mod:`exogym.runtime.memory`).
             gradient_accumulation: the other way to say ``minibatch_size = batch_size / N``.
             device: ``'cpu'``, ``'cuda'`` or ``'mps'``; ``None`` picks the best available.
             devices: CUDA device indices to spread the nodes over (round-robin).
@@ -98,7 +98,7 @@ class Trainer:
             progress: progress bar on rank 0.
             run_name: folder name for the logs (default: strategy name and time).
             network: the network that simulated time is computed for: a
-                :class:`~exogym.core.network.Network` or a preset name (``'datacenter'``,
+                :class:`~exogym.core.comm.network.Network` or a preset name (``'datacenter'``,
                 ``'ethernet'`` (default), ``'internet'``).
             transport: how nodes exchange tensors: ``'auto'`` (shared memory for CPU and MPS
                 nodes on x86-64, else the process group), ``'shm'``, ``'gloo'`` or ``'nccl'``
@@ -109,7 +109,7 @@ class Trainer:
 
         Raises:
             TypeError, ValueError: for bad arguments, before any process starts.
-            exogym.launch.NodeFailedError: when a node raises; carries its traceback.
+            exogym.runtime.launch.NodeFailedError: when a node raises; carries its traceback.
         """
         check_main_guard()
         if not isinstance(strategy, Strategy):

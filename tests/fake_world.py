@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.comm import NodeComm
+from exogym.core.comm.comm import NodeComm
 
 _REDUCE = {
     "sum": lambda xs: torch.stack(xs).sum(0),
@@ -20,7 +20,7 @@ _REDUCE = {
 
 
 class ThreadTransport:
-    """A :class:`exogym.core.transport.Transport` over shared memory between threads."""
+    """A :class:`exogym.core.comm.transport.Transport` over shared memory between threads."""
 
     def __init__(self, world: _World, rank: int) -> None:
         self.world, self.rank = world, rank

@@ -124,10 +124,10 @@ class ExitOnRank(TinyNet):
 def collective_node(rank: int, world: int, port: int, segment: Any, capacity: int, fn: Any) -> Any:
     """Node body for transport tests: join the process group, build the NodeComm over shared
     memory (when ``shm_name``) or gloo, and return ``fn(comm)``."""
-    from exogym.core.comm import NodeComm
-    from exogym.core.shm import ShmTransport
-    from exogym.core.transport import TorchDistTransport
-    from exogym.launch import connect_store
+    from exogym.core.comm.comm import NodeComm
+    from exogym.core.comm.shm import ShmTransport
+    from exogym.core.comm.transport import TorchDistTransport
+    from exogym.runtime.launch import connect_store
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=connect_store(port), rank=rank, world_size=world)
@@ -142,8 +142,8 @@ def collective_node(rank: int, world: int, port: int, segment: Any, capacity: in
 
 def run_collectives(fn: Any, world: int, transport: str, capacity: int = 1 << 16) -> list[Any]:
     """Run module-level ``fn(comm)`` on ``world`` node processes; results by rank."""
-    from exogym.core import shm
-    from exogym.launch import create_store, run_nodes
+    from exogym.core.comm import shm
+    from exogym.runtime.launch import create_store, run_nodes
 
     store = create_store()
     segment = shm.create_segment(world, capacity) if transport == "shm" else None

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from exogym.compare import SUMMARY_COLUMNS
+from exogym.cli.compare import SUMMARY_COLUMNS
 from exogym.metrics import COLUMNS
 
 pytestmark = pytest.mark.timeout(180)

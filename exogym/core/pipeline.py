@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from exogym.core.comm import NodeComm
+from exogym.core.comm.comm import NodeComm
 from exogym.core.optim import OptimSpec
 from exogym.core.strategy import Strategy
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from exogym.core.comm import NodeComm
+from exogym.core.comm.comm import NodeComm
 from exogym.core.optim import OptimSpec
 from exogym.core.schedule import build_scheduler, check_scheduler
 

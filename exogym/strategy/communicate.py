@@ -1,6 +1,6 @@
 """Collectives for custom strategies, with ``torch.distributed``-like signatures.
 
-They go through the running node's :class:`~exogym.core.comm.NodeComm`, so every call is charged
+They go through the running node's :class:`~exogym.core.comm.comm.NodeComm`, so every call is charged
 to the byte ledger (at the dtype of the tensor passed: an int32 all-reduce is charged 4 bytes
 per element). Each is a collective: every rank must call it in the same order.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from exogym.core.comm import current
+from exogym.core.comm.comm import current
 
 _OPS = {
     dist.ReduceOp.SUM: "sum",

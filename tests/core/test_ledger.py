@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from exogym.core.ledger import Ledger, wire_bytes
+from exogym.core.comm.ledger import Ledger, wire_bytes
 from tests.fake_world import run_ranks
 
 

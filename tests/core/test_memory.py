@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from exogym import memory
+from exogym.runtime import memory
 from tests.helpers import TinyNet, regression_data
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from exogym.core.ledger import CollectiveRecord
-from exogym.core.network import PRESETS, Network, resolve_network
+from exogym.core.comm.ledger import CollectiveRecord
+from exogym.core.comm.network import PRESETS, Network, resolve_network
 
 
 def test_hand_computed_costs() -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from exogym import Trainer
-from exogym.core.network import PRESETS
+from exogym.core.comm.network import PRESETS
 from exogym.strategy import DiLoCoStrategy, OptimSpec, SimpleReduceStrategy
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 

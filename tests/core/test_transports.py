@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from exogym.core import shm
+from exogym.core.comm import shm
 from tests.helpers import run_collectives
 
 pytestmark = [

@@ -17,13 +17,13 @@ from torch.utils.data import DataLoader
 
 from exogym import data as D
 from exogym.config import FitConfig
-from exogym.core.comm import NodeComm, set_current
-from exogym.core.flat import dtype_buckets
-from exogym.core.shm import ShmTransport
+from exogym.core.comm.comm import NodeComm, set_current
+from exogym.core.comm.flat import dtype_buckets
+from exogym.core.comm.shm import ShmTransport
+from exogym.core.comm.transport import TorchDistTransport, Transport
 from exogym.core.strategy import Strategy
-from exogym.core.transport import TorchDistTransport, Transport
-from exogym.launch import connect_store
 from exogym.metrics import MetricsBuffer, StepSample
+from exogym.runtime.launch import connect_store
 
 logger = logging.getLogger(__name__)
 

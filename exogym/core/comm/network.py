@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from exogym.core.ledger import CollectiveRecord
+from exogym.core.comm.ledger import CollectiveRecord
 
 
 @dataclass(frozen=True)

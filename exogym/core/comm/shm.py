@@ -28,7 +28,7 @@ import platform
 
 import torch
 
-from exogym.core.transport import Transport
+from exogym.core.comm.transport import Transport
 
 _LINE = 64  # bytes per flag: one cache line each, so ranks do not share lines
 _SPINS_BEFORE_YIELD = 64
@@ -53,7 +53,7 @@ def create_segment(world_size: int, capacity: int) -> torch.Tensor:
 
 
 class ShmTransport:
-    """A :class:`~exogym.core.transport.Transport` over the parent's shared segment.
+    """A :class:`~exogym.core.comm.transport.Transport` over the parent's shared segment.
 
     Args:
         segment: the tensor :func:`create_segment` made in the parent.

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from exogym.core.network import resolve_network
+from exogym.cli.plots import plot_comparison
+from exogym.core.comm.network import resolve_network
 from exogym.logger import CSVLogger
-from exogym.plots import plot_comparison
 from exogym.strategy.registry import build
 from exogym.tasks import load_task
 from exogym.trainer import Trainer
@@ -42,7 +42,7 @@ def compare(
 ) -> list[dict[str, Any]]:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<out_dir>/<strategy>/metrics.csv``, ``<out_dir>/summary.csv`` and the plots of
-    :func:`exogym.plots.plot_comparison`; return the summary rows (:data:`SUMMARY_COLUMNS`)."""
+    :func:`exogym.cli.plots.plot_comparison`; return the summary rows (:data:`SUMMARY_COLUMNS`)."""
     spec = load_task(task, data_dir)
     net = resolve_network(network)
     histories: dict[str, list[dict[str, Any]]] = {}

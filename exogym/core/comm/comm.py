@@ -2,7 +2,7 @@
 
 :class:`NodeComm` offers all_reduce, all_gather, broadcast and barrier over the world or over a
 partition of it (islands), charges each *logical* collective to the node's
-:class:`~exogym.core.ledger.Ledger`, and is the one place that stages MPS tensors through the CPU
+:class:`~exogym.core.comm.ledger.Ledger`, and is the one place that stages MPS tensors through the CPU
 (gloo cannot read MPS memory).
 
 All methods are collectives: every rank must call them in the same order with the same
@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from exogym.core.ledger import Ledger
-from exogym.core.transport import Transport
+from exogym.core.comm.ledger import Ledger
+from exogym.core.comm.transport import Transport
 
 Groups = Sequence[Sequence[int]]
 
@@ -33,7 +33,7 @@ def current() -> NodeComm:
     if _CURRENT is None:
         raise RuntimeError(
             "no ExoGym node is running in this process: collectives are only available inside "
-            "Trainer.fit (or after exogym.core.comm.set_current(...) in a test)"
+            "Trainer.fit (or after exogym.core.comm.comm.set_current(...) in a test)"
         )
     return _CURRENT
 

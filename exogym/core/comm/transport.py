@@ -1,6 +1,6 @@
 """Transports: how the simulator physically moves tensors between node processes.
 
-A transport implements the raw collectives over the whole world; :class:`exogym.core.comm.NodeComm`
+A transport implements the raw collectives over the whole world; :class:`exogym.core.comm.comm.NodeComm`
 adds groups, accounting and device staging on top. :class:`TorchDistTransport` uses the default
 ``torch.distributed`` process group (gloo on CPU, nccl with one GPU per node), which also
 works unchanged on a real cluster.

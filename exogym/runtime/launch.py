@@ -88,7 +88,7 @@ def _entry(fn: Callable[..., Any], rank: int, queue: Any, env: dict[str, str], a
 
 
 #: Modules the fork server imports once, so that node processes start with them loaded.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.node", "exogym.ops", "communicators"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.node", "exogym.ops", "communicators"]
 
 
 def start_method() -> str:

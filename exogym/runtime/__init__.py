@@ -1,0 +1,2 @@
+"""How nodes run: the launcher (processes, rendezvous, teardown), the node loop and the
+minibatch memory probe."""
