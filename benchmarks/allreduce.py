@@ -14,25 +14,19 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 logger = logging.getLogger("benchmarks.allreduce")
 SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024}
 
 
-def _node(rank: int, world: int, port: int, segment: Any, capacity: int, numel: int, iters: int) -> float:
+def _node(rank: int, job: tuple[int, int], plan: Any) -> float:
     from exogym.core.comm.comm import NodeComm
-    from exogym.core.comm.shm import ShmTransport
-    from exogym.core.comm.transport import TorchDistTransport
-    from exogym.runtime.launch import connect_store
 
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
-    dist.init_process_group("gloo", store=connect_store(port), rank=rank, world_size=world)
+    numel, iters = job
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // plan.world_size))
+    transport = plan.connect(rank)
     try:
-        transport = TorchDistTransport()
-        if segment is not None:
-            transport = ShmTransport(segment, rank, world, capacity, fallback=transport)
-        comm = NodeComm(rank, world, transport)
+        comm = NodeComm(rank, plan.world_size, transport)
         t = torch.ones(numel)
         for _ in range(3):
             comm.all_reduce(t, charge=False)
@@ -41,22 +35,20 @@ def _node(rank: int, world: int, port: int, segment: Any, capacity: int, numel: 
             comm.all_reduce(t, charge=False)
         return (time.perf_counter() - t0) / iters
     finally:
-        dist.destroy_process_group()
+        transport.close()
 
 
 def measure(world: int, numel: int, transport: str) -> float:
     """Mean seconds per all-reduce (slowest node)."""
-    from exogym.core.comm import shm
-    from exogym.runtime.launch import create_store, run_nodes
+    from exogym.core.comm.plan import TransportPlan
+    from exogym.runtime.launch import run_nodes
 
     iters = 200 if numel < 10**6 else 10
-    store = create_store()
-    capacity = numel * 4
-    segment = shm.create_segment(world, capacity) if transport == "shm" else None
+    plan = TransportPlan.create(transport, "cpu", world, numel * 4)
     try:
-        out = run_nodes(_node, world, (world, store.port, segment, capacity, numel, iters))
+        out = run_nodes(_node, world, (numel, iters), (plan,))
     finally:
-        del segment
+        plan.close()
     return max(out.values())
 
 

@@ -4,8 +4,9 @@
 sends, per tensor, the ``topk`` largest coefficients of each chunk of its chunked DCT-II
 (:mod:`exogym.ops.dct`); the receivers average every coefficient over the nodes that chose it and
 invert the DCT. All compressed tensors of a call travel in **one** all-gather of a byte buffer.
-A tensor whose top-k payload would not be smaller than the dense tensor (scalars, tiny biases)
-is instead averaged exactly by **one** dense all-reduce shared by all such tensors.
+A tensor for which top-k keeps every coefficient of its chunks (``topk >= chunk size``: scalars,
+tiny tensors) loses nothing by compression, so it is averaged exactly by **one** dense
+all-reduce shared by all such tensors instead.
 
 Bytes per node and call (ledger): an all-gather of ``sum_t chunks_t * k_t * (index bytes +
 value bytes)`` over compressed tensors ``t`` (index bytes 2 for chunks of at most 32,768
@@ -28,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from exogym import ops
-from exogym.core.comm.comm import Groups, NodeComm
+from exogym.core.comm.comm import Comm, Groups
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.ops.dct import as_2d_shape, chunk_shape, index_dtype
 
@@ -47,17 +48,19 @@ class TensorPlan:
 
 
 def plan_tensor(shape: tuple[int, ...], dtype: torch.dtype, topk: int, chunk: int) -> TensorPlan:
-    """Compress when the top-k payload is smaller than the dense tensor."""
+    """Compress unless top-k keeps every coefficient of a chunk: only then is the dense mean the
+    same result (the DCT round-trips losslessly), and cheaper. A small tensor whose top-k payload
+    is not smaller than the tensor is still compressed, as DeMo does (its unsent coefficients
+    stay in the residual)."""
     cr, cc = chunk_shape(shape, chunk)
     rows, cols = as_2d_shape(shape)
     chunks, k = (rows // cr) * (cols // cc), min(topk, cr * cc)
     idt = index_dtype(cr, cc)
     elem = torch.empty((), dtype=dtype).element_size()
-    sparse = chunks * k * (torch.empty((), dtype=idt).element_size() + elem)
-    dense = rows * cols * elem
-    if sparse < dense:
+    if k < cr * cc:
+        sparse = chunks * k * (torch.empty((), dtype=idt).element_size() + elem)
         return TensorPlan(tuple(shape), dtype, True, chunks, k, idt, sparse)
-    return TensorPlan(tuple(shape), dtype, False, 0, 0, idt, dense)
+    return TensorPlan(tuple(shape), dtype, False, 0, 0, idt, rows * cols * elem)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -92,7 +95,7 @@ class DCTTopKExchange:
     @torch.no_grad()
     def exchange(
         self,
-        comm: NodeComm,
+        comm: Comm,
         tensors: Sequence[torch.Tensor],
         sign: bool = False,
         groups: Groups | None = None,
@@ -204,12 +207,12 @@ class DCTTopKReducer:
         self.residuals: list[torch.Tensor] | None = None
         self._exchange: DCTTopKExchange | None = None
 
-    def reduce_(self, comm: NodeComm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
+    def reduce_(self, comm: Comm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
         """Replace ``tensors`` by their compressed mean over ``groups``. Collective."""
         if self._exchange is None:
             self._exchange = DCTTopKExchange(tensors, self.topk, self.chunk)
+        if self.residuals is None:  # a first round (residuals loaded from a checkpoint are kept)
             self.residuals = [torch.zeros_like(t) for t in tensors]
-        assert self.residuals is not None
         if self.error_feedback:
             for t, r in zip(tensors, self.residuals, strict=True):
                 t.add_(r)
@@ -224,7 +227,8 @@ class DCTTopKReducer:
         return {"residuals": self.residuals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.residuals = state["residuals"]
+        residuals = state["residuals"]
+        self.residuals = None if residuals is None else [r.clone() for r in residuals]
 
     def describe(self) -> str:
         return f"DCTTopK(topk={self.topk}, chunk={self.chunk}{', EF' if self.error_feedback else ''})"

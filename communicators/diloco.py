@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from communicators.islands import draw_islands
-from exogym.core.comm.comm import Groups, NodeComm
+from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
@@ -24,7 +24,7 @@ from exogym.core.pipeline import Communicator, NodeContext
 class PseudoGradReducer(Protocol):
     """Replaces per-parameter pseudo-gradients by their (possibly compressed) mean."""
 
-    def reduce_(self, comm: NodeComm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
+    def reduce_(self, comm: Comm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
         """Collective: average ``tensors`` in place over this rank's group."""
 
     def describe(self) -> str:

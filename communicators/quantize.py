@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.comm.comm import Groups, NodeComm
+from exogym.core.comm.comm import Comm, Groups
 from exogym.core.pipeline import Communicator, NodeContext
 
 FORMATS = ("int8", "fp16", "bf16")
@@ -58,12 +58,21 @@ def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
 
 
 class QuantizedComm:
-    """A :class:`~exogym.core.comm.comm.NodeComm` look-alike that quantizes float payloads."""
+    """A :class:`~exogym.core.comm.comm.Comm` around ``base`` that quantizes float payloads.
 
-    def __init__(self, base: NodeComm, fmt: str, chunk: int, error_feedback: bool) -> None:
+    Error-feedback residuals belong to a payload *site*: the n-th quantized collective of a
+    round (see :meth:`begin_round`), so two payloads of the same size keep separate residuals.
+    """
+
+    def __init__(self, base: Comm, fmt: str, chunk: int, error_feedback: bool) -> None:
         self.base, self.fmt, self.chunk, self.error_feedback = base, fmt, chunk, error_feedback
         self.residuals: dict[tuple, torch.Tensor] = {}
         self.rank, self.world_size, self.ledger = base.rank, base.world_size, base.ledger
+        self._site = 0
+
+    def begin_round(self) -> None:
+        """Start a communication round: payload sites are counted from here."""
+        self._site = 0
 
     def _encode(self, tensor: torch.Tensor, site: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         x = tensor.detach().reshape(-1).to(torch.float32)
@@ -77,7 +86,8 @@ class QuantizedComm:
         return codes, scales
 
     def _gather_decoded(self, tensor: torch.Tensor, groups: Groups | None, tag: str) -> torch.Tensor:
-        codes, scales = self._encode(tensor, (tag, tensor.numel(), tensor.dtype))
+        self._site += 1
+        codes, scales = self._encode(tensor, (self._site, tag, tensor.numel(), tensor.dtype))
         all_codes = self.base.all_gather(codes, groups=groups, charge=False)
         all_scales = self.base.all_gather(scales, groups=groups, charge=False)
         return torch.stack([dequantize(c, s, self.fmt, self.chunk) for c, s in zip(all_codes, all_scales, strict=True)])
@@ -148,6 +158,12 @@ class QuantizeCommunicator(Communicator):
             raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
+        if error_feedback and not inner.stable_payloads:
+            raise ValueError(
+                f"error_feedback=True needs payloads that hold the same entries every round, but "
+                f"{inner.describe()} sends different entries each round (its residuals would be added to the "
+                "wrong entries); use error_feedback=False"
+            )
         self.inner, self.fmt, self.chunk, self.error_feedback = inner, fmt, chunk, error_feedback
 
     def _init_node(self, ctx: NodeContext) -> None:
@@ -159,9 +175,11 @@ class QuantizeCommunicator(Communicator):
         self.inner._init_node(inner_ctx)
 
     def before_optim(self, step: int) -> None:
+        self.qcomm.begin_round()
         self.inner.before_optim(step)
 
     def after_optim(self, step: int) -> None:
+        self.qcomm.begin_round()
         self.inner.after_optim(step)
 
     def state_dict(self) -> dict[str, Any]:

@@ -96,6 +96,8 @@ class SparseCommunicator(Communicator):
     """
 
     space: ClassVar[str] = "param"
+    #: The averaged entries change from round to round.
+    stable_payloads: ClassVar[bool] = False
 
     def __init__(
         self,

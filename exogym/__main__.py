@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--strategies",
         default=DEFAULT_STRATEGIES,
-        help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}",
+        # argparse %-formats help strings: the presets' descriptions may hold a literal '%'
+        help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}".replace("%", "%%"),
     )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)

@@ -24,11 +24,10 @@ class FitConfig:
             are accumulated per step.
         device: device type of every node: ``cpu``, ``cuda`` or ``mps``.
         devices: CUDA device indices; node ``r`` uses ``devices[r % len(devices)]``.
-        backend: ``gloo`` or ``nccl``: the ``torch.distributed`` process group every node joins
-            (raw ``torch.distributed`` calls in user code use it).
-        transport: ``shm`` (collectives through shared memory, gloo for what does not fit) or
-            ``dist`` (collectives through the process group).
-        shm_capacity: bytes per node slot of the shared-memory segment (``transport == "shm"``).
+        transport: the resolved transport: ``shm``, ``gloo`` or ``nccl`` (see
+            :class:`exogym.core.comm.plan.TransportPlan`; every node also joins a gloo or nccl
+            process group, which raw ``torch.distributed`` calls in user code use).
+        collective_timeout: seconds a node waits in one collective before it raises.
         val_size: validation examples per evaluation (split across nodes).
         val_interval: evaluate every this many steps (and after the last step).
         autocast: dtype for ``torch.autocast``, or ``None``.
@@ -49,9 +48,8 @@ class FitConfig:
     minibatch_size: int
     device: str
     devices: tuple[int, ...] | None
-    backend: str
     transport: str
-    shm_capacity: int
+    collective_timeout: float
     val_size: int
     val_interval: int | None
     autocast: torch.dtype | None

@@ -12,13 +12,14 @@ from torch.utils.data import default_collate
 
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
-from exogym.core.comm import shm
 from exogym.core.comm.network import Network, resolve_network
+from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
 from exogym.core.strategy import Strategy
 from exogym.logger import CSVLogger, Logger, default_run_name
-from exogym.runtime.launch import check_main_guard, create_store, run_nodes
+from exogym.runtime.launch import check_main_guard, run_nodes
 from exogym.runtime.memory import device_budget, probe_minibatch_size
-from exogym.runtime.node import NodeJob, node_main
+from exogym.runtime.node import NodeJob
+from exogym.runtime.worker import node_process
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class Trainer:
         run_name: str | None = None,
         network: Network | str | None = None,
         transport: str = "auto",
+        collective_timeout: float = DEFAULT_TIMEOUT_S,
+        shm_slot_mb: float = DEFAULT_SLOT_MB,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -102,7 +105,13 @@ class Trainer:
                 ``'ethernet'`` (default), ``'internet'``).
             transport: how nodes exchange tensors: ``'auto'`` (shared memory for CPU and MPS
                 nodes on x86-64, else the process group), ``'shm'``, ``'gloo'`` or ``'nccl'``
-                (one GPU per node). Results do not depend on it; speed does.
+                (one GPU per node). Results do not depend on it (up to float summation order);
+                speed does.
+            collective_timeout: seconds a node waits in one collective (for a peer that is stuck,
+                dead, or calling another collective) before the run fails with an error naming
+                the operation and the ranks.
+            shm_slot_mb: MiB per node of the shared-memory transport's buffer; larger payloads
+                are streamed through it in pieces.
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers.
@@ -130,14 +139,11 @@ class Trainer:
         )
 
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
-        backend, kind = _choose_transport(transport, dev, ndev, num_nodes)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        segment = None
-        capacity = 0
-        if kind == "shm":
-            state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
-            capacity = max(_MIN_SHM_CAPACITY, 2 * state_bytes)
-            segment = shm.create_segment(num_nodes, capacity)
+        state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        plan = TransportPlan.create(
+            transport, dev, num_nodes, state_bytes, ndev, timeout_s=collective_timeout, slot_mb=shm_slot_mb
+        )
         cfg = FitConfig(
             num_nodes=num_nodes,
             max_steps=steps,
@@ -146,9 +152,8 @@ class Trainer:
             minibatch_size=mb,
             device=dev,
             devices=tuple(devices) if devices else None,
-            backend=backend,
-            transport=kind,
-            shm_capacity=capacity,
+            transport=plan.kind,
+            collective_timeout=plan.timeout_s,
             val_size=val_size if self.val_dataset is not None else 0,
             val_interval=val_interval if val_interval is not None else (max(1, steps // 10) if steps else None),
             autocast=amp,
@@ -162,14 +167,11 @@ class Trainer:
         )
         run_logger = None if logger is False else (logger if logger is not None else CSVLogger())
         name = run_name or default_run_name(type(strategy).__name__)
-        store = create_store()
+        job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger)
         try:
-            job = NodeJob(
-                self.model, strategy, self.train_dataset, self.val_dataset, cfg, store.port, name, run_logger, segment
-            )
-            results = run_nodes(node_main, num_nodes, (job,))
+            results = run_nodes(node_process, num_nodes, job, (plan,))
         finally:
-            del store, segment
+            plan.close()
         out = results[0]
         self.history = out["history"]
         self.result = {
@@ -283,30 +285,6 @@ def _check_devices(devices: list[int] | None, device: str) -> None:
     if not devices or any(not 0 <= d < count for d in devices):
         raise ValueError(f"devices must be non-empty CUDA indices in [0, {count}), got {devices}")
 
-
-def _choose_transport(transport: str, device: str, gpus: int, num_nodes: int) -> tuple[str, str]:
-    """(process-group backend, ``'shm'`` or ``'dist'``) for ``fit(transport=...)``."""
-    choices = ("auto", "shm", "gloo", "nccl")
-    if transport not in choices:
-        raise ValueError(f"transport must be one of {choices}, got {transport!r}")
-    nccl_ok = device == "cuda" and gpus >= num_nodes
-    if transport == "nccl" and not nccl_ok:
-        raise ValueError(f"transport='nccl' needs device='cuda' and one GPU per node ({num_nodes}), have {gpus}")
-    if transport == "shm":
-        if device == "cuda":
-            raise ValueError("transport='shm' moves CPU tensors; with device='cuda' use 'auto', 'nccl' or 'gloo'")
-        if not shm.supported():
-            raise ValueError("transport='shm' needs an x86-64 machine here; use 'gloo'")
-        return "gloo", "shm"
-    if transport == "auto":
-        if device != "cuda" and shm.supported():
-            return "gloo", "shm"
-        return ("nccl" if nccl_ok else "gloo"), "dist"
-    return transport, "dist"
-
-
-#: Smallest shared-memory slot; larger models get twice their state's bytes.
-_MIN_SHM_CAPACITY = 1 << 20
 
 #: The seeds' name for the same class.
 LocalTrainer = Trainer

@@ -4,26 +4,22 @@ communicators without spawning processes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from exogym.core.comm.comm import NodeComm
-
-_REDUCE = {
-    "sum": lambda xs: torch.stack(xs).sum(0),
-    "max": lambda xs: torch.stack(xs).amax(0),
-    "min": lambda xs: torch.stack(xs).amin(0),
-    "product": lambda xs: torch.stack(xs).prod(0),
-}
+from exogym.core.comm.transport import reduce_rows
 
 
 class ThreadTransport:
-    """A :class:`exogym.core.comm.transport.Transport` over shared memory between threads."""
+    """A :class:`exogym.core.comm.transport.Transport` between threads of one process."""
+
+    payload_limit = None
 
     def __init__(self, world: _World, rank: int) -> None:
-        self.world, self.rank = world, rank
+        self.world, self.rank, self.world_size = world, rank, world.size
 
     def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
         w = self.world
@@ -33,11 +29,14 @@ class ThreadTransport:
         w.barrier.wait()
         return values
 
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        tensor.copy_(_REDUCE[op](self._exchange(tensor)))
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        values = self._exchange(tensor)
+        rows = values if members is None else [values[r] for r in members]
+        tensor.copy_(reduce_rows(torch.stack([v.reshape(-1) for v in rows]), op).view_as(tensor))
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return torch.stack(self._exchange(tensor))
+    def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        values = self._exchange(tensor)
+        return torch.stack(values if members is None else [values[r] for r in members])
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         tensor.copy_(self._exchange(tensor)[src])
@@ -45,9 +44,13 @@ class ThreadTransport:
     def barrier(self) -> None:
         self.world.barrier.wait()
 
+    def close(self) -> None:
+        pass
+
 
 class _World:
     def __init__(self, k: int) -> None:
+        self.size = k
         self.barrier = threading.Barrier(k, timeout=30)
         self.slots: list[Any] = [None] * k
 
@@ -88,41 +91,54 @@ def train_ranks(
     dataset: Any = None,
     batch_size: int = 8,
     seed: int = 0,
-    steps_per_epoch: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the real strategy code of ``k`` ranks on threads: each rank trains its own model copy
-    on its DistributedSampler shard and calls ``strategy.step()`` as the node loop does.
+    """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
+    each rank on its DistributedSampler shard of ``dataset``.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy"}``.
     """
-    import copy
-
-    from torch.utils.data import DataLoader, DistributedSampler
-
+    from exogym.config import FitConfig
+    from exogym.core.comm.network import resolve_network
+    from exogym.runtime.node import NodeJob, TrainNode
     from tests.helpers import TinyNet, regression_data
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
+    cfg = FitConfig(
+        num_nodes=k,
+        max_steps=steps,
+        num_epochs=1,
+        batch_size=batch_size,
+        minibatch_size=batch_size,
+        device="cpu",
+        devices=None,
+        transport="threads",
+        collective_timeout=30.0,
+        val_size=0,
+        val_interval=None,
+        autocast=None,
+        seed=seed,
+        log_interval=1,
+        shuffle=True,
+        progress=False,
+        threads_per_node=1,
+        log_level=30,
+        network=resolve_network(None),
+    )
 
     def body(rank: int, comm: NodeComm) -> dict[str, Any]:
-        model = copy.deepcopy(base)
-        sampler = DistributedSampler(ds, k, rank, shuffle=True, seed=seed)
-        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True)
-        strategy = make_strategy()
-        strategy._attach(comm, steps, seed, steps_per_epoch or len(loader))
-        strategy._init_node(model, rank, k)
-        records = []
-        batches = iter(loader)
-        for _ in range(steps):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                batch = next(batches)
-            strategy.zero_grad()
-            model(batch).backward()
-            strategy.step()
-            records.append(comm.ledger.end_step())
-        return {"params": [p.detach().clone() for p in model.parameters()], "records": records, "strategy": strategy}
+        job = NodeJob(base, make_strategy(), ds, None, cfg, "threads")
+        node = TrainNode(job, rank, comm, torch.device("cpu"))
+        records: list[Any] = []
+        end_step = comm.ledger.end_step
+
+        def record_step() -> Any:
+            records.append(end_step())
+            return records[-1]
+
+        comm.ledger.end_step = record_step  # type: ignore[method-assign]
+        node.train()
+        params = [p.detach().clone() for p in node.model.parameters()]
+        return {"params": params, "records": records, "strategy": node.strategy}
 
     return run_ranks(k, body)

@@ -121,36 +121,30 @@ class ExitOnRank(TinyNet):
         return super().forward(batch)
 
 
-def collective_node(rank: int, world: int, port: int, segment: Any, capacity: int, fn: Any) -> Any:
-    """Node body for transport tests: join the process group, build the NodeComm over shared
-    memory (when ``shm_name``) or gloo, and return ``fn(comm)``."""
+def collective_node(rank: int, fn: Any, plan: Any) -> Any:
+    """Node body for transport tests: connect ``plan``'s transport and return ``fn(comm)``."""
     from exogym.core.comm.comm import NodeComm
-    from exogym.core.comm.shm import ShmTransport
-    from exogym.core.comm.transport import TorchDistTransport
-    from exogym.runtime.launch import connect_store
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=connect_store(port), rank=rank, world_size=world)
+    transport = plan.connect(rank)
     try:
-        transport: Any = TorchDistTransport()
-        if segment is not None:
-            transport = ShmTransport(segment, rank, world, capacity, fallback=transport)
-        return fn(NodeComm(rank, world, transport))
+        return fn(NodeComm(rank, plan.world_size, transport))
     finally:
-        dist.destroy_process_group()
+        transport.close()
 
 
-def run_collectives(fn: Any, world: int, transport: str, capacity: int = 1 << 16) -> list[Any]:
-    """Run module-level ``fn(comm)`` on ``world`` node processes; results by rank."""
-    from exogym.core.comm import shm
-    from exogym.runtime.launch import create_store, run_nodes
+def run_collectives(
+    fn: Any, world: int, transport: str, payload_hint: int = 1 << 16, timeout_s: float = 60.0, slot_mb: float = 16
+) -> list[Any]:
+    """Run ``fn(comm)`` on ``world`` node processes over ``transport``; results by rank."""
+    from exogym.core.comm.plan import TransportPlan
+    from exogym.runtime.launch import run_nodes
 
-    store = create_store()
-    segment = shm.create_segment(world, capacity) if transport == "shm" else None
+    plan = TransportPlan.create(transport, "cpu", world, payload_hint, timeout_s=timeout_s, slot_mb=slot_mb)
     try:
-        out = run_nodes(collective_node, world, (world, store.port, segment, capacity, fn))
+        out = run_nodes(collective_node, world, fn, (plan,))
     finally:
-        del segment
+        plan.close()
     return [out[r] for r in range(world)]
 
 

@@ -116,3 +116,34 @@ def test_tensorboard_writes_event_files(tmp_path) -> None:
     acc.Reload()
     assert [e.step for e in acc.Scalars("train_loss")] == [1, 2, 3, 4]
     assert "val_loss_global" in acc.Tags()["scalars"]
+
+
+def _subcommands() -> list[list[str]]:
+    """``[]`` (the top level) and every subcommand the parser defines."""
+    import argparse
+
+    from exogym import __main__ as cli
+
+    seen: list[list[str]] = [[]]
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(self, args=None, namespace=None):  # the parser main() builds, before it parses
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                seen.extend([name] for name in action.choices)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with pytest.raises(SystemExit):
+            cli.main([])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return seen
+
+
+@pytest.mark.parametrize("command", _subcommands(), ids=lambda c: " ".join(c) or "exogym")
+def test_every_subcommand_help_exits_zero(command: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "exogym", *command, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dct_limits.h"
 #include "dct_plan.h"
 
 namespace exogym {
@@ -38,6 +39,8 @@ uint32_t kth_largest_key(const uint32_t* keys, int64_t n, int64_t k, std::vector
 void check_chunks(int64_t rows, int64_t cols, int64_t cr, int64_t cc, const char* op) {
   TORCH_CHECK(cr >= 1 && cc >= 1 && rows % cr == 0 && cols % cc == 0, op, ": chunk ", cr, "x", cc,
               " must divide the ", rows, "x", cols, " matrix");
+  TORCH_CHECK(cr * cc <= kMaxChunkArea, op, ": chunks hold at most ", kMaxChunkArea, " entries (on every device), got ",
+              cr, "x", cc, "; use a smaller chunk");
 }
 
 template <typename index_t>
@@ -179,6 +182,8 @@ at::Tensor dct_decode_cpu(const at::Tensor& indices, const at::Tensor& values, i
                           int64_t cc, bool sign) {
   TORCH_CHECK(indices.dim() == 3 && indices.sizes() == values.sizes(),
               "dct_decode: indices and values must both be [ranks, chunks, k]");
+  TORCH_CHECK(indices.device() == values.device(), "dct_decode: indices must be on values' device ", values.device(),
+              ", got ", indices.device());
   check_chunks(rows, cols, cr, cc, "dct_decode");
   TORCH_CHECK(indices.size(1) == (rows / cr) * (cols / cc), "dct_decode: expected ", (rows / cr) * (cols / cc),
               " chunks, got ", indices.size(1));

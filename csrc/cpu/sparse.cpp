@@ -32,6 +32,8 @@ void check_pairs(const at::TensorList& a, const at::TensorList& idx, const char*
     TORCH_CHECK(idx[i].scalar_type() == at::kLong && idx[i].dim() == 1, op,
                 ": indices[", i, "] must be a 1-D int64 tensor");
     TORCH_CHECK(a[i].scalar_type() == a[0].scalar_type(), op, ": all tensors must share one dtype");
+    TORCH_CHECK(idx[i].device() == a[i].device(), op, ": indices[", i, "] must be on its tensor's device ",
+                a[i].device(), ", got ", idx[i].device());
   }
 }
 

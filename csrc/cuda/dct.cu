@@ -8,23 +8,37 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <tuple>
+#include <utility>
+
+#include "dct_limits.h"
 
 namespace exogym {
 namespace {
 
 constexpr int kThreads = 256;
 // Two float planes of the chunk live in shared memory.
-constexpr int kMaxArea = 5632;
+constexpr int64_t kMaxArea = kMaxChunkArea;
 
-// The orthonormal DCT-II matrix of size n (rows are frequencies), as float on `device`.
+// The orthonormal DCT-II matrix of size n (rows are frequencies), as float on `device`; built
+// once per (n, device) and kept (a few KiB each), not rebuilt and copied on every call.
 at::Tensor dct_matrix(int64_t n, const at::Device& device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, int64_t>, at::Tensor> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(n, static_cast<int64_t>(device.index()));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor k = at::arange(n, opts).unsqueeze(1);
   at::Tensor i = at::arange(n, opts).unsqueeze(0);
   at::Tensor d = at::cos(M_PI * (2 * i + 1) * k / (2.0 * n)) * std::sqrt(2.0 / n);
   d.select(0, 0).div_(std::sqrt(2.0));
-  return d.to(at::kFloat).to(device);
+  at::Tensor out = d.to(at::kFloat).to(device);
+  cache.emplace(key, out);
+  return out;
 }
 
 __device__ __forceinline__ uint32_t mag_key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
@@ -38,7 +52,7 @@ __global__ void encode_kernel(const scalar_t* __restrict__ x, int64_t s0, int64_
   __shared__ int s_above[kThreads];
   __shared__ int s_ties[kThreads];
   __shared__ int s_off[kThreads];
-  const int area = cr * cc;
+  const int area = cr * cc;  // at most kMaxArea: checked by the host function
   float* X = smem;
   float* T = smem + area;
   const int tid = threadIdx.x;
@@ -149,7 +163,7 @@ __global__ void decode_kernel(const index_t* __restrict__ idx, const scalar_t* _
                               int64_t nchunks, int k, int64_t cols, int cr, int cc, const float* __restrict__ dr,
                               const float* __restrict__ dc, bool sign, scalar_t* __restrict__ out) {
   extern __shared__ float smem[];
-  const int area = cr * cc;
+  const int area = cr * cc;  // at most kMaxArea: checked by the host function
   float* S = smem;                                       // coefficient sums, then means
   int* cnt = reinterpret_cast<int*>(smem + area);        // how many ranks chose each coefficient
   float* T = smem + area;                                // reuses cnt's memory after the means
@@ -194,6 +208,8 @@ __global__ void decode_kernel(const index_t* __restrict__ idx, const scalar_t* _
 at::Tensor dct_decode_cuda(const at::Tensor& indices, const at::Tensor& values, int64_t rows, int64_t cols,
                            int64_t cr, int64_t cc, bool sign) {
   TORCH_CHECK(indices.dim() == 3 && indices.sizes() == values.sizes(), "dct_decode: indices and values must both be [ranks, chunks, k]");
+  TORCH_CHECK(indices.device() == values.device(), "dct_decode: indices must be on values' device ", values.device(),
+              ", got ", indices.device());
   TORCH_CHECK(cr >= 1 && cc >= 1 && rows % cr == 0 && cols % cc == 0, "dct_decode: chunk must divide the matrix");
   TORCH_CHECK(indices.size(1) == (rows / cr) * (cols / cc), "dct_decode: wrong number of chunks");
   TORCH_CHECK(cr * cc <= kMaxArea, "dct_decode: the CUDA kernel supports chunks of at most ", kMaxArea, " entries");

@@ -66,6 +66,8 @@ at::Tensor sparse_gather_cuda(at::TensorList srcs, at::TensorList indices) {
   for (size_t i = 0; i < srcs.size(); ++i) {
     TORCH_CHECK(srcs[i].scalar_type() == srcs[0].scalar_type(), "sparse_gather: all tensors must share one dtype");
     TORCH_CHECK(indices[i].scalar_type() == at::kLong, "sparse_gather: indices must be int64");
+    TORCH_CHECK(indices[i].device() == srcs[i].device(), "sparse_gather: indices[", i, "] must be on ",
+                srcs[i].device(), ", got ", indices[i].device());
     const at::Tensor src = srcs[i].contiguous();
     const at::Tensor ix = indices[i].contiguous();
     const int64_t m = ix.numel();
@@ -94,6 +96,8 @@ void sparse_scatter_cuda(at::TensorList dsts, at::TensorList indices, const at::
   for (size_t i = 0; i < dsts.size(); ++i) {
     at::Tensor dst = dsts[i];
     TORCH_CHECK(dst.scalar_type() == vals.scalar_type(), "sparse_scatter_: values dtype must match the destination");
+    TORCH_CHECK(indices[i].device() == dst.device() && vals.device() == dst.device(), "sparse_scatter_: indices[", i,
+                "] and values must be on ", dst.device());
     at::Tensor work = dst.is_contiguous() ? dst : dst.contiguous();
     const at::Tensor ix = indices[i].contiguous();
     const int64_t m = ix.numel();

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from exogym.core.comm.comm import NodeComm
+from exogym.core.comm.comm import Comm
 from exogym.core.optim import OptimSpec
 from exogym.core.strategy import Strategy
 
@@ -43,7 +43,7 @@ class NodeContext:
     model: torch.nn.Module
     rank: int
     num_nodes: int
-    comm: NodeComm
+    comm: Comm
     optimizer: torch.optim.Optimizer
     seed: int
     max_steps: int
@@ -63,6 +63,8 @@ class Communicator:
     """
 
     space: ClassVar[str] = "param"
+    #: Whether each payload holds the same entries every round (error feedback can apply to it).
+    stable_payloads: ClassVar[bool] = True
 
     def __init__(self, H: int = 1) -> None:
         if not isinstance(H, int) or isinstance(H, bool) or H < 1:
@@ -115,6 +117,10 @@ class Pipeline(Communicator):
             if not isinstance(m, Communicator):
                 raise TypeError(f"pipeline modules must be Communicator instances, got {m!r}")
         self.modules = modules
+
+    @property
+    def stable_payloads(self) -> bool:  # type: ignore[override]
+        return all(m.stable_payloads for m in self.modules)
 
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from exogym.core.comm.comm import NodeComm
+from exogym.core.comm.comm import Comm
 from exogym.core.optim import OptimSpec
 from exogym.core.schedule import build_scheduler, check_scheduler
 
@@ -84,7 +84,7 @@ class Strategy(ABC):
         self.local_step = 0
 
     # -- binding inside a node --------------------------------------------------------------
-    def _attach(self, comm: NodeComm, max_steps: int, seed: int, steps_per_epoch: int) -> None:
+    def _attach(self, comm: Comm, max_steps: int, seed: int, steps_per_epoch: int) -> None:
         """Give the strategy its node's communication object, run length, shared seed and the
         number of steps per epoch.
 

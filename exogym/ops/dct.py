@@ -20,6 +20,9 @@ import torch
 
 from exogym import ops as _ops
 
+#: Largest chunk (entries) the kernels accept on any device (csrc/dct_limits.h).
+MAX_CHUNK_AREA = 5632
+
 
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of ``n`` that is ``<= limit`` (1 when only 1 qualifies)."""
@@ -74,15 +77,16 @@ def _blocks(x2d: torch.Tensor, cr: int, cc: int) -> torch.Tensor:
 
 
 def dct_encode_reference(x: torch.Tensor, chunk: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch reference of :func:`dct_encode` (einsum DCT, ``torch.topk``)."""
+    """Pure-torch reference of :func:`dct_encode` (einsum DCT, a stable sort for the top-k)."""
     cr, cc = chunk_shape(x.shape, chunk)
     rows, cols = as_2d_shape(x.shape)
     k = min(topk, cr * cc)
     blocks = _blocks(x.detach().reshape(rows, cols).to(torch.float32), cr, cc)
     coeffs = torch.einsum("ij,abjl,kl->abik", dct_matrix(cr, x.device), blocks, dct_matrix(cc, x.device))
     flat = coeffs.reshape(-1, cr * cc)
-    idx = flat.abs().topk(k, dim=1, sorted=False).indices
-    # order each chunk's picks by index so the result does not depend on topk's internal order
+    # Ties go to the lower index, as in the kernels: a stable descending sort keeps index order
+    # among equal magnitudes (torch.topk breaks ties arbitrarily).
+    idx = flat.abs().sort(dim=1, descending=True, stable=True).indices[:, :k]
     idx = idx.sort(dim=1).values
     vals = flat.gather(1, idx)
     return idx.to(index_dtype(cr, cc)), vals.to(x.dtype)
@@ -152,17 +156,37 @@ def _check(x: torch.Tensor, chunk: int, topk: int) -> None:
         raise TypeError(f"dct_encode: x must be a floating-point tensor, got {x.dtype}")
     if chunk < 1 or topk < 1:
         raise ValueError(f"dct_encode: chunk and topk must be >= 1, got chunk={chunk}, topk={topk}")
+    cr, cc = chunk_shape(x.shape, chunk)
+    if cr * cc > MAX_CHUNK_AREA:
+        raise ValueError(
+            f"dct_encode: chunks hold at most {MAX_CHUNK_AREA} entries on every device, got {cr}x{cc} "
+            f"for shape {tuple(x.shape)} and chunk={chunk}; use a smaller chunk"
+        )
 
 
 def _register_fakes() -> None:
     @torch.library.register_fake("exogym::dct_encode")
     def _(x, cr, cc, k):  # noqa: ANN001
+        torch._check(x.dim() == 2, lambda: f"dct_encode: x must be 2-D, got {x.dim()} dims")
+        torch._check(x.is_floating_point(), lambda: f"dct_encode: x must be floating point, got {x.dtype}")
         rows, cols = x.shape
+        torch._check(
+            rows % cr == 0 and cols % cc == 0, lambda: f"dct_encode: chunk {cr}x{cc} must divide {rows}x{cols}"
+        )
+        torch._check(1 <= k <= cr * cc, lambda: f"dct_encode: topk must be in [1, {cr * cc}], got {k}")
         n = (rows // cr) * (cols // cc)
         return x.new_empty(n, k, dtype=index_dtype(cr, cc)), x.new_empty(n, k)
 
     @torch.library.register_fake("exogym::dct_decode")
     def _(indices, values, rows, cols, cr, cc, sign):  # noqa: ANN001
+        torch._check(
+            indices.dim() == 3 and indices.shape == values.shape,
+            lambda: "dct_decode: indices and values must both be [ranks, chunks, k]",
+        )
+        torch._check(indices.dtype in (torch.int16, torch.int32), lambda: "dct_decode: indices must be int16 or int32")
+        torch._check(
+            indices.shape[1] == (rows // cr) * (cols // cc), lambda: "dct_decode: wrong number of chunks for the shape"
+        )
         return values.new_empty(rows, cols)
 
 

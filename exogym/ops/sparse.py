@@ -169,15 +169,30 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("exogym::select_indices")
     def _(n, seed, step, tensor_id, out):  # noqa: ANN001 - signature fixed by the schema
+        torch._check(out.dtype == torch.int64 and out.dim() == 1, lambda: "select_indices: out must be 1-D int64")
+        torch._check(out.shape[0] <= n, lambda: f"select_indices: need k <= n, got k={out.shape[0]}, n={n}")
         return None
+
+    def check_pairs(tensors, indices, op):  # noqa: ANN001, ANN202
+        torch._check(len(tensors) == len(indices), lambda: f"{op}: need one index tensor per tensor")
+        for t, i in zip(tensors, indices, strict=True):
+            torch._check(i.dtype == torch.int64 and i.dim() == 1, lambda: f"{op}: indices must be 1-D int64")
+            torch._check(t.dtype == tensors[0].dtype, lambda: f"{op}: all tensors must share one dtype")
 
     @torch.library.register_fake("exogym::sparse_gather")
     def _(srcs, indices):  # noqa: ANN001
+        torch._check(len(srcs) > 0, lambda: "sparse_gather: srcs must not be empty")
+        check_pairs(srcs, indices, "sparse_gather")
         total = sum(i.shape[0] for i in indices)
         return srcs[0].new_empty(total)
 
     @torch.library.register_fake("exogym::sparse_scatter_")
     def _(dsts, indices, values, scale):  # noqa: ANN001
+        check_pairs(dsts, indices, "sparse_scatter_")
+        total = sum(i.shape[0] for i in indices)
+        torch._check(
+            values.dim() == 1 and values.shape[0] == total, lambda: f"sparse_scatter_: values must be [{total}]"
+        )
         return None
 
 

@@ -1,100 +1,86 @@
-"""Start K node processes, wait for them, and tear everything down on the first failure.
+"""Start node processes, wait for them, and tear everything down on the first failure.
 
-The rendezvous store is created here, in the parent, on a port the OS picks (no guessing, no
-retry loop), so several ``fit`` calls in one program, and several programs at once, never
-collide. A node that raises sends its traceback to the parent; the parent then terminates every
-other node (they may be blocked in a collective with it) and raises :class:`NodeFailedError`
-with the traceback of the *first* node that failed. No process outlives ``run_nodes``.
+A run's processes never outlive it, however it ends:
+
+* a node that raises (while starting or training) sends its traceback to the parent, which
+  stops every other node and raises :class:`NodeFailedError` with the first failure's
+  exception and traceback;
+* Ctrl-C and ``kill -TERM`` of the parent run the same teardown (nodes ignore SIGINT, so the
+  parent alone decides); SIGTERM is re-delivered to the parent afterwards;
+* when the parent dies without a teardown (``kill -9``), every node notices within a fraction
+  of a second: it holds the read end of a pipe whose only write end is the parent's (a watchdog
+  thread ends the node at EOF), and on Linux it also has ``PR_SET_PDEATHSIG``.
+
+The job (model, strategy, datasets: the user's objects) travels with ``cloudpickle``, so
+closures, lambdas and classes defined in ``__main__``, ``python -c`` or a notebook work. The
+node re-imports the user's ``__main__`` script itself (as multiprocessing would, but inside the
+reported block, so a missing main guard or an import error comes back as the node's error);
+programs without a script file (stdin, ``-c``, notebooks) are not re-imported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.spawn
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import cloudpickle
 import torch
-import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
 _ERROR_GRACE_S = 2.0
 _TERMINATE_GRACE_S = 5.0
+#: Exit code of a node that ended because its parent disappeared.
+PARENT_GONE_EXIT = 75
+
+_IMPORTING_MAIN = False
 
 
 class NodeFailedError(RuntimeError):
-    """A node process raised or died; the message carries that node's traceback."""
+    """A node process raised or died; the message carries that node's exception and traceback.
 
-    def __init__(self, rank: int, message: str) -> None:
+    Attributes:
+        rank: the node that failed first.
+        error_type: the name of its exception's class (``None`` when it died without one).
+    """
+
+    def __init__(self, rank: int, message: str, error_type: str | None = None) -> None:
         super().__init__(message)
         self.rank = rank
+        self.error_type = error_type
 
 
 def check_main_guard() -> None:
-    """Fail fast when a node process re-runs a script that lacks ``if __name__ == "__main__":``."""
-    if getattr(mp.current_process(), "_inheriting", False):
+    """Fail fast when a node re-imports a script that lacks ``if __name__ == "__main__":``."""
+    if _IMPORTING_MAIN or getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
-            "ExoGym starts one process per node (forkserver or spawn), which re-imports your "
-            "script in every node. Guard the code that calls Trainer.fit with "
-            '`if __name__ == "__main__":` so that the nodes do not run it again.'
+            "ExoGym starts one process per node, which re-imports your script in every node. Guard the "
+            'code that calls Trainer.fit with `if __name__ == "__main__":` so that the nodes do not run it again.'
         )
 
 
-def create_store() -> dist.TCPStore:
-    """A rendezvous store served by the parent on a free loopback port chosen by the OS."""
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
-
-
-def connect_store(port: int) -> dist.TCPStore:
-    """The node-side client of :func:`create_store`'s store."""
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-
-
-def _entry(fn: Callable[..., Any], rank: int, queue: Any, env: dict[str, str], args: tuple) -> None:
-    """Process body: run ``fn(rank, *args)``; report its result or its traceback to the parent.
-
-    ``env`` is the parent's environment when the run started: a fork server's children would
-    otherwise see the environment of the moment the server started.
-    """
-    os.environ.clear()
-    os.environ.update(env)
-    code = 0
-    try:
-        result = fn(rank, *args)
-        # Serialised here: tensors pickled by torch.multiprocessing would be shared through a
-        # file descriptor that dies with this process before the parent reads it.
-        buf = io.BytesIO()
-        torch.save(result, buf)
-        queue.put(("ok", rank, buf.getvalue()))
-    except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
-        queue.put(("error", rank, time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
-        code = 1
-    # The result is already in the pipe. Skipping the interpreter's teardown (about 0.5 s of CPU
-    # per node with torch loaded) makes the run end as soon as the last node reports.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 #: Modules the fork server imports once, so that node processes start with them loaded.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.node", "exogym.ops", "communicators"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.worker", "exogym.ops", "communicators"]
 
 
 def start_method() -> str:
     """``forkserver`` where available (nodes fork from a server that has torch imported: no
     per-node import of torch, about 1-2 s of CPU each), else ``spawn``; ``EXOGYM_START_METHOD``
-    overrides. Both re-import the user's ``__main__`` in each node, hence the main guard."""
+    overrides."""
     method = os.environ.get("EXOGYM_START_METHOD") or (
         "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     )
@@ -111,53 +97,216 @@ def _context() -> Any:
     return ctx
 
 
-def run_nodes(fn: Callable[..., Any], num_nodes: int, args: tuple) -> dict[int, Any]:
-    """Run ``fn(rank, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
+def serialize_job(job: Any) -> bytes:
+    """``cloudpickle`` bytes of ``job``; raises ``TypeError`` naming what cannot be sent."""
+    try:
+        return cloudpickle.dumps(job)
+    except Exception as e:  # noqa: BLE001 - any pickling failure is the user's object
+        raise TypeError(
+            f"the job (model, strategy, datasets, logger) cannot be sent to the nodes: {type(e).__name__}: {e}. "
+            "Every object passed to Trainer and fit() must be picklable by cloudpickle (no open files, "
+            "locks or live connections)."
+        ) from e
 
-    ``fn`` must be a module-level function (it is pickled by reference). Raises
-    :class:`NodeFailedError` when any node fails, after every node has been stopped.
+
+def _main_spec() -> tuple[str, str] | None:
+    """How a node re-imports the user's ``__main__``: ``("name", module)``, ``("path", file)``,
+    or ``None`` (stdin, ``-c``, notebooks: nothing on disk to import)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return ("name", name)
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return None
+    path = os.path.normpath(os.path.join(mp.process.ORIGINAL_DIR or os.getcwd(), path))
+    return ("path", path) if os.path.isfile(path) else None
+
+
+@contextlib.contextmanager
+def _without_main_import() -> Iterator[None]:
+    """While processes start, keep multiprocessing from re-importing ``__main__`` before the
+    node's code runs (the node does it inside its reported block: see :func:`_import_main`)."""
+    original = mp.spawn.get_preparation_data
+
+    def prepare(name: str) -> dict[str, Any]:
+        data = original(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+    mp.spawn.get_preparation_data = prepare
+    try:
+        yield
+    finally:
+        mp.spawn.get_preparation_data = original
+
+
+def _import_main(spec: tuple[str, str] | None) -> None:
+    global _IMPORTING_MAIN
+    if spec is None:
+        return
+    _IMPORTING_MAIN = True
+    try:
+        if spec[0] == "name":
+            mp.spawn._fixup_main_from_name(spec[1])  # type: ignore[attr-defined]
+        else:
+            mp.spawn._fixup_main_from_path(spec[1])  # type: ignore[attr-defined]
+    finally:
+        _IMPORTING_MAIN = False
+
+
+def _die_with_parent(alive: Any) -> None:
+    """End this process when the parent goes: PR_SET_PDEATHSIG where Linux offers it, and a
+    watchdog thread that waits for EOF on the parent's pipe (everywhere)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            alive.recv()
+        os._exit(PARENT_GONE_EXIT)
+
+    threading.Thread(target=watch, name="exogym-parent-watchdog", daemon=True).start()
+
+
+def _entry(
+    fn: Callable[..., Any],
+    rank: int,
+    queue: Any,
+    alive: Any,
+    env: dict[str, str],
+    main_spec: tuple[str, str] | None,
+    job: bytes,
+    args: tuple,
+) -> None:
+    """Process body: import the user's main, load the job, run ``fn(rank, job, *args)``; report
+    the result or the exception to the parent, then exit without the interpreter's teardown.
+
+    ``env`` is the parent's environment when the run started: a fork server's children would
+    otherwise see the environment of the moment the server started.
     """
+    _die_with_parent(alive)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
+    os.environ.clear()
+    os.environ.update(env)
+    code = 0
+    try:
+        _import_main(main_spec)
+        result = fn(rank, cloudpickle.loads(job), *args)
+        # Serialised here: tensors pickled by torch.multiprocessing would be shared through a
+        # file descriptor that dies with this process before the parent reads it.
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put(("ok", rank, buf.getvalue()))
+    except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
+        queue.put(("error", rank, time.time(), type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        code = 1
+    # The result is already in the pipe. Skipping the interpreter's teardown (about 0.5 s of CPU
+    # per node with torch loaded) makes the run end as soon as the last node reports.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived in the parent while nodes ran."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception() -> Iterator[None]:
+    """Turn SIGTERM into an exception (so the teardown runs), then re-deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        previous = None
+        logger.warning("SIGTERM: every node was stopped")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # a Python handler that returned
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_nodes(fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = ()) -> dict[int, Any]:
+    """Run ``fn(rank, job, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
+
+    ``fn`` is a module-level function (pickled by reference); ``job`` travels with cloudpickle
+    (the user's objects); ``args`` with multiprocessing's pickler (shared-memory tensors are
+    shared, not copied). Raises :class:`NodeFailedError` when any node fails, after every node
+    has been stopped; on Ctrl-C, ``KeyboardInterrupt`` after the same teardown.
+    """
+    payload = serialize_job(job)
     ctx = _context()
     queue = ctx.SimpleQueue()
-    env = dict(os.environ)
+    alive_r, alive_w = ctx.Pipe(duplex=False)
+    env, spec = dict(os.environ), _main_spec()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, queue, env, args), name=f"exogym-node-{r}") for r in range(num_nodes)
+        ctx.Process(target=_entry, args=(fn, r, queue, alive_r, env, spec, payload, args), name=f"exogym-node-{r}")
+        for r in range(num_nodes)
     ]
+    started: list[Any] = []
     results: dict[int, Any] = {}
-    errors: list[tuple[float, int, str, str]] = []
+    errors: list[tuple] = []
     failed: list[int] = []
     codes: dict[int, int | None] = {}
     try:
-        for p in procs:
-            p.start()
-        while True:
-            _drain(queue, results, errors)
-            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if errors or failed:
-                codes = {r: procs[r].exitcode for r in failed}
-                _collect_late_errors(queue, results, errors)
-                break
-            alive = [p.sentinel for p in procs if p.exitcode is None]
-            if not alive:
-                _drain(queue, results, errors)
-                break
-            multiprocessing.connection.wait(alive, timeout=_POLL_S)
+        with _sigterm_as_exception():
+            try:
+                with _without_main_import():
+                    for p in procs:
+                        p.start()
+                        started.append(p)
+                alive_r.close()
+                while True:
+                    _drain(queue, results, errors)
+                    failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    if errors or failed:
+                        codes = {r: procs[r].exitcode for r in failed}
+                        _collect_late_errors(queue, results, errors)
+                        break
+                    waiting = [p.sentinel for p in procs if p.exitcode is None]
+                    if not waiting:
+                        _drain(queue, results, errors)
+                        break
+                    multiprocessing.connection.wait(waiting, timeout=_POLL_S)
+            finally:
+                _stop_all(started)
+                alive_w.close()
     finally:
-        _stop_all(procs)
+        with contextlib.suppress(OSError):
+            alive_r.close()
+    return _outcome(num_nodes, results, errors, failed, codes)
+
+
+def _outcome(
+    num_nodes: int, results: dict[int, Any], errors: list[tuple], failed: list[int], codes: dict[int, int | None]
+) -> dict[int, Any]:
     silent = [r for r in failed if r not in {e[1] for e in errors}]
     if silent:
         # A node that vanished without a traceback (killed, os._exit, segfault) is reported
         # first: the others' errors are then mostly about losing their peer.
         r = silent[0]
-        others = "".join(f"\n  then node {e[1]}: {e[2]}" for e in sorted(errors))
+        others = "".join(f"\n  then node {e[1]}: {e[4]}" for e in sorted(errors))
         raise NodeFailedError(
             r,
             f"node {r} of {num_nodes} exited with code {codes[r]}{_signal_name(codes[r])} "
             f"without reporting an error{others}",
         )
     if errors:
-        _, rank, summary, tb = min(errors)
-        raise NodeFailedError(rank, f"node {rank} of {num_nodes} failed: {summary}\n\n{tb}")
+        _, rank, type_name, summary, tb = min(errors)
+        raise NodeFailedError(rank, f"node {rank} of {num_nodes} failed: {summary}\n\n{tb}", type_name)
     missing = [r for r in range(num_nodes) if r not in results]
     if missing:
         raise NodeFailedError(missing[0], f"node {missing[0]} of {num_nodes} ended without a result")
@@ -170,7 +319,7 @@ def _drain(queue: Any, results: dict[int, Any], errors: list) -> None:
         if msg[0] == "ok":
             results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=False)
         else:
-            errors.append((msg[2], msg[1], msg[3], msg[4]))
+            errors.append((msg[2], msg[1], msg[3], msg[4], msg[5]))
 
 
 def _collect_late_errors(queue: Any, results: dict[int, Any], errors: list) -> None:
@@ -182,14 +331,18 @@ def _collect_late_errors(queue: Any, results: dict[int, Any], errors: list) -> N
 
 
 def _stop_all(procs: list) -> None:
+    """Terminate, then kill, every started process; join them all. Never raises for a process
+    that already ended."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
+        if p.exitcode is None:
+            with contextlib.suppress(OSError):
+                p.terminate()
     deadline = time.monotonic() + _TERMINATE_GRACE_S
     for p in procs:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
+        if p.exitcode is None:
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
             p.join()
 
 

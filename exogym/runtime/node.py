@@ -1,4 +1,8 @@
-"""``TrainNode``: one rank's training loop, identical on every rank (rank 0 only logs)."""
+"""``TrainNode``: one node's training loop, identical on every rank (rank 0 only logs).
+
+It knows nothing of processes: it gets its comm, its job and its device, and the caller decides
+where it runs (a node process: :mod:`exogym.runtime.worker`; a thread: the tests' thread world).
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,17 @@ import logging
 import resource
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from exogym import data as D
 from exogym.config import FitConfig
-from exogym.core.comm.comm import NodeComm, set_current
+from exogym.core.comm.comm import NodeComm
 from exogym.core.comm.flat import dtype_buckets
-from exogym.core.comm.shm import ShmTransport
-from exogym.core.comm.transport import TorchDistTransport, Transport
 from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
-from exogym.runtime.launch import connect_store
 
 logger = logging.getLogger(__name__)
 
@@ -33,46 +32,15 @@ _FLUSH_STEPS = 64
 
 @dataclass
 class NodeJob:
-    """Everything a node process needs, pickled once into each process."""
+    """The user's side of a run, sent to every node: model, strategy, data, settings."""
 
     model: torch.nn.Module
     strategy: Strategy
     train_dataset: Any
     val_dataset: Any
     config: FitConfig
-    store_port: int
     run_name: str
     logger: Any = None
-    shm_segment: torch.Tensor | None = None
-
-
-def node_main(rank: int, job: NodeJob) -> dict[str, Any] | None:
-    """Process entry: set up the process group, train, return (rank 0) the final averaged
-    state, the metric rows and the run's figures."""
-    cfg = job.config
-    logging.basicConfig(level=cfg.log_level, format=f"[node {rank}] %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(cfg.threads_per_node)
-    torch.manual_seed(cfg.seed + rank)
-    device = cfg.node_device(rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    store = connect_store(job.store_port)
-    dist.init_process_group(
-        cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes, timeout=timedelta(minutes=10)
-    )
-    transport: Transport = TorchDistTransport()
-    if cfg.transport == "shm":
-        assert job.shm_segment is not None
-        transport = ShmTransport(job.shm_segment, rank, cfg.num_nodes, cfg.shm_capacity, fallback=transport)
-    comm = NodeComm(rank, cfg.num_nodes, transport)
-    set_current(comm)
-    # On an exception the process group is deliberately left open: closing it here would make
-    # the peers fail with "connection closed" before this node has reported the real error.
-    # The launcher ends the process right after the report.
-    result = TrainNode(job, rank, comm, device).train()
-    set_current(None)
-    dist.destroy_process_group()
-    return result
 
 
 class TrainNode:
@@ -89,7 +57,7 @@ class TrainNode:
     def __init__(self, job: NodeJob, rank: int, comm: NodeComm, device: torch.device) -> None:
         cfg = job.config
         self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
-        # The job's tensors may live in memory shared with the parent: copy before training.
+        # An own copy of the model: several nodes may share one job's model (threads).
         self.model = copy.deepcopy(job.model).to(device)
         self.model.train()
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
@@ -104,7 +72,7 @@ class TrainNode:
         if val_ds is not None and cfg.val_size > 0:
             sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
             self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size)
-        self.strategy = job.strategy
+        self.strategy = job.strategy  # becomes this node's: one strategy object per node
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
         self.logger = job.logger if rank == 0 else None
@@ -299,4 +267,4 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-__all__ = ["NodeJob", "TrainNode", "node_main"]
+__all__ = ["NodeJob", "TrainNode"]

@@ -53,13 +53,6 @@ def ref_layout(shape, chunk):
     return rows, cols, ref_divisor(rows, chunk), ref_divisor(cols, chunk)
 
 
-def ref_compressed(shape, chunk, topk) -> bool:
-    rows, cols, cr, cc = ref_layout(shape, chunk)
-    k = min(topk, cr * cc)
-    idx_bytes = 2 if cr * cc <= 2**15 else 4
-    return (rows // cr) * (cols // cc) * k * (idx_bytes + 4) < rows * cols * 4
-
-
 def ref_encode(t, chunk, topk):
     rows, cols, cr, cc = ref_layout(tuple(t.shape), chunk)
     blocks = t.reshape(rows // cr, cr, cols // cc, cc).permute(0, 2, 1, 3)
@@ -102,17 +95,15 @@ def reference_demo(k, steps, lr, decay, topk, chunk, wd, make_model, ds, batch=8
         for i, p0 in enumerate(params[0]):
             shape = tuple(p0.shape)
             msgs = []
+            # DeMo (arXiv 2411.19870, Algorithm 1) sends every tensor as its DCT top-k, small
+            # biases included: what is not sent stays in the residual delta.
             for r in range(k):
                 d = deltas[r][i]
                 d.mul_(decay).add_(grads[r][i], alpha=lr)
-                if ref_compressed(shape, chunk, topk):
-                    msg = ref_encode(d, chunk, topk)
-                    d.sub_(ref_decode([msg], shape, chunk))
-                else:
-                    msg = d.clone()
-                    d.zero_()
+                msg = ref_encode(d, chunk, topk)
+                d.sub_(ref_decode([msg], shape, chunk))
                 msgs.append(msg)
-            update = ref_decode(msgs, shape, chunk) if ref_compressed(shape, chunk, topk) else torch.stack(msgs).mean(0)
+            update = ref_decode(msgs, shape, chunk)
             with torch.no_grad():
                 for r in range(k):
                     params[r][i].mul_(1 - lr * wd).sub_(lr * update.sign())
@@ -121,6 +112,7 @@ def reference_demo(k, steps, lr, decay, topk, chunk, wd, make_model, ds, batch=8
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_demo_strategy_matches_the_reference_after_20_steps(k: int) -> None:
+    """ConvMLP has 96-entry biases, which DeMo compresses like every other tensor."""
     steps, lr, decay, topk, chunk, wd = 20, 0.01, 0.999, 32, 64, 0.01
     ds = regression_data(n=k * 8 * steps)
     ours = train_ranks(
@@ -142,8 +134,10 @@ def test_every_tensor_layout_is_planned_and_bytes_match_the_formula() -> None:
     ex = DCTTopKExchange(list(model.parameters()), topk=32, chunk=64)
     plans = {n: p for (n, _), p in zip(model.named_parameters(), ex.plans, strict=True)}
     assert plans["fc1.weight"].compressed and plans["conv.weight"].compressed  # [96, 8] and [16, 1, 2, 2]
-    # fc1.bias [96]: 2 chunks of 48, 32 kept: 2*32*6 = 384 bytes, not below its 384 dense bytes
-    assert not plans["fc1.bias"].compressed and not plans["gain"].compressed
+    # fc1.bias [96]: 2 chunks of 48, 32 kept (384 bytes, as many as dense): still compressed, as
+    # DeMo does; only a tensor whose chunks are kept whole (the scalar gain) goes dense, losslessly
+    assert plans["fc1.bias"].compressed and plans["fc1.bias"].payload == 2 * 32 * (2 + 4)
+    assert not plans["gain"].compressed
     # fc1.weight [96, 8]: chunks of 48x8 (48 = the largest divisor of 96 <= 64), 32 kept of each,
     # an int16 index and an fp32 value per kept coefficient
     assert plans["fc1.weight"].payload == 2 * 32 * (2 + 4)
@@ -209,3 +203,25 @@ def test_demo_accepts_the_seed_spellings() -> None:
     assert s.optim_spec == OptimSpec(torch.optim.SGD, lr=0.001, weight_decay=0.0)
     s = DeMoStrategy(compression_decay=0.999, compression_topk=32, compression_chunk=64, weight_decay=1e-4)
     assert s.optim_spec.kwargs["weight_decay"] == 1e-4
+
+
+def test_dct_reducer_keeps_loaded_residuals_in_its_first_round() -> None:
+    """A fresh reducer that loaded a checkpoint's residuals reduces exactly as the original
+    reducer does in its next round (the residuals are not reset to zero)."""
+    from tests.fake_world import run_ranks
+
+    def fn(rank, comm):
+        g = torch.Generator().manual_seed(rank)
+        first, second = [torch.randn(64, 64, generator=g)], [torch.randn(64, 64, generator=g)]
+        original = DCTTopKReducer(topk=4, chunk=64)
+        original.reduce_(comm, [t.clone() for t in first], None)
+        resumed = DCTTopKReducer(topk=4, chunk=64)
+        resumed.load_state_dict(original.state_dict())
+        a, b = [t.clone() for t in second], [t.clone() for t in second]
+        original.reduce_(comm, a, None)
+        resumed.reduce_(comm, b, None)
+        return a[0], b[0], original.residuals[0]
+
+    for a, b, residual in run_ranks(2, fn):
+        assert residual.abs().sum() > 0  # the first round left something unsent
+        assert torch.equal(a, b)

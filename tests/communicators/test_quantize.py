@@ -49,6 +49,7 @@ def test_error_feedback_carries_the_residual() -> None:
         qc = QuantizedComm(comm, "int8", chunk=300, error_feedback=True)
         total = torch.zeros(300)
         for x in xs:
+            qc.begin_round()
             t = x.clone() + (1.0 if rank == 0 else 0.0)  # a large offset makes plain int8 coarse
             total += qc.all_reduce(t, op="mean", tag="t")
         return total
@@ -67,3 +68,33 @@ def test_quantized_diloco_hybrid_keeps_ranks_identical() -> None:
     out = train_ranks(4, make, 4)
     rec = next(r for recs in out[0]["records"] for r in recs)
     assert rec.group_size == 2 and rec.tag.endswith("+int8")
+
+
+def test_two_payload_sites_of_one_size_keep_separate_residuals() -> None:
+    """Two same-sized payloads per round, one large and one small: with error feedback each
+    site's accumulated error stays within one quantization step of its own scale."""
+    rounds = 30
+    xs = [torch.randn(300, generator=torch.Generator().manual_seed(i)) * 0.01 for i in range(rounds)]
+
+    def fn(rank, comm):
+        qc = QuantizedComm(comm, "int8", chunk=300, error_feedback=True)
+        big, small = torch.zeros(300), torch.zeros(300)
+        for x in xs:
+            qc.begin_round()
+            big += qc.all_reduce(x.clone() + 100.0 * (rank == 0), op="mean", tag="t")
+            small += qc.all_reduce(x.clone(), op="mean", tag="t")
+        return big, small
+
+    out = run_ranks(2, fn)
+    exact = torch.stack(xs).sum(0)
+    small_scale = torch.stack(xs).abs().max().item() / 127
+    # a residual shared with the large site (scale ~100/127) would swamp the small one
+    assert (out[0][1] - exact).abs().max() <= 2 * small_scale
+    assert len(out[0]) == 2
+
+
+def test_error_feedback_is_refused_for_payloads_whose_entries_change() -> None:
+    from communicators.sparse import SparseCommunicator
+
+    with pytest.raises(ValueError, match="error_feedback"):
+        QuantizeCommunicator(SparseCommunicator(p=0.1), "int8", error_feedback=True)

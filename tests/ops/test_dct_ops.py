@@ -163,10 +163,25 @@ def test_kernel_decode_low_precision(dtype) -> None:
     torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype] * 10, rtol=TOL[dtype])
 
 
-def test_int32_indices_for_large_chunks() -> None:
+def test_a_chunk_over_the_shared_maximum_area_is_rejected_on_every_path() -> None:
+    from exogym.ops.dct import MAX_CHUNK_AREA
+
     x = torch.randn(200, 200)
-    idx, _ = dct_encode(x, 200, 4)
-    assert idx.dtype == torch.int32
+    with pytest.raises(ValueError, match=f"at most {MAX_CHUNK_AREA} entries.*chunk=200"):
+        dct_encode(x, 200, 4)
+    if ops.extension_loaded():
+        with pytest.raises(RuntimeError, match=f"at most {MAX_CHUNK_AREA}"):
+            torch.ops.exogym.dct_encode.default(x, 200, 200, 4)
+
+
+def test_ties_go_to_the_lowest_index_on_the_kernel_and_the_reference() -> None:
+    """Every coefficient of a zero chunk ties at 0: both paths must pick the lowest indices."""
+    x = torch.zeros(8, 8)
+    ref = dct_encode_reference(x, 8, 5)
+    assert ref[0].tolist() == [[0, 1, 2, 3, 4]]
+    if ops.extension_loaded():
+        got = dct_encode(x, 8, 5)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
 @needs_ext

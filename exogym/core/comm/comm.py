@@ -12,8 +12,10 @@ All methods are collectives: every rank must call them in the same order with th
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -22,26 +24,66 @@ from exogym.core.comm.transport import Transport
 
 Groups = Sequence[Sequence[int]]
 
-_CURRENT: NodeComm | None = None
+
+@runtime_checkable
+class Comm(Protocol):
+    """The collectives a strategy or communicator may call, with accounting.
+
+    :class:`NodeComm` is the node's own; wrappers such as
+    :class:`communicators.quantize.QuantizedComm` implement the same protocol around it. Every
+    method but :meth:`charge` is a collective: every rank must call it, in the same order.
+    """
+
+    rank: int
+    world_size: int
+    ledger: Ledger
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None, charge: bool = True, tag: str = ""
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` in place within this rank's group; return it."""
+        ...
+
+    def all_gather(
+        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
+    ) -> torch.Tensor:
+        """``[len(group), *tensor.shape]``: every group member's ``tensor``, in group order."""
+        ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
+        """Overwrite ``tensor`` in place with rank ``src``'s; return it."""
+        ...
+
+    def barrier(self) -> None:
+        """Block until every rank arrives."""
+        ...
+
+    def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
+        """Record a logical collective in the ledger without moving data. Not a collective."""
+        ...
 
 
-def current() -> NodeComm:
-    """The communication object of the node running in this process.
+# Per thread: a process runs one node, the thread-world tests and virtual nodes run several.
+_LOCAL = threading.local()
+
+
+def current() -> Comm:
+    """The communication object of the node running in this thread.
 
     Raises ``RuntimeError`` outside a running node (e.g. a strategy method called by hand).
     """
-    if _CURRENT is None:
+    comm = getattr(_LOCAL, "comm", None)
+    if comm is None:
         raise RuntimeError(
-            "no ExoGym node is running in this process: collectives are only available inside "
+            "no ExoGym node is running in this thread: collectives are only available inside "
             "Trainer.fit (or after exogym.core.comm.comm.set_current(...) in a test)"
         )
-    return _CURRENT
+    return comm
 
 
-def set_current(comm: NodeComm | None) -> None:
-    """Install ``comm`` as this process's node communication object (the node loop does this)."""
-    global _CURRENT
-    _CURRENT = comm
+def set_current(comm: Comm | None) -> None:
+    """Install ``comm`` as this thread's node communication object (the node loop does this)."""
+    _LOCAL.comm = comm
 
 
 class NodeComm:
@@ -104,27 +146,15 @@ class NodeComm:
     ) -> torch.Tensor:
         """Reduce ``tensor`` in place within this rank's group and return it.
 
-        ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``; with ``groups`` (a partition
-        of the ranks, the same on every rank) only ``sum`` and ``mean`` are supported. Charged as
-        one all_reduce of ``tensor``'s bytes over this rank's group. Collective.
+        ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``; ``groups`` is a partition of
+        the ranks, the same on every rank (groups may carry tensors of different sizes). Charged
+        as one all_reduce of ``tensor``'s bytes over this rank's group. Collective.
         """
         if op not in ("sum", "mean", "max", "min", "product"):
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
-        index, members = self._my_group(groups)
-        n_groups = 1 if groups is None else len(groups)
+        _, members = self._my_group(groups)
         with _staged(tensor) as t, self._timed():
-            if n_groups == 1:
-                self.transport.all_reduce(t, "sum" if op == "mean" else op)
-            elif op not in ("sum", "mean"):
-                raise ValueError(f"all_reduce over groups supports op sum or mean, got {op!r}")
-            elif hasattr(self.transport, "all_reduce_group") and self.transport.fits(t):
-                self.transport.all_reduce_group(t, "sum", members)
-            else:
-                # Each group reduces into its own slot of a world-wide buffer.
-                slots = t.new_zeros((n_groups, *t.shape))
-                slots[index].copy_(t)
-                self.transport.all_reduce(slots, "sum")
-                t.copy_(slots[index])
+            self.transport.all_reduce(t, "sum" if op == "mean" else op, _subset(groups, members))
             if op == "mean":
                 t.div_(len(members))
         if charge:
@@ -140,9 +170,7 @@ class NodeComm:
         """
         _, members = self._my_group(groups)
         with _staged(tensor) as t, self._timed():
-            gathered = self.transport.all_gather(t)
-        if groups is not None:
-            gathered = gathered[members]
+            gathered = self.transport.all_gather(t, _subset(groups, members))
         if charge:
             self.ledger.record("all_gather", len(members), _nbytes(tensor), tag)
         return gathered.to(tensor.device)
@@ -163,16 +191,22 @@ class NodeComm:
             self.transport.barrier()
 
 
+def _subset(groups: Groups | None, members: list[int]) -> list[int] | None:
+    """The member list a transport needs, or ``None`` when the group is the whole world."""
+    return None if groups is None or len(groups) == 1 else members
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
 @contextlib.contextmanager
 def _staged(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Yield ``tensor`` itself, or for MPS a CPU copy that is written back on exit."""
-    if tensor.device.type != "mps":
+    """Yield ``tensor`` itself when the transport can use it, else a contiguous copy (on the CPU
+    for MPS, which gloo and shared memory cannot read) that is written back on exit."""
+    if tensor.device.type != "mps" and tensor.is_contiguous():
         yield tensor
         return
-    cpu = tensor.detach().to("cpu")
-    yield cpu
-    tensor.copy_(cpu)
+    work = tensor.detach().to("cpu" if tensor.device.type == "mps" else tensor.device).contiguous()
+    yield work
+    tensor.copy_(work)

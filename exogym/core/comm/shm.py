@@ -2,54 +2,93 @@
 
 gloo on loopback costs milliseconds per collective whatever the size, so a simulation that
 talks every step is latency-bound. Here the parent creates one shared-memory segment before the
-nodes start::
+nodes start (:class:`exogym.core.comm.plan.TransportPlan`)::
 
-    [ flags: one 64-byte line per rank ][ slots: K x capacity bytes ][ result: capacity bytes ]
+    [ flags: one 64-byte line per rank ][ slots: K x slot bytes ][ result: slot bytes ]
 
-A collective writes the node's tensor into its slot, meets the others at a barrier, and reads:
+A collective streams its payload through the slots in pieces of at most ``slot`` bytes. Per
+piece, each node writes its part into its own slot, meets the others at a barrier, and reads:
 
-* all_reduce (reduce-scatter style): node ``j`` reduces element slice ``j`` of every slot into
-  ``result``, in rank order (deterministic); a second barrier; everyone copies ``result``;
-* all_gather: everyone copies every slot; a second barrier frees the slots;
+* all_reduce over the world (reduce-scatter style): node ``j`` reduces element range ``j`` of
+  every slot into ``result``, in rank order (deterministic); a second barrier; everyone copies
+  ``result``;
+* all_reduce within a group: every member reduces its members' slots itself; a second barrier;
+* all_gather: everyone copies the members' slots; a second barrier frees them;
 * broadcast: everyone copies the source's slot; a second barrier.
 
-The barrier is sense-free: node ``r`` stores its own generation number in its own flag line and
-waits until every flag has reached it, yielding the CPU while it waits (many nodes may share few
-cores). It relies on x86's store ordering (data written before the flag is visible before it);
-elsewhere :func:`supported` is False and the trainer uses gloo. Payloads larger than the
-segment's capacity go through the fallback transport (gloo). A node that dies leaves the others
-waiting at the barrier; the launcher then terminates them (no hang).
+The barrier (:func:`exogym.ops.sync.shm_barrier`) publishes with release and waits with acquire
+atomics, so the protocol holds on any CPU; every barrier carries the collective's tag and size
+and has a deadline, so mismatched or missing peers raise instead of hanging or returning
+garbage.
 """
 
 from __future__ import annotations
 
 import os
-import platform
+from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
-from exogym.core.comm.transport import Transport
+from exogym.core.comm.transport import (
+    REDUCE_OPS,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    reduce_rows,
+)
+from exogym.ops import sync
 
-_LINE = 64  # bytes per flag: one cache line each, so ranks do not share lines
-_SPINS_BEFORE_YIELD = 64
+LINE = 64  # bytes per flag line: one cache line each, so ranks do not share lines
+
+# Collective kinds in the tag's top four bits; the low twelve carry the reduce op or the root.
+_BARRIER, _ALL_REDUCE, _GROUP_REDUCE, _ALL_GATHER, _GROUP_GATHER, _BROADCAST = range(1, 7)
+_KIND_NAMES = {
+    _BARRIER: "barrier",
+    _ALL_REDUCE: "all_reduce",
+    _GROUP_REDUCE: "all_reduce over groups",
+    _ALL_GATHER: "all_gather",
+    _GROUP_GATHER: "all_gather over groups",
+    _BROADCAST: "broadcast",
+}
 
 
 def supported() -> bool:
-    """True where the barrier's memory-ordering assumption holds (x86-64)."""
-    return platform.machine().lower() in ("x86_64", "amd64")
+    """True where the barrier is correct: with the compiled extension anywhere, else on x86-64."""
+    return sync.available()
 
 
-def segment_bytes(world_size: int, capacity: int) -> int:
-    """Size of the segment for ``world_size`` nodes and ``capacity`` bytes per slot."""
-    return world_size * _LINE + (world_size + 1) * capacity
+def segment_bytes(world_size: int, slot: int) -> int:
+    """Size of the segment for ``world_size`` nodes and ``slot`` bytes per slot."""
+    return world_size * LINE + (world_size + 1) * slot
 
 
-def create_segment(world_size: int, capacity: int) -> torch.Tensor:
-    """The zeroed segment, created in the parent as a torch shared-memory tensor: passed to the
-    nodes with their job (its file descriptor travels, not its bytes) and freed when the last
-    process drops it, so nothing is left behind even if a node dies."""
-    capacity = -(-capacity // _LINE) * _LINE
-    return torch.zeros(segment_bytes(world_size, capacity), dtype=torch.uint8).share_memory_()
+def round_slot(nbytes: int) -> int:
+    """``nbytes`` rounded up to a whole number of flag lines (keeps every view aligned)."""
+    return max(LINE, -(-nbytes // LINE) * LINE)
+
+
+def create_segment(world_size: int, slot: int) -> torch.Tensor:
+    """A zeroed shared-memory tensor for ``world_size`` nodes, created in the parent: passed to
+    the nodes with their plan (its file descriptor travels, not its bytes), freed when the last
+    process drops it, so nothing is left behind in ``/dev/shm`` even if a node dies. Its pages
+    are allocated only when first written."""
+    nbytes = segment_bytes(world_size, round_slot(slot))
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def check_room(nbytes: int, path: str = "/dev/shm") -> None:
+    """Raise ``RuntimeError`` with the fix when ``path`` cannot hold ``nbytes`` more."""
+    if not os.path.isdir(path):
+        return
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < nbytes:
+        raise RuntimeError(
+            f"the shared-memory transport needs {nbytes / 2**20:.0f} MiB in {path}, which has "
+            f"{free / 2**20:.0f} MiB free. Give it more room (e.g. `docker run --shm-size=2g`), lower "
+            "the slot size with fit(shm_slot_mb=...), or use fit(transport='gloo')."
+        )
 
 
 class ShmTransport:
@@ -58,103 +97,128 @@ class ShmTransport:
     Args:
         segment: the tensor :func:`create_segment` made in the parent.
         rank, world_size: this node and the number of nodes.
-        capacity: bytes per slot (as passed to :func:`create_segment`, rounded up to 64).
-        fallback: the transport for payloads larger than ``capacity`` (every rank falls back for
-            the same collectives, since they pass the same sizes).
+        slot: bytes per slot (as passed to :func:`create_segment`).
+        timeout_s: how long a barrier waits for its peers before raising.
     """
 
-    def __init__(self, segment: torch.Tensor, rank: int, world_size: int, capacity: int, fallback: Transport) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.capacity = -(-capacity // _LINE) * _LINE
-        if not segment.is_shared() or segment.numel() != segment_bytes(world_size, self.capacity):
-            raise ValueError("segment must be the shared tensor create_segment() made for this world and capacity")
-        self.fallback = fallback
-        buf = segment
-        head = world_size * _LINE
-        # numpy view of each rank's flag (first int64 of its cache line): plain loads and stores
-        self._flags = buf[:head].numpy().view("int64").reshape(world_size, _LINE // 8)[:, 0]
-        self._slots = buf[head : head + world_size * self.capacity].view(world_size, self.capacity)
-        self._result = buf[head + world_size * self.capacity : head + (world_size + 1) * self.capacity]
-        self._generation = int(self._flags[rank])
+    def __init__(self, segment: torch.Tensor, rank: int, world_size: int, slot: int, timeout_s: float) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.slot = round_slot(slot)
+        if not segment.is_shared() or segment.numel() != segment_bytes(world_size, self.slot):
+            raise ValueError("segment must be the shared tensor create_segment() made for this world and slot")
+        head = world_size * LINE
+        self._flags = segment[:head].view(torch.int64).view(world_size, sync.WORDS)
+        self._slots = segment[head : head + world_size * self.slot].view(world_size, self.slot)
+        self._result = segment[head + world_size * self.slot :]
+        self._generation = int(self._flags[rank, 0]) >> 32
+
+    @property
+    def payload_limit(self) -> int | None:
+        return self.slot
+
+    # -- synchronisation -------------------------------------------------------------------
+    def _sync(self, kind: int, detail: int, group: int, nbytes: int) -> None:
+        self._generation += 1
+        tag = (kind << 12) | (detail & 0xFFF)
+        r = sync.shm_barrier(self._flags, self.rank, self._generation, tag, group, nbytes, self.timeout_s)
+        if r == sync.PASSED:
+            return
+        mine = _describe(tag, nbytes)
+        if r == sync.TIMED_OUT:
+            missing = [i for i in range(self.world_size) if int(self._flags[i, 0]) >> 32 < self._generation]
+            raise CollectiveTimeoutError(
+                f"rank {self.rank}: {mine} waited collective_timeout={self.timeout_s:g}s for rank(s) {missing}, "
+                "which never arrived (a peer is stuck, died, or called fewer collectives)"
+            )
+        other, w0, w1 = (int(v) for v in self._flags[self.rank, 2:5])
+        theirs = _describe((w0 >> 16) & 0xFFFF, w1 & ((1 << 48) - 1))
+        raise CollectiveMismatchError(
+            f"rank {self.rank} called {mine} but rank {other} called {theirs} at the same point: every rank "
+            "must call the same collectives in the same order with the same sizes"
+        )
 
     def barrier(self) -> None:
-        """Wait until every node has reached the same barrier."""
-        self._generation += 1
-        gen = self._generation
-        flags = self._flags
-        flags[self.rank] = gen
-        spins = 0
-        while flags.min() < gen:
-            spins += 1
-            if spins > _SPINS_BEFORE_YIELD:
-                os.sched_yield()
+        self._sync(_BARRIER, 0, 0, 0)
 
-    def fits(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` travels through shared memory (else through the fallback)."""
-        return tensor.numel() * tensor.element_size() <= self.capacity and tensor.device.type == "cpu"
+    # -- collectives -----------------------------------------------------------------------
+    def _pieces(self, tensor: torch.Tensor) -> list[tuple[int, int]]:
+        """``(offset, count)`` element ranges of at most one slot each (one empty piece for an
+        empty tensor, so that even it meets its peers)."""
+        per = max(1, self.slot // tensor.element_size())
+        n = tensor.numel()
+        return [(off, min(per, n - off)) for off in range(0, n, per)] or [(0, 0)]
 
-    def _write_slot(self, tensor: torch.Tensor) -> None:
+    def _slot(self, r: int, dtype: torch.dtype, count: int) -> torch.Tensor:
+        es = torch.empty((), dtype=dtype).element_size()
+        return self._slots[r, : count * es].view(dtype)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+        flat = tensor.view(-1)
         nbytes = tensor.numel() * tensor.element_size()
-        self._slots[self.rank, :nbytes].view(tensor.dtype).copy_(tensor.reshape(-1))
-
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        if not self.fits(tensor):
-            self.fallback.all_reduce(tensor, op)
-            return
-        n, k = tensor.numel(), self.world_size
-        nbytes = n * tensor.element_size()
-        self._write_slot(tensor)
-        self.barrier()
-        lo, hi = self.rank * n // k, (self.rank + 1) * n // k
-        if hi > lo:
-            parts = self._slots[:, :nbytes].view(tensor.dtype)[:, lo:hi]
-            out = self._result[:nbytes].view(tensor.dtype)[lo:hi]
-            low_precision = tensor.dtype in (torch.float16, torch.bfloat16)
-            if op == "sum":
-                out.copy_(parts.sum(0, dtype=torch.float32) if low_precision else parts.sum(0))
-            elif op == "max":
-                out.copy_(parts.amax(0))
-            elif op == "min":
-                out.copy_(parts.amin(0))
-            elif op == "product":
-                out.copy_(parts.prod(0))
+        detail = REDUCE_OPS.index(op)
+        k, dtype = self.world_size, tensor.dtype
+        for off, c in self._pieces(tensor):
+            self._slot(self.rank, dtype, c).copy_(flat[off : off + c])
+            if members is None:
+                self._sync(_ALL_REDUCE, detail, 0, nbytes)
+                lo, hi = self.rank * c // k, (self.rank + 1) * c // k
+                if hi > lo:
+                    parts = self._slots[:, : c * tensor.element_size()].view(dtype)[:, lo:hi]
+                    self._result[: c * tensor.element_size()].view(dtype)[lo:hi].copy_(reduce_rows(parts, op))
+                self._sync(_ALL_REDUCE, detail, 0, nbytes)
+                flat[off : off + c].copy_(self._result[: c * tensor.element_size()].view(dtype))
             else:
-                raise ValueError(f"unsupported reduce op {op!r}")
-        self.barrier()
-        tensor.copy_(self._result[:nbytes].view(tensor.dtype).view_as(tensor))
+                self._sync(_GROUP_REDUCE, detail, members[0], nbytes)
+                total = reduce_rows(torch.stack([self._slot(r, dtype, c) for r in members]), op)
+                self._sync(_GROUP_REDUCE, detail, members[0], nbytes)
+                flat[off : off + c].copy_(total)
 
-    def all_reduce_group(self, tensor: torch.Tensor, op: str, members: list[int]) -> None:
-        """Sum (``op='sum'``) ``tensor`` over ``members`` only; every rank calls it with its own
-        group of a partition, so each group reduces independently. Collective over the world."""
-        if op != "sum":
-            raise ValueError(f"all_reduce_group supports op 'sum', got {op!r}")
+    def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        rows = list(range(self.world_size)) if members is None else list(members)
+        kind, group = (_ALL_GATHER, 0) if members is None else (_GROUP_GATHER, rows[0])
+        flat = tensor.reshape(-1)
         nbytes = tensor.numel() * tensor.element_size()
-        self._write_slot(tensor.contiguous())
-        self.barrier()
-        parts = self._slots[members, :nbytes].view(tensor.dtype)
-        low_precision = tensor.dtype in (torch.float16, torch.bfloat16)
-        total = parts.sum(0, dtype=torch.float32) if low_precision else parts.sum(0)
-        self.barrier()
-        tensor.copy_(total.view_as(tensor))
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self.fits(tensor):
-            return self.fallback.all_gather(tensor)
-        nbytes = tensor.numel() * tensor.element_size()
-        self._write_slot(tensor.contiguous())
-        self.barrier()
-        out = self._slots[:, :nbytes].view(tensor.dtype).clone().view(self.world_size, *tensor.shape)
-        self.barrier()
-        return out
+        out = torch.empty((len(rows), tensor.numel()), dtype=tensor.dtype)
+        for off, c in self._pieces(tensor):
+            self._slot(self.rank, tensor.dtype, c).copy_(flat[off : off + c])
+            self._sync(kind, 0, group, nbytes)
+            if members is None:
+                out[:, off : off + c].copy_(self._slots[:, : c * tensor.element_size()].view(tensor.dtype))
+            else:
+                for i, r in enumerate(rows):
+                    out[i, off : off + c].copy_(self._slot(r, tensor.dtype, c))
+            self._sync(kind, 0, group, nbytes)
+        return out.view(len(rows), *tensor.shape)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        if not self.fits(tensor):
-            self.fallback.broadcast(tensor, src)
-            return
+        flat = tensor.view(-1)
         nbytes = tensor.numel() * tensor.element_size()
-        if self.rank == src:
-            self._write_slot(tensor.contiguous())
-        self.barrier()
-        if self.rank != src:
-            tensor.copy_(self._slots[src, :nbytes].view(tensor.dtype).view_as(tensor))
-        self.barrier()
+        for off, c in self._pieces(tensor):
+            if self.rank == src:
+                self._slot(src, tensor.dtype, c).copy_(flat[off : off + c])
+            self._sync(_BROADCAST, src, 0, nbytes)
+            if self.rank != src:
+                flat[off : off + c].copy_(self._slot(src, tensor.dtype, c))
+            self._sync(_BROADCAST, src, 0, nbytes)
+
+    def close(self) -> None:
+        """Leave the process group the node joined beside this transport (see
+        :meth:`~exogym.core.comm.plan.TransportPlan.connect`); the segment itself is freed when
+        the last process drops it."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _describe(tag: int, nbytes: int) -> str:
+    kind, detail = tag >> 12, tag & 0xFFF
+    name = _KIND_NAMES.get(kind, f"collective {kind}")
+    if kind in (_ALL_REDUCE, _GROUP_REDUCE):
+        name += f"({REDUCE_OPS[detail] if detail < len(REDUCE_OPS) else detail})"
+    elif kind == _BROADCAST:
+        name += f"(src={detail})"
+    return name if kind == _BARRIER else f"{name} of {nbytes} bytes"
+
+
+__all__ = ["LINE", "ShmTransport", "check_room", "create_segment", "round_slot", "segment_bytes", "supported"]

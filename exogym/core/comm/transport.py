@@ -1,60 +1,203 @@
-"""Transports: how the simulator physically moves tensors between node processes.
+"""Transports: how the simulator physically moves tensors between nodes.
 
-A transport implements the raw collectives over the whole world; :class:`exogym.core.comm.comm.NodeComm`
-adds groups, accounting and device staging on top. :class:`TorchDistTransport` uses the default
-``torch.distributed`` process group (gloo on CPU, nccl with one GPU per node), which also
-works unchanged on a real cluster.
+A :class:`Transport` implements the raw collectives; :class:`exogym.core.comm.comm.NodeComm` adds
+the group partition, accounting and device staging on top. Two implementations exist:
+:class:`TorchDistTransport` over the default ``torch.distributed`` process group (gloo on CPU,
+nccl with one GPU per node; the same code runs on a real cluster) and
+:class:`exogym.core.comm.shm.ShmTransport` over shared memory on one machine. Both are made by a
+:class:`exogym.core.comm.plan.TransportPlan`, never by hand.
+
+Every wait has a deadline (``collective_timeout``): a collective that a peer never joins, or joins
+with another operation or size, raises :class:`CollectiveTimeoutError` or
+:class:`CollectiveMismatchError` naming the operations and ranks involved.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-_REDUCE_OPS = {
+logger = logging.getLogger(__name__)
+
+#: Reduce operations every transport supports, world-wide and within a group.
+REDUCE_OPS = ("sum", "max", "min", "product")
+
+_DIST_OPS = {
     "sum": dist.ReduceOp.SUM,
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
     "product": dist.ReduceOp.PRODUCT,
 }
 
+#: Seconds a failing rank waits for its peers to say which collective they were in.
+_PEER_REPORT_S = 3.0
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not complete; the message names the operation and the ranks."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A rank waited longer than ``collective_timeout`` for its peers."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called different collectives, or the same one with different sizes, at one point."""
+
 
 class Transport(Protocol):
-    """Raw world-wide collectives. Collective: every rank must call each method, in the same order."""
+    """Raw collectives over the world, or over ``members`` (a sorted rank list that contains the
+    caller; every rank passes its own group of one partition of the world).
 
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        """Reduce ``tensor`` in place over all ranks with ``op`` in ``sum|max|min|product``."""
+    Collective: every rank must call each method in the same order, with the same sizes within a
+    group. Tensors are contiguous and on the transport's device.
+    """
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Return a new tensor of shape ``[world, *tensor.shape]`` holding every rank's tensor."""
+    rank: int
+    world_size: int
+
+    @property
+    def payload_limit(self) -> int | None:
+        """Bytes moved in one piece; larger payloads are streamed in pieces this size (``None``:
+        no limit of the transport's own)."""
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        """Reduce ``tensor`` in place with ``op`` (:data:`REDUCE_OPS`) over the world or ``members``."""
+
+    def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        """A new tensor ``[len(members) or world, *tensor.shape]``: every member's tensor, in order."""
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        """Overwrite ``tensor`` in place with rank ``src``'s."""
+        """Overwrite ``tensor`` in place with rank ``src``'s (world-wide)."""
 
     def barrier(self) -> None:
         """Return once every rank has called it."""
 
+    def close(self) -> None:
+        """Release what the transport holds (the process group)."""
+
+
+def reduce_rows(parts: torch.Tensor, op: str) -> torch.Tensor:
+    """Reduce ``parts [m, n]`` over its rows in row order; half precision accumulates in float32."""
+    if op == "sum":
+        low = parts.dtype in (torch.float16, torch.bfloat16)
+        return parts.sum(0, dtype=torch.float32).to(parts.dtype) if low else parts.sum(0)
+    if op == "max":
+        return parts.amax(0)
+    if op == "min":
+        return parts.amin(0)
+    if op == "product":
+        return parts.prod(0)
+    raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+
+
+def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
+    """``all_reduce(sum) of 40 bytes`` and the like, for error messages."""
+    return f"{kind}({detail}) of {nbytes} bytes" if detail else f"{kind} of {nbytes} bytes"
+
 
 class TorchDistTransport:
-    """A :class:`Transport` over the default ``torch.distributed`` process group."""
+    """A :class:`Transport` over the default ``torch.distributed`` process group.
 
-    def __init__(self) -> None:
+    Grouped collectives pad every rank's payload to the largest one and gather world-wide, so
+    groups may carry different sizes (e.g. each island's own index union) without a process
+    group per island. When a collective fails (gloo's deadline, a lost peer), the rank writes
+    what it was doing to the rendezvous ``store`` and names its peers' operations in the error.
+
+    Args:
+        store: the run's rendezvous store (for error reports), or ``None``.
+        timeout_s: the deadline the process group was created with (for messages).
+    """
+
+    def __init__(self, store: dist.Store | None = None, timeout_s: float = 300.0) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TorchDistTransport needs torch.distributed.init_process_group() first")
-        self.world_size = dist.get_world_size()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.store, self.timeout_s = store, timeout_s
+        self._seq = 0
 
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        dist.all_reduce(tensor, op=_REDUCE_OPS[op])
+    @property
+    def payload_limit(self) -> int | None:
+        return None
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.stack(parts)
+    def _run(self, what: str, fn: object, *args: object) -> object:
+        self._seq += 1
+        try:
+            return fn(*args)  # type: ignore[operator]
+        except RuntimeError as e:
+            raise self._explain(what, e) from e
+
+    def _explain(self, what: str, error: RuntimeError) -> CollectiveError:
+        mine = f"collective #{self._seq}: {what}"
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        peers: list[str] = []
+        if self.store is not None:
+            try:
+                self.store.set(f"exogym/failed/{self.rank}", mine)
+                others = [f"exogym/failed/{r}" for r in range(self.world_size) if r != self.rank]
+                try:
+                    self.store.wait(others, timedelta(seconds=_PEER_REPORT_S))
+                except RuntimeError:
+                    pass
+                for r in range(self.world_size):
+                    if r != self.rank and self.store.check([f"exogym/failed/{r}"]):
+                        peers.append(f"rank {r}: {self.store.get(f'exogym/failed/{r}').decode()}")
+            except RuntimeError:  # the store is gone with the parent: report what we know
+                pass
+        theirs = "; ".join(peers) if peers else "no other rank reported"
+        differ = any(p.split(": ", 1)[1] != mine for p in peers)
+        cls = CollectiveMismatchError if differ else CollectiveTimeoutError
+        hint = (
+            "every rank must call the same collectives in the same order with the same sizes"
+            if differ
+            else f"a peer did not join within collective_timeout={self.timeout_s:g}s, or died"
+        )
+        return cls(f"rank {self.rank}: {mine} failed ({first_line}); {theirs}. {hint}")
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        what = describe_op("all_reduce", _nbytes(tensor), op)
+        if members is None:
+            self._run(what, dist.all_reduce, tensor, _DIST_OPS[op])
+            return
+        rows = self._gather_padded(tensor, members, what)
+        tensor.copy_(reduce_rows(rows, op).view_as(tensor))
+
+    def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        what = describe_op("all_gather", _nbytes(tensor))
+        if members is None:
+            parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            self._run(what, dist.all_gather, parts, tensor.contiguous())
+            return torch.stack(parts)
+        return self._gather_padded(tensor, members, what).view(len(members), *tensor.shape)
+
+    def _gather_padded(self, tensor: torch.Tensor, members: Sequence[int], what: str) -> torch.Tensor:
+        """``[len(members), numel]``: the members' flat tensors, through one world-wide gather of
+        byte buffers padded to the largest payload of any group."""
+        nbytes = _nbytes(tensor)
+        longest = torch.tensor([nbytes], dtype=torch.int64, device=tensor.device)
+        self._run(what, dist.all_reduce, longest, dist.ReduceOp.MAX)
+        buf = torch.zeros(int(longest.item()), dtype=torch.uint8, device=tensor.device)
+        buf[:nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+        parts = [torch.empty_like(buf) for _ in range(self.world_size)]
+        self._run(what, dist.all_gather, parts, buf)
+        rows = torch.stack([parts[r][:nbytes] for r in members])
+        return rows.view(tensor.dtype).view(len(members), tensor.numel())
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        dist.broadcast(tensor, src=src)
+        self._run(describe_op("broadcast", _nbytes(tensor), f"src={src}"), dist.broadcast, tensor, src)
 
     def barrier(self) -> None:
-        dist.barrier()
+        self._run("barrier", dist.barrier)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
