@@ -1,13 +1,15 @@
 """All-reduce microbenchmark: the shared-memory transport against gloo, in real node processes.
 
-    .venv/bin/python benchmarks/allreduce.py
+    .venv/bin/python benchmarks/allreduce.py [--worlds 2 4 8] [--sizes 1KB 1MB 40MB 100MB]
 
-For K in 2, 4, 8 and payloads of 1 KB, 1 MB and 40 MB (float32), each node times a run of
-all-reduces (sum) after a warm-up; the slowest node's mean is reported.
+For each K and payload (float32), each node times a run of all-reduces (sum) after a warm-up;
+the slowest node's mean is reported. Payloads above the shared-memory slot (16 MiB by default)
+are streamed through it in pieces.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import time
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 
 logger = logging.getLogger("benchmarks.allreduce")
-SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024}
+SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024, "100MB": 25 * 1024 * 1024}
 
 
 def _node(rank: int, job: tuple[int, int], plan: Any) -> float:
@@ -44,7 +46,7 @@ def measure(world: int, numel: int, transport: str) -> float:
     from exogym.runtime.launch import run_nodes
 
     iters = 200 if numel < 10**6 else 10
-    plan = TransportPlan.create(transport, "cpu", world, numel * 4)
+    plan = TransportPlan.create(transport, "cpu", world, numel * 4, timeout_s=600)
     try:
         out = run_nodes(_node, world, (numel, iters), (plan,))
     finally:
@@ -53,10 +55,15 @@ def measure(world: int, numel: int, transport: str) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8], help="node counts K")
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="payloads")
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("%-4s %-6s %12s %12s %8s", "K", "size", "gloo ms", "shm ms", "gloo/shm")
-    for world in (2, 4, 8):
-        for name, numel in SIZES.items():
+    for world in args.worlds:
+        for name in args.sizes:
+            numel = SIZES[name]
             g = measure(world, numel, "gloo")
             s = measure(world, numel, "shm")
             logger.info("%-4d %-6s %12.3f %12.3f %8.1f", world, name, 1e3 * g, 1e3 * s, g / s)

@@ -24,6 +24,8 @@ TORCH_LIBRARY(exogym, m) {
   // Mean over ranks of gathered top-k ([ranks, chunks, k]) per coefficient, inverse DCT -> [rows, cols].
   m.def("dct_decode(Tensor indices, Tensor values, int rows, int cols, int cr, int cc, bool sign) -> Tensor");
   // Shared-memory barrier: publish (gen, tag, group, size) in flags[rank] with release order, wait
-  // (acquire) until every rank reached gen. -1: passed; -2: timed out; r >= 0: rank r disagreed.
-  m.def("shm_barrier(Tensor(a!) flags, int rank, int gen, int tag, int group, int size, float timeout_s) -> int");
+  // (acquire) until every rank reached gen, spinning for spin_us then sleeping.
+  // -1: passed; -2: timed out; r >= 0: rank r disagreed.
+  m.def("shm_barrier(Tensor(a!) flags, int rank, int gen, int tag, int group, int size, float timeout_s, "
+        "int spin_us) -> int");
 }

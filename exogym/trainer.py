@@ -16,7 +16,7 @@ from exogym.core.comm.network import Network, resolve_network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
 from exogym.core.strategy import Strategy
 from exogym.logger import CSVLogger, Logger, default_run_name
-from exogym.runtime.launch import check_main_guard, run_nodes
+from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
 from exogym.runtime.worker import node_process
@@ -123,6 +123,9 @@ class Trainer:
         check_main_guard()
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an exogym Strategy instance, got {type(strategy).__name__}")
+        # The model and strategy travel to the nodes: say now, in their terms, if they cannot
+        # (the datasets are checked the same way when the job is sent, still before any start).
+        serialize_job((self.model, strategy))
         _check_counts(
             num_nodes, num_epochs, max_steps, batch_size, log_interval, val_interval, val_size, max_memory_usage
         )

@@ -10,7 +10,7 @@ import pytest
 from exogym.cli.compare import SUMMARY_COLUMNS
 from exogym.metrics import COLUMNS
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(180)]
 
 
 def _is_png(path: str) -> bool:

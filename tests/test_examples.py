@@ -4,6 +4,8 @@ import pytest
 
 from exogym.examples import hybrid_diloco
 
+pytestmark = pytest.mark.procs
+
 
 @pytest.mark.timeout(120)
 def test_hybrid_diloco_example_trains_and_sends_less() -> None:

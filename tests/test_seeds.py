@@ -21,7 +21,7 @@ from exogym.strategy.optim import OptimSpec
 from exogym.strategy.sparta import SparseCommunicator
 from tests.helpers import TinyNet, regression_data
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 
 
 def _hybrid():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,19 +40,30 @@ def available() -> bool:
     return _ops.use_kernel("shm_barrier", torch.device("cpu")) or platform.machine().lower() in ("x86_64", "amd64")
 
 
-def shm_barrier(flags: torch.Tensor, rank: int, gen: int, tag: int, group: int, size: int, timeout_s: float) -> int:
+def barrier_function() -> Callable[[torch.Tensor, int, int, int, int, int, float, int], int]:
+    """:func:`shm_barrier`'s implementation for CPU tensors, resolved once (the transport calls
+    it twice per collective, where a per-call lookup would show)."""
+    if _ops.use_kernel("shm_barrier", torch.device("cpu")):
+        return torch.ops.exogym.shm_barrier.default
+    return shm_barrier_reference
+
+
+def shm_barrier(
+    flags: torch.Tensor, rank: int, gen: int, tag: int, group: int, size: int, timeout_s: float, spin_us: int = 2000
+) -> int:
     """Publish ``(gen, tag, group, size)`` in ``flags[rank]`` and wait for every rank to reach
-    ``gen``. Returns :data:`PASSED`, :data:`TIMED_OUT` after ``timeout_s`` seconds, or the rank
-    whose tag (or size, within the same group) differs. The GIL is released while waiting."""
-    if _ops.use_kernel("shm_barrier", flags.device):
-        return torch.ops.exogym.shm_barrier.default(flags, rank, gen, tag, group, size, timeout_s)
-    return shm_barrier_reference(flags, rank, gen, tag, group, size, timeout_s)
+    ``gen``: spin for ``spin_us`` microseconds (lowest latency while each node has a core), then
+    sleep until a peer arrives (a futex on Linux; nodes that outnumber the cores then do not take
+    each other's). Returns :data:`PASSED`, :data:`TIMED_OUT` after ``timeout_s`` seconds, or the
+    rank whose tag (or size, within the same group) differs. The GIL is released while waiting."""
+    return barrier_function()(flags, rank, gen, tag, group, size, timeout_s, spin_us)
 
 
 def shm_barrier_reference(
-    flags: torch.Tensor, rank: int, gen: int, tag: int, group: int, size: int, timeout_s: float
+    flags: torch.Tensor, rank: int, gen: int, tag: int, group: int, size: int, timeout_s: float, spin_us: int = 2000
 ) -> int:
-    """Pure-Python :func:`shm_barrier` (same contract); correct only under x86 ordering."""
+    """Pure-Python :func:`shm_barrier` (same contract, but it yields instead of sleeping);
+    correct only under x86 ordering."""
     f = flags.numpy()
     word0 = (gen << 32) | (tag << 16) | group
     f[rank, 1] = ((gen & 0xFFFF) << 48) | size
@@ -83,4 +95,4 @@ def shm_barrier_reference(
             os.sched_yield()
 
 
-__all__ = ["PASSED", "TIMED_OUT", "WORDS", "available", "shm_barrier", "shm_barrier_reference"]
+__all__ = ["PASSED", "TIMED_OUT", "WORDS", "available", "barrier_function", "shm_barrier", "shm_barrier_reference"]

@@ -172,7 +172,6 @@ def _die_with_parent(alive: Any) -> None:
 
 
 def _entry(
-    fn: Callable[..., Any],
     rank: int,
     queue: Any,
     alive: Any,
@@ -194,7 +193,8 @@ def _entry(
     code = 0
     try:
         _import_main(main_spec)
-        result = fn(rank, cloudpickle.loads(job), *args)
+        fn, job_obj = cloudpickle.loads(job)
+        result = fn(rank, job_obj, *args)
         # Serialised here: tensors pickled by torch.multiprocessing would be shared through a
         # file descriptor that dies with this process before the parent reads it.
         buf = io.BytesIO()
@@ -242,18 +242,18 @@ def _sigterm_as_exception() -> Iterator[None]:
 def run_nodes(fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = ()) -> dict[int, Any]:
     """Run ``fn(rank, job, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
 
-    ``fn`` is a module-level function (pickled by reference); ``job`` travels with cloudpickle
-    (the user's objects); ``args`` with multiprocessing's pickler (shared-memory tensors are
+    ``fn`` and ``job`` travel with cloudpickle (the user's objects; a function or class of
+    ``__main__`` by value); ``args`` with multiprocessing's pickler (shared-memory tensors are
     shared, not copied). Raises :class:`NodeFailedError` when any node fails, after every node
     has been stopped; on Ctrl-C, ``KeyboardInterrupt`` after the same teardown.
     """
-    payload = serialize_job(job)
+    payload = serialize_job((fn, job))
     ctx = _context()
     queue = ctx.SimpleQueue()
     alive_r, alive_w = ctx.Pipe(duplex=False)
     env, spec = dict(os.environ), _main_spec()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, queue, alive_r, env, spec, payload, args), name=f"exogym-node-{r}")
+        ctx.Process(target=_entry, args=(r, queue, alive_r, env, spec, payload, args), name=f"exogym-node-{r}")
         for r in range(num_nodes)
     ]
     started: list[Any] = []

@@ -5,6 +5,8 @@ import torch
 
 from exogym.strategy import DeMoStrategy, OptimSpec
 
+pytestmark = pytest.mark.procs
+
 
 @pytest.mark.timeout(120)
 def test_four_node_demo_trains_on_the_builtin_task() -> None:

@@ -9,7 +9,7 @@ from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.strategy import OptimSpec
 from tests.helpers import FIT_DEFAULTS, SaveParams, TinyNet, load_rank_params, regression_data
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 MODULES = {
     "ddp": lambda: AveragingCommunicator(target="grads"),

@@ -61,13 +61,29 @@ def test_error_feedback_carries_the_residual() -> None:
     assert (out[0] - exact).abs().max() <= scale
 
 
+def _identical_ranks(out: list) -> list[list[int]]:
+    """For each rank, the ranks whose parameters equal its own exactly."""
+    n = len(out)
+    return [
+        [s for s in range(n) if all(torch.equal(a, b) for a, b in zip(out[r]["params"], out[s]["params"], strict=True))]
+        for r in range(n)
+    ]
+
+
 def test_quantized_diloco_hybrid_keeps_ranks_identical() -> None:
-    make = lambda: CommunicateOptimizeStrategy(
-        [QuantizeCommunicator(DiLoCoCommunicator(H=2, island_size=2), "int8", error_feedback=True)], optim_spec=SGD
+    make = lambda island: CommunicateOptimizeStrategy(
+        [QuantizeCommunicator(DiLoCoCommunicator(H=2, island_size=island), "int8", error_feedback=True)],
+        optim_spec=SGD,
     )
-    out = train_ranks(4, make, 4)
+    out = train_ranks(4, lambda: make(None), 4)
     rec = next(r for recs in out[0]["records"] for r in recs)
-    assert rec.group_size == 2 and rec.tag.endswith("+int8")
+    assert rec.group_size == 4 and rec.tag.endswith("+int8")
+    assert _identical_ranks(out) == [[0, 1, 2, 3]] * 4  # every rank decodes the same codes
+    # islands of 2: after the first outer step each rank equals exactly its island partner (later
+    # rounds mix islands whose global copies differ, so only the first round is comparable)
+    out = train_ranks(4, lambda: make(2), 2)
+    assert out[0]["records"][1][0].group_size == 2
+    assert all(len(group) == 2 and r in group for r, group in enumerate(_identical_ranks(out)))
 
 
 def test_two_payload_sites_of_one_size_keep_separate_residuals() -> None:

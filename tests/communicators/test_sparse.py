@@ -94,3 +94,28 @@ def test_seed_spellings() -> None:
     with pytest.raises(TypeError, match="disagree"):
         SPARTAStrategy(sparsification_mode="random", compression_method="topk")
     assert SPARTAStrategy(compression_method="topk").communication_modules[0].selector == "topk"
+
+
+def _topk_islands():
+    return CommunicateOptimizeStrategy(
+        [SparseCommunicator(p=0.2, selector="topk", island_size=2)], optim_spec=OptimSpec(torch.optim.SGD, lr=0.1)
+    )
+
+
+def test_topk_selection_with_islands_runs_on_threads_where_island_unions_differ() -> None:
+    """Each island all-reduces its own index union, whose size differs between islands."""
+    out = train_ranks(4, _topk_islands, 3)
+    values = [r for r in out[0]["records"][0] if r.tag == "sparse_topk_values"]
+    assert values and all(r.group_size == 2 for r in values)
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_topk_selection_with_islands_runs_on_gloo() -> None:
+    from exogym import Trainer
+    from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
+
+    model = Trainer(TinyNet(), regression_data(256)).fit(
+        _topk_islands(), num_nodes=4, max_steps=3, batch_size=8, transport="gloo", **FIT_DEFAULTS
+    )
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -8,7 +8,7 @@ from exogym.strategy import OptimSpec, Strategy
 from exogym.strategy.communicate import all_gather, all_reduce, broadcast
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(90)]
 
 
 class QuantizedReduce(Strategy):

@@ -8,7 +8,7 @@ from exogym.core.comm.network import PRESETS
 from exogym.strategy import DiLoCoStrategy, OptimSpec, SimpleReduceStrategy
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 
 
 def _run(strategy, steps=200, network="internet"):

@@ -11,7 +11,7 @@ from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.strategy import OptimSpec, SimpleReduceStrategy
 from tests.helpers import FIT_DEFAULTS, SaveParams, TinyNet, load_rank_params, regression_data
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(90)]
 
 LR, B, STEPS, SEED = 0.05, 8, 12, 3
 

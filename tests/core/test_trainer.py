@@ -22,6 +22,8 @@ from tests.helpers import (
     regression_data,
 )
 
+pytestmark = pytest.mark.procs
+
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 
 
@@ -201,4 +203,6 @@ def test_script_without_main_guard_gets_a_fix_it_message(tmp_path) -> None:
         env={**os.environ, "PYTHONPATH": root},
     )
     assert proc.returncode != 0
+    # the node's own exception, in the NodeFailedError the parent raises
+    assert "NodeFailedError: node 0 of 2 failed: RuntimeError: ExoGym starts one process per node" in proc.stderr
     assert 'if __name__ == "__main__":' in proc.stderr

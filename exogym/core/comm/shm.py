@@ -35,10 +35,13 @@ from exogym.core.comm.transport import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     reduce_rows,
+    reduce_rows_into,
 )
 from exogym.ops import sync
 
 LINE = 64  # bytes per flag line: one cache line each, so ranks do not share lines
+_SPLIT_COPY_BYTES = 1 << 20
+_SPIN_US, _SPIN_US_OVERSUBSCRIBED = 2000, 300
 
 # Collective kinds in the tag's top four bits; the low twelve carry the reduce op or the root.
 _BARRIER, _ALL_REDUCE, _GROUP_REDUCE, _ALL_GATHER, _GROUP_GATHER, _BROADCAST = range(1, 7)
@@ -111,6 +114,21 @@ class ShmTransport:
         self._slots = segment[head : head + world_size * self.slot].view(world_size, self.slot)
         self._result = segment[head + world_size * self.slot :]
         self._generation = int(self._flags[rank, 0]) >> 32
+        self._barrier = sync.barrier_function()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        # Spin while every node can have a core; sleep soon when nodes outnumber the cores.
+        self._spin_us = _SPIN_US if world_size <= cores else _SPIN_US_OVERSUBSCRIBED
+        # Typed views of the slots and the result, per dtype: slicing a fresh view per call
+        # costs more than a small collective's copy.
+        self._typed: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _views(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(slots [K, n], own slot [n], result [n])`` viewed as ``dtype``."""
+        views = self._typed.get(dtype)
+        if views is None:
+            slots = self._slots.view(dtype)
+            views = self._typed[dtype] = (slots, slots[self.rank], self._result.view(dtype))
+        return views
 
     @property
     def payload_limit(self) -> int | None:
@@ -120,7 +138,7 @@ class ShmTransport:
     def _sync(self, kind: int, detail: int, group: int, nbytes: int) -> None:
         self._generation += 1
         tag = (kind << 12) | (detail & 0xFFF)
-        r = sync.shm_barrier(self._flags, self.rank, self._generation, tag, group, nbytes, self.timeout_s)
+        r = self._barrier(self._flags, self.rank, self._generation, tag, group, nbytes, self.timeout_s, self._spin_us)
         if r == sync.PASSED:
             return
         mine = _describe(tag, nbytes)
@@ -146,11 +164,9 @@ class ShmTransport:
         empty tensor, so that even it meets its peers)."""
         per = max(1, self.slot // tensor.element_size())
         n = tensor.numel()
-        return [(off, min(per, n - off)) for off in range(0, n, per)] or [(0, 0)]
-
-    def _slot(self, r: int, dtype: torch.dtype, count: int) -> torch.Tensor:
-        es = torch.empty((), dtype=dtype).element_size()
-        return self._slots[r, : count * es].view(dtype)
+        if n <= per:
+            return [(0, n)]
+        return [(off, min(per, n - off)) for off in range(0, n, per)]
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         if op not in REDUCE_OPS:
@@ -158,20 +174,29 @@ class ShmTransport:
         flat = tensor.view(-1)
         nbytes = tensor.numel() * tensor.element_size()
         detail = REDUCE_OPS.index(op)
-        k, dtype = self.world_size, tensor.dtype
+        k = self.world_size
+        slots, own, result = self._views(tensor.dtype)
         for off, c in self._pieces(tensor):
-            self._slot(self.rank, dtype, c).copy_(flat[off : off + c])
             if members is None:
-                self._sync(_ALL_REDUCE, detail, 0, nbytes)
                 lo, hi = self.rank * c // k, (self.rank + 1) * c // k
-                if hi > lo:
-                    parts = self._slots[:, : c * tensor.element_size()].view(dtype)[:, lo:hi]
-                    self._result[: c * tensor.element_size()].view(dtype)[lo:hi].copy_(reduce_rows(parts, op))
+                if c * tensor.element_size() < _SPLIT_COPY_BYTES:
+                    own[:c].copy_(flat[off : off + c])
+                    rows = slots[:, lo:hi]
+                else:
+                    # Only this rank reads its slot's range [lo, hi): reduce it from the tensor
+                    # itself and copy the rest (1/K less memory traffic on large payloads).
+                    own[:lo].copy_(flat[off : off + lo])
+                    own[hi:c].copy_(flat[off + hi : off + c])
+                    rows = [flat[off + lo : off + hi] if r == self.rank else slots[r, lo:hi] for r in range(k)]
                 self._sync(_ALL_REDUCE, detail, 0, nbytes)
-                flat[off : off + c].copy_(self._result[: c * tensor.element_size()].view(dtype))
+                if hi > lo:
+                    reduce_rows_into(rows, op, result[lo:hi])
+                self._sync(_ALL_REDUCE, detail, 0, nbytes)
+                flat[off : off + c].copy_(result[:c])
             else:
+                own[:c].copy_(flat[off : off + c])
                 self._sync(_GROUP_REDUCE, detail, members[0], nbytes)
-                total = reduce_rows(torch.stack([self._slot(r, dtype, c) for r in members]), op)
+                total = reduce_rows(slots[list(members), :c], op)
                 self._sync(_GROUP_REDUCE, detail, members[0], nbytes)
                 flat[off : off + c].copy_(total)
 
@@ -181,26 +206,24 @@ class ShmTransport:
         flat = tensor.reshape(-1)
         nbytes = tensor.numel() * tensor.element_size()
         out = torch.empty((len(rows), tensor.numel()), dtype=tensor.dtype)
+        slots, own, _ = self._views(tensor.dtype)
         for off, c in self._pieces(tensor):
-            self._slot(self.rank, tensor.dtype, c).copy_(flat[off : off + c])
+            own[:c].copy_(flat[off : off + c])
             self._sync(kind, 0, group, nbytes)
-            if members is None:
-                out[:, off : off + c].copy_(self._slots[:, : c * tensor.element_size()].view(tensor.dtype))
-            else:
-                for i, r in enumerate(rows):
-                    out[i, off : off + c].copy_(self._slot(r, tensor.dtype, c))
+            out[:, off : off + c].copy_(slots[:, :c] if members is None else slots[rows, :c])
             self._sync(kind, 0, group, nbytes)
         return out.view(len(rows), *tensor.shape)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         flat = tensor.view(-1)
         nbytes = tensor.numel() * tensor.element_size()
+        slots, own, _ = self._views(tensor.dtype)
         for off, c in self._pieces(tensor):
             if self.rank == src:
-                self._slot(src, tensor.dtype, c).copy_(flat[off : off + c])
+                own[:c].copy_(flat[off : off + c])
             self._sync(_BROADCAST, src, 0, nbytes)
             if self.rank != src:
-                flat[off : off + c].copy_(self._slot(src, tensor.dtype, c))
+                flat[off : off + c].copy_(slots[src, :c])
             self._sync(_BROADCAST, src, 0, nbytes)
 
     def close(self) -> None:

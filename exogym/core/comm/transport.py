@@ -84,16 +84,27 @@ class Transport(Protocol):
 
 def reduce_rows(parts: torch.Tensor, op: str) -> torch.Tensor:
     """Reduce ``parts [m, n]`` over its rows in row order; half precision accumulates in float32."""
-    if op == "sum":
-        low = parts.dtype in (torch.float16, torch.bfloat16)
-        return parts.sum(0, dtype=torch.float32).to(parts.dtype) if low else parts.sum(0)
-    if op == "max":
-        return parts.amax(0)
-    if op == "min":
-        return parts.amin(0)
-    if op == "product":
-        return parts.prod(0)
-    raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+    out = torch.empty(parts.shape[1:], dtype=parts.dtype, device=parts.device)
+    reduce_rows_into(parts, op, out)
+    return out
+
+
+def reduce_rows_into(parts: torch.Tensor | Sequence[torch.Tensor], op: str, out: torch.Tensor) -> None:
+    """:func:`reduce_rows` of ``parts`` (a 2-D tensor or a list of equal-shaped rows) written into
+    ``out``, with no temporary for float sums (large all-reduces are bound by memory traffic):
+    ``((p0 + p1) + p2) + ...``, the same order on every rank."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+    if op == "sum" and out.dtype in (torch.float16, torch.bfloat16):
+        out.copy_(torch.stack(list(parts)).sum(0, dtype=torch.float32))
+        return
+    if len(parts) == 1:
+        out.copy_(parts[0])
+        return
+    combine = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul}[op]
+    combine(parts[0], parts[1], out=out)
+    for row in parts[2:]:
+        combine(out, row, out=out)
 
 
 def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
