@@ -15,7 +15,9 @@ class FitConfig:
     """Resolved arguments of :meth:`exogym.Trainer.fit` (see there for their meaning).
 
     Attributes:
-        num_nodes: K, the number of simulated nodes (processes).
+        num_nodes: K, the number of simulated nodes.
+        workers: W, the number of worker processes that host the nodes (``K / W`` virtual
+            nodes each, contiguous blocks of ranks; see :mod:`exogym.runtime.virtual`).
         max_steps: optimizer steps per node; ``None`` until a dataset factory's length is known
             inside the nodes (they then agree on the minimum over ranks).
         num_epochs: epochs, used when ``max_steps`` is not given.
@@ -23,7 +25,8 @@ class FitConfig:
         minibatch_size: examples per forward/backward; ``batch_size / minibatch_size`` minibatches
             are accumulated per step.
         device: device type of every node: ``cpu``, ``cuda`` or ``mps``.
-        devices: CUDA device indices; node ``r`` uses ``devices[r % len(devices)]``.
+        devices: CUDA device indices; worker ``w`` (and every node it hosts) uses
+            ``devices[w % len(devices)]``.
         transport: the resolved transport: ``shm``, ``gloo`` or ``nccl`` (see
             :class:`exogym.core.comm.plan.TransportPlan`; every node also joins a gloo or nccl
             process group, which raw ``torch.distributed`` calls in user code use).
@@ -36,12 +39,13 @@ class FitConfig:
         log_interval: aggregate and log train metrics every this many steps.
         shuffle: shuffle the training data each epoch.
         progress: show a progress bar on rank 0.
-        threads_per_node: intra-op threads in each node process.
+        threads_per_worker: intra-op threads in each worker process.
         log_level: ``logging`` level for the nodes.
         network: the network model that prices communication and compute.
     """
 
     num_nodes: int
+    workers: int
     max_steps: int | None
     num_epochs: int
     batch_size: int
@@ -57,7 +61,7 @@ class FitConfig:
     log_interval: int
     shuffle: bool
     progress: bool
-    threads_per_node: int
+    threads_per_worker: int
     log_level: int
     network: Network
 
@@ -66,11 +70,11 @@ class FitConfig:
         """Minibatches accumulated per optimizer step."""
         return self.batch_size // self.minibatch_size
 
-    def node_device(self, rank: int) -> torch.device:
-        """The device node ``rank`` trains on."""
+    def worker_device(self, worker: int) -> torch.device:
+        """The device worker ``worker`` (and every node it hosts) trains on."""
         if self.device == "cuda":
             devs = self.devices or (0,)
-            return torch.device("cuda", devs[rank % len(devs)])
+            return torch.device("cuda", devs[worker % len(devs)])
         return torch.device(self.device)
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from exogym.logger import CSVLogger, Logger, default_run_name
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
-from exogym.runtime.worker import node_process
+from exogym.runtime.worker import worker_process
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +74,13 @@ class Trainer:
         transport: str = "auto",
         collective_timeout: float = DEFAULT_TIMEOUT_S,
         shm_slot_mb: float = DEFAULT_SLOT_MB,
+        workers: int | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
         Args:
             strategy: a :class:`~exogym.core.strategy.Strategy` (e.g. ``SimpleReduceStrategy()``).
-            num_nodes: K, the number of node processes (>= 1).
+            num_nodes: K, the number of simulated nodes (>= 1).
             num_epochs: passes over each node's shard, when ``max_steps`` is not given.
             max_steps: optimizer steps per node (overrides ``num_epochs``).
             batch_size: examples per node per optimizer step.
@@ -110,8 +111,13 @@ class Trainer:
             collective_timeout: seconds a node waits in one collective (for a peer that is stuck,
                 dead, or calling another collective) before the run fails with an error naming
                 the operation and the ranks.
-            shm_slot_mb: MiB per node of the shared-memory transport's buffer; larger payloads
-                are streamed through it in pieces.
+            shm_slot_mb: MiB per worker of the shared-memory transport's buffer; larger
+                payloads are streamed through it in pieces.
+            workers: W, the number of worker processes that host the K nodes (``K / W`` virtual
+                nodes each, taking turns; see README "Virtual nodes"). Default: ``min(K, usable
+                CPU cores)``, or ``min(K, GPUs)`` with ``device='cuda'``. ``workers=num_nodes``
+                gives every node a process of its own. Results do not depend on it (up to float
+                summation order).
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers.
@@ -136,19 +142,21 @@ class Trainer:
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
 
+        n_workers = _resolve_workers(workers, num_nodes, dev, devices)
         steps = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
 
+        cpus = usable_cpus()
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         plan = TransportPlan.create(
-            transport, dev, num_nodes, state_bytes, ndev, timeout_s=collective_timeout, slot_mb=shm_slot_mb
+            transport, dev, n_workers, state_bytes, ndev, timeout_s=collective_timeout, slot_mb=shm_slot_mb
         )
         cfg = FitConfig(
             num_nodes=num_nodes,
+            workers=n_workers,
             max_steps=steps,
             num_epochs=num_epochs,
             batch_size=batch_size,
@@ -164,7 +172,7 @@ class Trainer:
             log_interval=log_interval,
             shuffle=shuffle,
             progress=progress,
-            threads_per_node=max(1, cpus // num_nodes),
+            threads_per_worker=max(1, cpus // n_workers),
             log_level=logging.getLogger("exogym").getEffectiveLevel(),
             network=net,
         )
@@ -172,7 +180,9 @@ class Trainer:
         name = run_name or default_run_name(type(strategy).__name__)
         job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger)
         try:
-            results = run_nodes(node_process, num_nodes, job, (plan,))
+            results = run_nodes(
+                worker_process, n_workers, job, (plan,), world_size=None if n_workers == num_nodes else num_nodes
+            )
         finally:
             plan.close()
         out = results[0]
@@ -276,6 +286,25 @@ def _check_counts(
         raise ValueError(f"val_size must be an int >= 0, got {val_size!r}")
     if not 0.0 < max_memory_usage <= 1.0:
         raise ValueError(f"max_memory_usage must be in (0, 1], got {max_memory_usage}")
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _resolve_workers(workers: int | None, num_nodes: int, device: str, devices: list[int] | None) -> int:
+    """``workers`` checked against ``num_nodes``, or the default ``min(K, cores or GPUs)``."""
+    if workers is None:
+        if device == "cuda":
+            units = len(set(devices)) if devices else max(1, torch.cuda.device_count())
+        else:
+            units = usable_cpus()
+        return max(1, min(num_nodes, units))
+    positive_int(workers, "workers")
+    if workers > num_nodes:
+        raise ValueError(f"workers={workers} is more than num_nodes={num_nodes}; each worker hosts at least one node")
+    return workers
 
 
 def _check_devices(devices: list[int] | None, device: str) -> None:

@@ -106,6 +106,7 @@ def train_ranks(
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
     cfg = FitConfig(
         num_nodes=k,
+        workers=k,
         max_steps=steps,
         num_epochs=1,
         batch_size=batch_size,
@@ -121,7 +122,7 @@ def train_ranks(
         log_interval=1,
         shuffle=True,
         progress=False,
-        threads_per_node=1,
+        threads_per_worker=1,
         log_level=30,
         network=resolve_network(None),
     )

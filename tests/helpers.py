@@ -6,12 +6,21 @@ import os
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from exogym.core.comm import comm as node_comm
 from exogym.core.pipeline import Communicator
+
+
+def _node_rank() -> int | None:
+    """The rank of the node running in this thread (``None`` outside a run)."""
+    try:
+        return node_comm.current().rank
+    except RuntimeError:
+        return None
+
 
 FIT_DEFAULTS: dict[str, Any] = {"logger": False, "progress": False, "val_size": 0}
 
@@ -55,7 +64,7 @@ class FailOnRank(TinyNet):
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         self.calls += 1
-        if dist.is_initialized() and dist.get_rank() == self.fail_rank and self.calls >= self.fail_call:
+        if _node_rank() == self.fail_rank and self.calls >= self.fail_call:
             raise ValueError(f"boom on rank {self.fail_rank}")
         return super().forward(batch)
 
@@ -116,7 +125,7 @@ class ExitOnRank(TinyNet):
 
     def forward(self, batch):
         self.calls += 1
-        if dist.is_initialized() and dist.get_rank() == self.crash_rank and self.calls >= 3:
+        if _node_rank() == self.crash_rank and self.calls >= 3:
             os._exit(3)
         return super().forward(batch)
 

@@ -54,7 +54,8 @@ class NodeFailedError(RuntimeError):
     """A node process raised or died; the message carries that node's exception and traceback.
 
     Attributes:
-        rank: the node that failed first.
+        rank: the node that failed first (a worker's index when a worker hosting several nodes
+            died without reporting an error).
         error_type: the name of its exception's class (``None`` when it died without one).
     """
 
@@ -201,7 +202,12 @@ def _entry(
         torch.save(result, buf)
         queue.put(("ok", rank, buf.getvalue()))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
-        queue.put(("error", rank, time.time(), type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        # A worker hosting several nodes raises an error that names the node (``node_rank``).
+        node = getattr(e, "node_rank", rank)
+        type_name = getattr(e, "error_type", type(e).__name__)
+        tb = getattr(e, "node_traceback", None) or traceback.format_exc()
+        summary = str(e) if hasattr(e, "node_rank") else f"{type(e).__name__}: {e}"
+        queue.put(("error", rank, time.time(), type_name, summary, tb, node))
         code = 1
     # The result is already in the pipe. Skipping the interpreter's teardown (about 0.5 s of CPU
     # per node with torch loaded) makes the run end as soon as the last node reports.
@@ -239,8 +245,14 @@ def _sigterm_as_exception() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-def run_nodes(fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = ()) -> dict[int, Any]:
+def run_nodes(
+    fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = (), world_size: int | None = None
+) -> dict[int, Any]:
     """Run ``fn(rank, job, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
+
+    ``world_size`` is the number of simulated nodes when the processes are workers that host
+    several each (errors then name the node, ``node 17 of 100 (worker 1)``); by default each
+    process is one node.
 
     ``fn`` and ``job`` travel with cloudpickle (the user's objects; a function or class of
     ``__main__`` by value); ``args`` with multiprocessing's pickler (shared-memory tensors are
@@ -287,29 +299,47 @@ def run_nodes(fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tup
     finally:
         with contextlib.suppress(OSError):
             alive_r.close()
-    return _outcome(num_nodes, results, errors, failed, codes)
+    return _outcome(num_nodes, results, errors, failed, codes, world_size)
 
 
 def _outcome(
-    num_nodes: int, results: dict[int, Any], errors: list[tuple], failed: list[int], codes: dict[int, int | None]
+    num_nodes: int,
+    results: dict[int, Any],
+    errors: list[tuple],
+    failed: list[int],
+    codes: dict[int, int | None],
+    world_size: int | None = None,
 ) -> dict[int, Any]:
+    unit = "node" if world_size is None else "worker"
+
+    def who(proc: int, node: int) -> str:
+        if world_size is None:
+            return f"node {node} of {num_nodes}"
+        return f"node {node} of {world_size} (worker {proc} of {num_nodes})"
+
     silent = [r for r in failed if r not in {e[1] for e in errors}]
     if silent:
-        # A node that vanished without a traceback (killed, os._exit, segfault) is reported
+        # A process that vanished without a traceback (killed, os._exit, segfault) is reported
         # first: the others' errors are then mostly about losing their peer.
         r = silent[0]
-        others = "".join(f"\n  then node {e[1]}: {e[4]}" for e in sorted(errors))
+        others = "".join(f"\n  then {who(e[1], e[5])}: {e[4]}" for e in sorted(errors))
+        hosted = ""
+        if world_size is not None:
+            from exogym.runtime.virtual import block_of
+
+            block = block_of(world_size, num_nodes, r)
+            hosted = f" (hosting nodes {block[0]}-{block[-1]} of {world_size})"
         raise NodeFailedError(
             r,
-            f"node {r} of {num_nodes} exited with code {codes[r]}{_signal_name(codes[r])} "
+            f"{unit} {r} of {num_nodes}{hosted} exited with code {codes[r]}{_signal_name(codes[r])} "
             f"without reporting an error{others}",
         )
     if errors:
-        _, rank, type_name, summary, tb = min(errors)
-        raise NodeFailedError(rank, f"node {rank} of {num_nodes} failed: {summary}\n\n{tb}", type_name)
+        _, proc, type_name, summary, tb, node = min(errors)
+        raise NodeFailedError(node, f"{who(proc, node)} failed: {summary}\n\n{tb}", type_name)
     missing = [r for r in range(num_nodes) if r not in results]
     if missing:
-        raise NodeFailedError(missing[0], f"node {missing[0]} of {num_nodes} ended without a result")
+        raise NodeFailedError(missing[0], f"{unit} {missing[0]} of {num_nodes} ended without a result")
     return results
 
 
@@ -319,7 +349,7 @@ def _drain(queue: Any, results: dict[int, Any], errors: list) -> None:
         if msg[0] == "ok":
             results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=False)
         else:
-            errors.append((msg[2], msg[1], msg[3], msg[4], msg[5]))
+            errors.append((msg[2], msg[1], msg[3], msg[4], msg[5], msg[6]))
 
 
 def _collect_late_errors(queue: Any, results: dict[int, Any], errors: list) -> None:

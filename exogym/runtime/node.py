@@ -72,7 +72,8 @@ class TrainNode:
         if val_ds is not None and cfg.val_size > 0:
             sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
             self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size)
-        self.strategy = job.strategy  # becomes this node's: one strategy object per node
+        # An own copy of the strategy too: the virtual nodes of a worker share one job.
+        self.strategy = copy.deepcopy(job.strategy)
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
         self.logger = job.logger if rank == 0 else None

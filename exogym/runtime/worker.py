@@ -1,8 +1,12 @@
-"""The node process: connect the transport, build the node's comm, run :class:`TrainNode`.
+"""The worker process: connect the transport, host one or more nodes, run :class:`TrainNode`.
 
-:func:`node_process` is what :func:`exogym.runtime.launch.run_nodes` runs in each process of a
-local run. Everything process-specific lives here (threads, seeds, the process group), so that
-``TrainNode`` runs unchanged on threads and, later, as virtual nodes or ``torchrun`` ranks.
+:func:`worker_process` is what :func:`exogym.runtime.launch.run_nodes` runs in each process of a
+local run. Worker ``w`` hosts the nodes :func:`~exogym.runtime.virtual.block_of` gives it. With
+one node per worker, the node runs on the worker's main thread and talks through the worker's
+transport directly; with several, they are virtual nodes (:mod:`exogym.runtime.virtual`) that
+take turns and combine their collectives before the worker's transport carries them. Everything
+process-specific lives here (threads, seeds, the process group), so that ``TrainNode`` runs
+unchanged on threads, as virtual nodes and as ``torchrun`` ranks.
 """
 
 from __future__ import annotations
@@ -14,28 +18,56 @@ import torch
 
 from exogym.core.comm.comm import NodeComm, set_current
 from exogym.core.comm.plan import TransportPlan
+from exogym.core.comm.transport import Transport
 from exogym.runtime.node import NodeJob, TrainNode
+from exogym.runtime.virtual import VirtualHub, VirtualNodeError, block_of
 
 logger = logging.getLogger(__name__)
 
 
-def node_process(rank: int, job: NodeJob, plan: TransportPlan) -> dict[str, Any] | None:
-    """Process entry of node ``rank``: train, and return (rank 0) the final averaged state, the
-    metric rows and the run's figures. Collective: every rank of ``plan`` must run it."""
+def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, Any] | None:
+    """Process entry of worker ``worker``: train its nodes and return rank 0's result (the final
+    averaged state, the metric rows and the run's figures) where it hosts rank 0, else ``None``.
+
+    Collective: every worker of ``plan`` must run it. A failing virtual node is raised as
+    :class:`~exogym.runtime.virtual.VirtualNodeError`, which names the node.
+    """
     cfg = job.config
-    logging.basicConfig(level=cfg.log_level, format=f"[node {rank}] %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(cfg.threads_per_node)
-    torch.manual_seed(cfg.seed + rank)
-    device = cfg.node_device(rank)
+    ranks = block_of(cfg.num_nodes, cfg.workers, worker)
+    label = f"node {ranks[0]}" if len(ranks) == 1 else f"worker {worker}: nodes {ranks[0]}-{ranks[-1]}"
+    logging.basicConfig(level=cfg.log_level, format=f"[{label}] %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads_per_worker)
+    device = cfg.worker_device(worker)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    transport = plan.connect(rank)
-    comm = NodeComm(rank, cfg.num_nodes, transport)
-    set_current(comm)
     # On an exception the transport is deliberately left open: closing it here would make the
-    # peers fail with "connection closed" before this node has reported the real error. The
+    # peers fail with "connection closed" before this worker has reported the real error. The
     # launcher ends the process right after the report.
-    result = TrainNode(job, rank, comm, device).train()
-    set_current(None)
-    transport.close()
+    # One node per worker: the node uses the worker's transport directly. Otherwise every worker
+    # (including one that hosts a single node) goes through a hub, so that all workers make the
+    # same transport calls.
+    direct = cfg.workers == cfg.num_nodes
+    outer = plan.connect(worker) if cfg.workers > 1 or direct else None
+    if direct:
+        torch.manual_seed(cfg.seed + ranks[0])
+        assert outer is not None
+        result = _run_node(ranks[0], job, outer, device)
+    else:
+        hub = VirtualHub(ranks, cfg.num_nodes, cfg.workers, worker, outer, device, cfg.seed)
+        results = hub.run(lambda rank, transport: _run_node(rank, job, transport, device))
+        result = results.get(0)
+    if outer is not None:
+        outer.close()
     return result
+
+
+def _run_node(rank: int, job: NodeJob, transport: Transport, device: torch.device) -> dict[str, Any] | None:
+    comm = NodeComm(rank, job.config.num_nodes, transport)
+    set_current(comm)
+    try:
+        return TrainNode(job, rank, comm, device).train()
+    finally:
+        set_current(None)
+
+
+__all__ = ["VirtualNodeError", "worker_process"]

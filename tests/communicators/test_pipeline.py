@@ -65,16 +65,22 @@ def test_grad_modules_run_before_and_param_modules_after_the_optimizer() -> None
     class Logged(CommunicateOptimizeStrategy):
         def _init_node(self, model, rank, num_nodes):
             super()._init_node(model, rank, num_nodes)
-            step = self.optim.step
-            self.optim.step = lambda *a, **k: (log.append("optim"), step(*a, **k))[1]
+            step, node_log = self.optim.step, self.log
+            self.optim.step = lambda *a, **k: (node_log.append("optim"), step(*a, **k))[1]
 
-    mods = [
-        Recorder("p1", "param", log),
-        Recorder("g1", "grad", log),
-        Pipeline([Recorder("p2", "param", log), Recorder("g2", "grad", log)]),
-    ]
-    train_ranks(1, lambda: Logged(mods, optim_spec=SGD), 1)
-    assert log == ["g1", "g2", "optim", "p1", "p2"]
+    def make() -> Logged:
+        # The node trains its own copy of the strategy: the log travels with it.
+        mods = [
+            Recorder("p1", "param", log),
+            Recorder("g1", "grad", log),
+            Pipeline([Recorder("p2", "param", log), Recorder("g2", "grad", log)]),
+        ]
+        strategy = Logged(mods, optim_spec=SGD)
+        strategy.log = log
+        return strategy
+
+    out = train_ranks(1, make, 1)
+    assert out[0]["strategy"].log == ["g1", "g2", "optim", "p1", "p2"]
 
 
 def test_pipeline_state_and_description() -> None:

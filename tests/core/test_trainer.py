@@ -96,7 +96,16 @@ def test_a_node_error_ends_the_run_with_its_message_and_no_orphans(transport: st
 def test_a_node_killed_while_others_wait_in_a_collective_ends_the_run(transport: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(NodeFailedError, match="node 1 of 3 exited with code 3"):
-        fit(model=ExitOnRank(rank=1), num_nodes=3, max_steps=50, transport=transport)
+        fit(model=ExitOnRank(rank=1), num_nodes=3, workers=3, max_steps=50, transport=transport)
+    assert time.monotonic() - t0 < 30
+    assert child_pids() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_others_wait_names_the_nodes_it_hosted() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(NodeFailedError, match=r"worker 1 of 2 \(hosting nodes 2-3 of 4\) exited with code 3"):
+        fit(model=ExitOnRank(rank=2), num_nodes=4, workers=2, max_steps=50)
     assert time.monotonic() - t0 < 30
     assert child_pids() == []
 
