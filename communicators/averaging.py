@@ -25,7 +25,9 @@ class AveragingCommunicator(Communicator):
 
     With ``client_sampling=f``, only ``max(1, round(f * n))`` nodes of each island (or of the
     world) contribute to a round; the others receive the participants' mean. Charged as an
-    all-reduce among the participants plus a broadcast of the result to the others.
+    all-reduce among the participants plus a broadcast of the result to the others. With
+    ``target="params"`` the others do not train in that round at all (:meth:`idle_steps`): they
+    neither compute nor read data, and their step time is not counted.
 
     Args:
         H: communicate every ``H`` steps.
@@ -66,6 +68,14 @@ class AveragingCommunicator(Communicator):
             members if self.client_sampling is None else draw_participants(members, self.client_sampling, seed, round_)
         )
         return islands, members, participants
+
+    def idle_steps(self, step: int) -> int:
+        """With ``client_sampling`` on parameters, a node not sampled for the round of ``step``
+        sits the rest of the round out and receives the participants' mean at its end."""
+        if self.client_sampling is None or self.target != "params":
+            return 0
+        _, _, participants = self._round_groups(step)
+        return 0 if self.ctx.rank in participants else self.H - step % self.H
 
     def _mean_(
         self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]

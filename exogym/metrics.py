@@ -1,14 +1,16 @@
 """Run metrics: per-step samples on every node, combined across nodes in batches.
 
 Each node appends one :class:`StepSample` per step. Every ``flush_every`` steps (and before a
-validation and at the end) the nodes exchange their pending samples in **one** uncharged
-all-gather, and every node turns them into the same rows; rank 0 logs them. So logging every
-step does not cost a collective per step.
+validation and at the end) the nodes combine their pending samples in two small uncharged
+all-reduces (sums and maxima), whatever the number of nodes; rank 0 turns them into rows and
+logs them. So logging every step does not cost a collective per step.
 
 Row columns (:data:`COLUMNS`; a row fills the ones it has):
 
-* ``step``, ``examples`` (all nodes), ``lr``;
-* ``train_loss``: mean over nodes and over the steps since the previous train row;
+* ``step``, ``examples`` (trained by all nodes so far; nodes that sat a step out, e.g. clients
+  not sampled in a round, add none), ``lr`` (rank 0's);
+* ``train_loss``: mean over the nodes that trained and over the steps since the previous train
+  row (``nan`` when no node trained in that interval);
 * ``val_loss_local`` (each node's own model on its share of the validation set, averaged),
   ``val_loss_global`` (the all-node average model), ``val_accuracy_local`` /
   ``val_accuracy_global`` when the model has a ``logits(inputs)`` method and batches are
@@ -57,28 +59,35 @@ COLUMNS = (
 
 @dataclass
 class StepSample:
-    """What one node measured in one step."""
+    """What one node measured in one step (all zeros but ``lr`` and ``wall`` for a node that sat
+    the step out, e.g. a client not sampled in a round)."""
 
     loss_sum: float
     loss_count: float
-    compute: float
-    comm_wall: float
-    comm_sim: float
+    examples: float
     sent: float
     received: float
-    lr: float
+    compute: float
+    comm_sim: float
+    comm_wall: float
     wall: float
     peak_memory: float
+    lr: float
 
 
-_F = len(StepSample.__dataclass_fields__)
+#: Fields summed over nodes, then fields maxed over nodes (``lr`` stays the node's own).
+_SUMMED = slice(0, 5)
+_MAXED = slice(5, 10)
 
 
 class MetricsBuffer:
-    """Pending samples of one node and the running totals every node keeps identically.
+    """Pending samples of one node and the running totals.
+
+    A flush costs two small uncharged all-reduces (sums and maxima over nodes of the pending
+    steps), whatever the number of nodes; rank 0 turns the result into rows.
 
     Args:
-        comm: the node's collectives (the flush is an uncharged all-gather).
+        comm: the node's collectives.
         network: the model that prices each step's collectives and compute.
         batch_size: examples per node per step.
         log_interval: a train row every this many steps (and at ``max_steps``).
@@ -88,12 +97,14 @@ class MetricsBuffer:
     def __init__(self, comm: NodeComm, network: Network, batch_size: int, log_interval: int, max_steps: int) -> None:
         self.comm, self.network = comm, network
         self.batch_size, self.log_interval, self.max_steps = batch_size, log_interval, max_steps
-        self.pending: list[StepSample] = []
+        self.pending: list[tuple[float, ...]] = []
         self.step = 0  # last step folded into the totals
+        self.examples = 0.0
         self.sent = self.received = 0.0
         self.compute_time = self.sim_comm_time = self.comm_time = self.wall = 0.0
         self.peak_memory = 0.0
-        self._interval = torch.zeros(4, dtype=torch.float64)  # loss_sum, loss_count, sent, steps
+        self._slowdown = network.slowdown(comm.rank)
+        self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
 
     @property
     def sim_time(self) -> float:
@@ -102,42 +113,52 @@ class MetricsBuffer:
 
     def add(self, sample: StepSample) -> None:
         """Record this node's sample of the next step."""
-        self.pending.append(sample)
+        sample.compute *= self._slowdown
+        self.pending.append(astuple(sample))
+
+    def add_idle(self, steps: int, lr: float, wall: float) -> None:
+        """Record ``steps`` steps this node sat out (no compute, no bytes)."""
+        self.pending.extend([(0.0,) * 8 + (wall, 0.0, lr)] * steps)
 
     def flush(self) -> list[dict[str, Any]]:
-        """Exchange the pending samples (collective) and return the train rows they complete."""
+        """Combine the pending samples over nodes (collective) and return the train rows they
+        complete (on rank 0; other ranks return ``[]``)."""
         if not self.pending:
             return []
-        local = torch.tensor([astuple(s) for s in self.pending], dtype=torch.float64)
-        every = self.comm.all_gather(local, charge=False)  # [nodes, steps, fields]
+        local = torch.tensor(self.pending, dtype=torch.float64)
+        lrs = local[:, 10].tolist()
         self.pending = []
-        k = every.shape[0]
+        sums = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False).tolist()
+        maxes = self.comm.all_reduce(local[:, _MAXED].contiguous(), "max", charge=False).tolist()
+        k = self.comm.world_size
         rows = []
-        for i in range(every.shape[1]):
-            s = every[:, i, :]
+        for (loss_sum, count, examples, sent, received), (compute, sim, wall_comm, wall, peak), lr in zip(
+            sums, maxes, lrs, strict=True
+        ):
             self.step += 1
-            self.sent += s[:, 5].sum().item() / k
-            self.received += s[:, 6].sum().item() / k
-            self.compute_time += max(s[r, 2].item() * self.network.slowdown(r) for r in range(k))
-            self.sim_comm_time += s[:, 4].max().item()
-            self.comm_time += s[:, 3].max().item()
-            self.wall = s[:, 8].max().item()
-            self.peak_memory = max(self.peak_memory, s[:, 9].max().item())
-            self._interval += torch.stack(
-                [s[:, 0].sum(), s[:, 1].sum(), s[:, 5].sum() / k, torch.tensor(1.0, dtype=torch.float64)]
-            )
-            if self.step % self.log_interval == 0 or self.step == self.max_steps:
-                loss_sum, count, sent, steps = self._interval.tolist()
-                self._interval.zero_()
+            self.examples += examples
+            self.sent += sent / k
+            self.received += received / k
+            self.compute_time += compute
+            self.sim_comm_time += sim
+            self.comm_time += wall_comm
+            self.wall = max(self.wall, wall)
+            self.peak_memory = max(self.peak_memory, peak)
+            iv = self._interval
+            iv[0] += loss_sum
+            iv[1] += count
+            iv[2] += sent / k
+            iv[3] += 1
+            if self.comm.rank == 0 and (self.step % self.log_interval == 0 or self.step == self.max_steps):
                 rows.append(
                     {
                         "step": self.step,
-                        "examples": self.step * self.batch_size * k,
-                        "train_loss": loss_sum / max(count, 1.0),
-                        "lr": s[0, 7].item(),
+                        "examples": int(self.examples),
+                        "train_loss": iv[0] / iv[1] if iv[1] else float("nan"),
+                        "lr": lr,
                         "bytes_sent": self.sent,
                         "bytes_received": self.received,
-                        "bytes_sent_per_step": sent / steps,
+                        "bytes_sent_per_step": iv[2] / iv[3],
                         "compute_time": self.compute_time,
                         "sim_comm_time": self.sim_comm_time,
                         "sim_time": self.sim_time,
@@ -146,6 +167,8 @@ class MetricsBuffer:
                         "peak_memory": self.peak_memory,
                     }
                 )
+            if self.step % self.log_interval == 0 or self.step == self.max_steps:
+                self._interval = [0.0, 0.0, 0.0, 0]
         return rows
 
     def validation_row(self, local: tuple[float, ...], glob: tuple[float, ...]) -> dict[str, Any]:

@@ -79,6 +79,14 @@ class Communicator:
         """Whether local step ``step`` (0-based, the step being completed) communicates."""
         return (step + 1) % self.H == 0
 
+    def idle_steps(self, step: int) -> int:
+        """How many steps from ``step`` on this node sits out: it neither computes nor reads
+        its data, and only the last of those steps communicates (e.g. a client not sampled for
+        a FedAvg round receives the round's average and nothing else). ``0``: the node trains
+        at ``step`` (the default). Only parameter-space modules may make a node idle; the
+        answer must depend only on shared values (step, rank, seed)."""
+        return 0
+
     def before_optim(self, step: int) -> None:
         """Hook before the optimizer step: runs :meth:`communicate` for gradient-space modules."""
         if self.space == "grad" and self.is_due(step):
@@ -126,6 +134,27 @@ class Pipeline(Communicator):
         super()._init_node(ctx)
         for m in self.modules:
             m._init_node(ctx)
+
+    def leaves(self) -> list[Communicator]:
+        """Every non-pipeline module, nested pipelines flattened, in order."""
+        out: list[Communicator] = []
+        for m in self.modules:
+            out.extend(m.leaves() if isinstance(m, Pipeline) else [m])
+        return out
+
+    def idle_steps(self, step: int) -> int:
+        """The longest span a module declares idle, cut at the first step where another module
+        communicates; ``0`` when a gradient-space module would communicate inside the span
+        (it needs this node's gradients, so the node trains)."""
+        leaves = self.leaves()
+        n = max((m.idle_steps(step) for m in leaves), default=0)
+        for s in range(step, step + n):
+            due = [m for m in leaves if m.is_due(s)]
+            if any(m.space == "grad" for m in due):
+                return 0
+            if due:
+                return s - step + 1
+        return n
 
     def before_optim(self, step: int) -> None:
         for m in self.modules:
@@ -207,6 +236,15 @@ class CommunicateOptimizeStrategy(Strategy):
         self.optim.step()
         self.pipeline.after_optim(step)
         super().step()
+
+    def idle_steps(self, step: int) -> int:
+        return self.pipeline.idle_steps(step)
+
+    def idle_step(self) -> None:
+        """The last step of an idle span: no optimizer step; the parameter-space modules due
+        now communicate (the node receives what its peers send)."""
+        self.pipeline.after_optim(self.local_step)
+        self.skip_steps(1)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pipeline": self.pipeline.state_dict()}

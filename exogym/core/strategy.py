@@ -17,11 +17,12 @@ Every rank runs the same code; there is no master rank.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from exogym.core.comm.comm import Comm
 from exogym.core.optim import OptimSpec
@@ -129,6 +130,37 @@ class Strategy(ABC):
         if self.scheduler is not None:
             self.scheduler.step()
         self.local_step += 1
+
+    # -- sitting steps out (client sampling) ----------------------------------------------------
+    def idle_steps(self, step: int) -> int:
+        """How many steps from ``step`` on this node sits out (see
+        :meth:`exogym.core.pipeline.Communicator.idle_steps`); ``0``: it trains. The base
+        strategy always trains."""
+        return 0
+
+    def skip_steps(self, n: int) -> None:
+        """Advance the step counter and the LR schedule by ``n`` steps without computing or
+        communicating."""
+        if n <= 0:
+            return
+        self.local_step += n
+        sched = self.scheduler
+        if sched is None:
+            return
+        with warnings.catch_warnings():
+            # "lr_scheduler.step() before optimizer.step()": a node that has not trained yet.
+            warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*", category=UserWarning)
+            if type(sched) is LambdaLR:  # closed form: jump straight to the step
+                sched.last_epoch += n - 1
+                sched.step()
+            else:
+                for _ in range(n):
+                    sched.step()
+
+    def idle_step(self) -> None:
+        """The last step of an idle span, where the node takes part in the collectives due
+        then. Strategies that make nodes idle implement it."""
+        raise NotImplementedError(f"{type(self).__name__} declares idle steps but does not implement idle_step()")
 
     @property
     def lr(self) -> float:

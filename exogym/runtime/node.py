@@ -118,39 +118,37 @@ class TrainNode:
         metrics = MetricsBuffer(self.comm, cfg.network, cfg.batch_size, cfg.log_interval, self.max_steps)
         flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
         start = time.perf_counter()
-        for step in range(self.max_steps):
+        step = 0
+        while step < self.max_steps:
             t0 = time.perf_counter()
             transport0 = self.comm.transport_seconds
-            loss_sum = self._train_step(next(batches))
-            t1 = time.perf_counter()
-            records = self.comm.ledger.end_step()
-            comm_wall = self.comm.transport_seconds - transport0
-            metrics.add(
-                StepSample(
-                    loss_sum,
-                    float(cfg.accumulation),
-                    t1 - t0 - comm_wall,
-                    comm_wall,
-                    cfg.network.records_time(records),
-                    sum(r.sent for r in records),
-                    sum(r.received for r in records),
-                    self.strategy.lr,
-                    t1 - start,
-                    float(_peak_memory(self.device)),
+            idle = min(self.strategy.idle_steps(step), self.max_steps - step)
+            if idle:
+                # Sit the steps out (no data, no compute); stop at the loop's own collectives.
+                n = min(idle, self._next_sync(step, flush_every) - step)
+                quiet = n if n < idle else n - 1
+                self.strategy.skip_steps(quiet)
+                metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
+                if n == idle:
+                    self.strategy.idle_step()
+                    self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start)
+                done = step + n
+            else:
+                loss_sum = self._train_step(next(batches))
+                self._add_sample(
+                    metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start
                 )
-            )
-            done = step + 1
-            validate = self.val_loader is not None and (
-                done == self.max_steps or (cfg.val_interval and done % cfg.val_interval == 0)
-            )
+                done = step + 1
+                if done % cfg.log_interval == 0:
+                    bar.set_postfix(loss=f"{loss_sum / cfg.accumulation:.4f}")
+            validate = self._validates(done)
             if done % flush_every == 0 or done == self.max_steps or validate:
                 for row in metrics.flush():
                     self._emit(row)
             if validate:
                 self._emit(self._validate(metrics))
-            if done % cfg.log_interval == 0:
-                bar.set_postfix(loss=f"{loss_sum / cfg.accumulation:.4f}")
-            bar.update(1)
+            bar.update(done - step)
+            step = done
         bar.close()
         state = self._averaged_state()
         if self.logger is not None:
@@ -163,6 +161,52 @@ class TrainNode:
             "max_steps": self.max_steps,
             "peak_memory": metrics.peak_memory,
         }
+
+    def _validates(self, done: int) -> bool:
+        """Whether the loop validates after ``done`` steps (the same on every node)."""
+        cfg = self.cfg
+        return self.val_loader is not None and (
+            done == self.max_steps or bool(cfg.val_interval and done % cfg.val_interval == 0)
+        )
+
+    def _next_sync(self, step: int, flush_every: int) -> int:
+        """The first ``done > step`` after which the loop itself communicates (metrics flush,
+        validation, the end): an idle span must not run past it."""
+        cfg = self.cfg
+        points = [self.max_steps, (step // flush_every + 1) * flush_every]
+        if self.val_loader is not None and cfg.val_interval:
+            points.append((step // cfg.val_interval + 1) * cfg.val_interval)
+        return min(points)
+
+    def _add_sample(
+        self,
+        metrics: MetricsBuffer,
+        loss_sum: float,
+        count: float,
+        examples: float,
+        t0: float,
+        transport0: float,
+        start: float,
+    ) -> None:
+        """Close the step begun at ``t0``: its ledger records and timings become a sample."""
+        t1 = time.perf_counter()
+        records = self.comm.ledger.end_step()
+        comm_wall = self.comm.transport_seconds - transport0
+        metrics.add(
+            StepSample(
+                loss_sum,
+                count,
+                examples,
+                sum(r.sent for r in records),
+                sum(r.received for r in records),
+                t1 - t0 - comm_wall if count else 0.0,
+                self.cfg.network.records_time(records),
+                comm_wall,
+                t1 - start,
+                float(_peak_memory(self.device)),
+                self.strategy.lr,
+            )
+        )
 
     def _train_step(self, batch: Any) -> float:
         """Forward/backward over the minibatches, then ``strategy.step()``; the summed loss."""
@@ -227,9 +271,15 @@ class TrainNode:
             bucket.buffer.unpack(bucket.tensors)
         return self._avg_model
 
+    @torch.no_grad()
     def _averaged_state(self) -> dict[str, torch.Tensor]:
-        """The all-node average of the final state, on CPU. Collective."""
-        return {k: v.detach().cpu().clone() for k, v in self._average_model().state_dict().items()}
+        """The all-node average of the final state (floating-point entries; others are this
+        node's), on CPU. Collective."""
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        for bucket in dtype_buckets([t for t in state.values() if t.is_floating_point()]):
+            self.comm.all_reduce(bucket.buffer.pack(bucket.tensors), op="mean", charge=False)
+            bucket.buffer.unpack(bucket.tensors)
+        return {k: v.cpu() for k, v in state.items()}
 
     def _emit(self, row: dict[str, Any]) -> None:
         self.history.append(row)
