@@ -83,30 +83,13 @@ def run_ranks(k: int, fn: Callable[[int, NodeComm], Any]) -> list[Any]:
     return results
 
 
-def train_ranks(
-    k: int,
-    make_strategy: Callable[[], Any],
-    steps: int,
-    make_model: Callable[[], torch.nn.Module] | None = None,
-    dataset: Any = None,
-    batch_size: int = 8,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
-    each rank on its DistributedSampler shard of ``dataset``.
-
-    Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy"}``.
-    """
+def _config(k: int, steps: int, batch_size: int, seed: int, workers: int) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
-    from exogym.runtime.node import NodeJob, TrainNode
-    from tests.helpers import TinyNet, regression_data
 
-    base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
-    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    cfg = FitConfig(
+    return FitConfig(
         num_nodes=k,
-        workers=k,
+        workers=workers,
         max_steps=steps,
         num_epochs=1,
         batch_size=batch_size,
@@ -127,7 +110,15 @@ def train_ranks(
         network=resolve_network(None),
     )
 
+
+def _node_body(base: Any, make_strategy: Callable[[], Any], ds: Any, cfg: Any) -> Callable[[int, Any], Any]:
+    """``body(rank, comm)``: train the real node loop, return params, per-step records, node."""
+    from exogym.runtime.node import NodeJob, TrainNode
+
     def body(rank: int, comm: NodeComm) -> dict[str, Any]:
+        from exogym.core.comm.comm import set_current
+
+        set_current(comm)  # for strategies that call exogym.strategy.communicate inline
         job = NodeJob(base, make_strategy(), ds, None, cfg, "threads")
         node = TrainNode(job, rank, comm, torch.device("cpu"))
         records: list[Any] = []
@@ -140,6 +131,50 @@ def train_ranks(
         comm.ledger.end_step = record_step  # type: ignore[method-assign]
         node.train()
         params = [p.detach().clone() for p in node.model.parameters()]
-        return {"params": params, "records": records, "strategy": node.strategy}
+        return {"params": params, "records": records, "strategy": node.strategy, "node": node}
 
-    return run_ranks(k, body)
+    return body
+
+
+def train_ranks(
+    k: int,
+    make_strategy: Callable[[], Any],
+    steps: int,
+    make_model: Callable[[], torch.nn.Module] | None = None,
+    dataset: Any = None,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
+    each rank on its DistributedSampler shard of ``dataset``.
+
+    Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
+    "node"}``.
+    """
+    from tests.helpers import TinyNet, regression_data
+
+    base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
+    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
+    return run_ranks(k, _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, k)))
+
+
+def train_virtual(
+    k: int,
+    make_strategy: Callable[[], Any],
+    steps: int,
+    make_model: Callable[[], torch.nn.Module] | None = None,
+    dataset: Any = None,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """The same as :func:`train_ranks`, but the ``k`` nodes are virtual nodes of one worker (this
+    process), taking turns through :class:`exogym.runtime.virtual.VirtualHub`."""
+    from exogym.runtime.virtual import VirtualHub
+    from tests.helpers import TinyNet, regression_data
+
+    base = (make_model or TinyNet)()
+    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
+    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, 1))
+    hub = VirtualHub(range(k), k, 1, 0, None, torch.device("cpu"), seed)
+    out = hub.run(lambda rank, transport: body(rank, NodeComm(rank, k, transport)))
+    return [out[r] for r in range(k)]

@@ -79,6 +79,8 @@ class TrainNode:
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
         self.history: list[dict[str, Any]] = []
+        #: Training batches this node has taken from its data (nodes that sit steps out take none).
+        self.batches_drawn = 0
         self._avg_model: torch.nn.Module | None = None
 
     def _agree_on_steps_per_epoch(self, n: int, shared: bool) -> int:
@@ -135,6 +137,7 @@ class TrainNode:
                 done = step + n
             else:
                 loss_sum = self._train_step(next(batches))
+                self.batches_drawn += 1
                 self._add_sample(
                     metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start
                 )

@@ -157,6 +157,12 @@ class VirtualHub:
                 self._wait_turn(i)
                 results[rank] = fn(rank, self.transports[i])
                 self._finished[i] = True
+                waiting = [j for j, c in enumerate(self._calls) if c is not None and not c.done]
+                if waiting:
+                    what = self._calls[waiting[0]].describe()  # type: ignore[union-attr]
+                    raise CollectiveMismatchError(
+                        f"node {rank} finished the run while node(s) {[self.ranks[j] for j in waiting]} wait in {what}"
+                    )
                 self._rng[i] = self._get_rng()
                 if i + 1 < self.n:
                     self._turn[i + 1].set()
@@ -189,6 +195,12 @@ class VirtualHub:
         """Node ``i`` arrives at a collective: park until every hosted node has arrived and the
         last one has combined them. Collective: every hosted node must call it."""
         self._calls[i] = call
+        ended = [self.ranks[j] for j in range(self.n) if self._finished[j]]
+        if ended:
+            raise CollectiveMismatchError(
+                f"node {self.ranks[i]} called {call.describe()}, "
+                f"but node(s) {ended} finished the run without calling it"
+            )
         if i + 1 < self.n:
             self._hand_over(i, i + 1)
         else:

@@ -1,0 +1,284 @@
+"""Virtual nodes: K nodes hosted by W < K worker processes behave as K processes do."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from communicators.islands import draw_islands, draw_participants
+from exogym import Trainer
+from exogym.runtime.launch import NodeFailedError
+from exogym.runtime.virtual import VirtualHub, VirtualNodeError, block_of, worker_of
+from exogym.strategy import (
+    DeMoStrategy,
+    DiLoCoStrategy,
+    FedAvgStrategy,
+    SimpleReduceStrategy,
+    SPARTAStrategy,
+)
+from exogym.strategy.communicate import all_reduce
+from tests.fake_world import train_virtual
+from tests.helpers import FailOnRank, TinyNet, child_pids, regression_data
+
+SGD = "sgd"
+
+
+class DropoutNet(TinyNet):
+    """TinyNet with dropout: each node's own random stream decides its masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.fc2(self.drop(torch.tanh(self.fc1(x)))), y)
+
+
+class InlineMeanStrategy(SimpleReduceStrategy):
+    """A user strategy that calls ``all_reduce`` inline on every gradient (as in the seeds)."""
+
+    def step(self) -> None:
+        for p in self.model.parameters():
+            all_reduce(p.grad)
+            p.grad /= self.num_nodes
+        self.optim.step()
+        self.scheduler is not None and self.scheduler.step()
+        self.local_step += 1
+
+
+STRATEGIES = {
+    "ddp": lambda: SimpleReduceStrategy(optim_spec=SGD, lr=0.05),
+    "fedavg_islands_sampling": lambda: FedAvgStrategy(H=2, island_size=3, client_sampling=0.5, optim_spec=SGD, lr=0.05),
+    "diloco": lambda: DiLoCoStrategy(H=2),
+    "sparta": lambda: SPARTAStrategy(p_sparta=0.3),
+    "demo": lambda: DeMoStrategy(),
+    "custom_inline_all_reduce": lambda: InlineMeanStrategy(optim_spec=SGD, lr=0.05),
+}
+
+
+def _final(strategy, workers: int, model: nn.Module) -> torch.Tensor:
+    out = Trainer(model, regression_data(n=8 * 16 * 8)).fit(
+        strategy,
+        num_nodes=8,
+        workers=workers,
+        max_steps=8,
+        batch_size=16,
+        seed=3,
+        logger=False,
+        progress=False,
+        val_size=0,
+    )
+    return torch.cat([p.detach().flatten() for p in out.parameters()])
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_eight_virtual_nodes_on_1_2_4_workers_end_as_eight_processes(name: str) -> None:
+    # Dropout in the model checks that every node keeps its own random stream.
+    model = DropoutNet()
+    reference = _final(STRATEGIES[name](), 8, model)
+    for workers in (1, 2, 4):
+        got = _final(STRATEGIES[name](), workers, model)
+        # Only the order of float additions differs (local sums, then across workers).
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6, msg=f"{name}, workers={workers}")
+    assert child_pids() == []
+
+
+class Recording(FedAvgStrategy):
+    """FedAvg that records, per step, whether the node trained and its parameters around the
+    round's average."""
+
+    def _init_node(self, model, rank, num_nodes):
+        super()._init_node(model, rank, num_nodes)
+        self.trained_steps: list[int] = []
+        self.before_average: dict[int, torch.Tensor] = {}
+        self.after_round: dict[int, torch.Tensor] = {}
+
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in self.model.parameters()]).clone()
+
+    def step(self) -> None:
+        self.trained_steps.append(self.local_step)
+        step = self.local_step
+        super().step()
+        if (step + 1) % self.averaging.H == 0:
+            self.after_round[step // self.averaging.H] = self._flat()
+
+    def idle_step(self) -> None:
+        step = self.local_step
+        self.before_average[step // self.averaging.H] = self._flat()
+        super().idle_step()
+        self.after_round[step // self.averaging.H] = self._flat()
+
+
+def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters_until_the_average() -> None:
+    k, h, rounds, frac, seed = 6, 3, 4, 0.34, 5
+    out = train_virtual(
+        k,
+        lambda: Recording(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
+        h * rounds,
+        seed=seed,
+        dataset=regression_data(n=k * 8 * h * rounds),
+    )
+    sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
+    assert all(len(s) == 2 for s in sampled)
+    for rank in range(k):
+        st = out[rank]["strategy"]
+        expected = [r * h + i for r in range(rounds) if rank in sampled[r] for i in range(h)]
+        assert st.trained_steps == expected
+        # Data position: the sampler handed out exactly one batch per trained step.
+        assert out[rank]["node"].batches_drawn == len(expected)
+        for r in range(rounds):
+            if rank in sampled[r]:
+                continue
+            if r > 0:  # idle all round: the parameters are those the previous round left
+                torch.testing.assert_close(st.before_average[r], st.after_round[r - 1], rtol=0, atol=0)
+            # ... until the round's average arrives, the same a participant holds
+            participant = out[sampled[r][0]]["strategy"]
+            torch.testing.assert_close(st.after_round[r], participant.after_round[r], rtol=0, atol=0)
+
+
+def _round_bytes_formula(k: int, island: int, frac: float, seed: int, rnd: int, payload: int) -> dict[int, tuple]:
+    """(sent, received) per node for one FedAvg round, from the ledger's formulas: a ring
+    all-reduce among the m participants (2(m-1)/m * b each way) and a broadcast from the first
+    participant to the island's n - m others (b sent by the root, b received by each other)."""
+    out = {}
+    for members in draw_islands(k, island, seed, rnd):
+        parts = draw_participants(members, frac, seed, rnd)
+        m, n = len(parts), len(members)
+        for r in members:
+            sent = received = 0.0
+            if r in parts and m > 1:
+                sent += 2 * (m - 1) / m * payload
+                received += 2 * (m - 1) / m * payload
+            if n > m:
+                if r == parts[0]:
+                    sent += payload
+                elif r not in parts:
+                    received += payload
+            out[r] = (sent, received)
+    return out
+
+
+def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampling_at_k100() -> None:
+    k, island, frac, seed, rounds = 100, 10, 0.3, 2, 2
+    out = train_virtual(
+        k,
+        lambda: FedAvgStrategy(H=1, island_size=island, client_sampling=frac, optim_spec=SGD, lr=0.1),
+        rounds,
+        seed=seed,
+        batch_size=2,
+    )
+    payload = 4 * sum(p.numel() for p in TinyNet().parameters())
+    for rnd in range(rounds):
+        expected = _round_bytes_formula(k, island, frac, seed, rnd, payload)
+        for rank in range(k):
+            records = out[rank]["records"][rnd]
+            got = (sum(r.sent for r in records), sum(r.received for r in records))
+            assert got == pytest.approx(expected[rank]), f"round {rnd}, node {rank}"
+
+
+def test_virtual_nodes_calling_different_collectives_raise_naming_both() -> None:
+    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank == 0:
+            transport.all_reduce(torch.ones(10), "sum")
+        else:
+            transport.all_gather(torch.ones(20))
+
+    with pytest.raises(VirtualNodeError, match=r"node 0 called all_reduce\(10 .*node 1 called all_gather\(20") as info:
+        hub.run(body)
+    assert info.value.node_rank == 1 and info.value.error_type == "CollectiveMismatchError"
+
+
+def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> None:
+    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank != 1:
+            transport.barrier()
+
+    with pytest.raises(
+        VirtualNodeError, match=r"node 1 finished the run while node\(s\) \[0\] wait in barrier"
+    ) as info:
+        hub.run(body)
+    assert info.value.error_type == "CollectiveMismatchError"
+
+
+def test_the_last_virtual_node_finishing_while_others_wait_fails_instead_of_hanging() -> None:
+    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank != 2:
+            transport.barrier()
+
+    with pytest.raises(VirtualNodeError, match=r"node 2 finished the run while node\(s\) \[0, 1\] wait in barrier"):
+        hub.run(body)
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(60)
+def test_a_failing_virtual_node_is_named_and_ends_the_run() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(
+        NodeFailedError, match=r"node 3 of 4 \(worker 1 of 2\) failed: ValueError: boom on rank 3"
+    ) as info:
+        Trainer(FailOnRank(fail_rank=3, fail_call=2), regression_data()).fit(
+            SimpleReduceStrategy(), num_nodes=4, workers=2, max_steps=20, batch_size=8, logger=False, progress=False
+        )
+    assert info.value.rank == 3 and info.value.error_type == "ValueError"
+    assert "in forward" in str(info.value)
+    assert time.monotonic() - t0 < 30
+    assert child_pids() == []
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_sixty_four_virtual_nodes_train_validate_and_log_on_two_workers() -> None:
+    trainer = Trainer(TinyNet(), regression_data(n=64 * 4 * 3), regression_data(n=128, seed=1))
+    trainer.fit(
+        FedAvgStrategy(H=2, island_size=8, client_sampling=0.25),
+        num_nodes=64,
+        workers=2,
+        max_steps=3,
+        batch_size=4,
+        val_interval=2,
+        log_interval=1,
+        logger=False,
+        progress=False,
+    )
+    assert trainer.result["config"].workers == 2
+    train_rows = [r for r in trainer.history if "train_loss" in r]
+    val_rows = [r for r in trainer.history if "val_loss_global" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3]
+    assert [r["step"] for r in val_rows] == [2, 3]
+    # 2 of every island's 8 train in a round: 16 nodes x 4 examples per step.
+    assert [r["examples"] for r in train_rows] == [64, 128, 192]
+    assert child_pids() == []
+
+
+def test_workers_default_to_the_cores_and_may_not_exceed_the_nodes() -> None:
+    from exogym.trainer import _resolve_workers, usable_cpus
+
+    assert _resolve_workers(None, 1000, "cpu", None) == usable_cpus()
+    assert _resolve_workers(None, 1, "cpu", None) == 1
+    assert _resolve_workers(3, 8, "cpu", None) == 3
+    with pytest.raises(ValueError, match="workers=9 is more than num_nodes=8"):
+        _resolve_workers(9, 8, "cpu", None)
+    with pytest.raises((TypeError, ValueError), match="workers"):
+        _resolve_workers(0, 8, "cpu", None)
+
+
+@pytest.mark.parametrize("k,w", [(8, 1), (8, 3), (7, 7), (1000, 2), (10, 4)])
+def test_blocks_cover_every_rank_once_and_worker_of_inverts_them(k: int, w: int) -> None:
+    ranks = [r for i in range(w) for r in block_of(k, w, i)]
+    assert ranks == list(range(k))
+    sizes = [len(block_of(k, w, i)) for i in range(w)]
+    assert max(sizes) - min(sizes) <= 1
+    assert all(worker_of(r, k, w) == i for i in range(w) for r in block_of(k, w, i))
