@@ -1,0 +1,206 @@
+"""Virtual nodes at scale: federated rounds with client sampling, start-up and memory per node.
+
+The work is the one Flower's simulation engine was measured on (see the issue and
+``benchmarks/README.md``): the bundled digits, the MLP 64-256-256-10, FedAvg with plain SGD, 10
+local steps of batch 8 per sampled client per round. Each client owns 80 examples drawn from
+the digits with its own seed (1,000 clients cannot each hold a disjoint batch of the 1,437
+digits). ExoGym runs in a fresh Python process timed from its start (torch import included) to
+the end of ``fit``; the in-process loop trains the same sampled clients of every round in one
+process and averages their parameters in memory.
+
+    python benchmarks/virtual_nodes.py fedavg --clients 1000 --sampling 0.01 --rounds 20
+    python benchmarks/virtual_nodes.py scaling --clients 16,64,256,1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+logger = logging.getLogger("benchmarks.virtual_nodes")
+H, BATCH, PER_CLIENT = 10, 8, 80
+
+
+@functools.cache
+def _digits():
+    from exogym.tasks import digits_datasets
+
+    return digits_datasets()[0]
+
+
+def client_data(rank: int, num_nodes: int, train: bool):
+    """Client ``rank``'s 80 digits (drawn with its own seed), a ``dataset_factory``."""
+    import torch
+    from torch.utils.data import Subset
+
+    data = _digits()
+    g = torch.Generator().manual_seed(rank)
+    return Subset(data, torch.randint(0, len(data), (PER_CLIENT,), generator=g).tolist())
+
+
+def _exogym(clients: int, sampling: float, rounds: int, workers: int | None) -> dict:
+    from exogym import Trainer
+    from exogym.strategy import FedAvgStrategy
+    from exogym.tasks import MLPClassifier
+
+    trainer = Trainer(MLPClassifier(), client_data)
+    t0 = time.perf_counter()
+    trainer.fit(
+        FedAvgStrategy(H=H, client_sampling=sampling, optim_spec="sgd", lr=0.05),
+        num_nodes=clients,
+        workers=workers,
+        max_steps=H * rounds,
+        batch_size=BATCH,
+        log_interval=H,
+        progress=False,
+        logger=False,
+        device="cpu",
+    )
+    end = time.perf_counter()
+    walls = [r["wall_time"] for r in trainer.history if "train_loss" in r]
+    return {
+        "fit_s": end - t0,
+        # wall_time is measured from the start of training: the first row ends round 1.
+        "startup_s": (end - t0) - walls[-1],
+        "first_round_s": walls[0],
+        "later_round_s": (walls[-1] - walls[0]) / max(1, rounds - 1),
+        "examples": trainer.history[-1]["examples"] if trainer.history else 0,
+        "peak_rss_worker_mb": trainer.result["peak_memory"] / 2**20,
+        "workers": trainer.result["config"].workers,
+    }
+
+
+def _inprocess(clients: int, sampling: float, rounds: int) -> dict:
+    """The same sampled work in one process: per round, the sampled clients (drawn as ExoGym
+    draws them) train H steps from the global model on their own data; the global model becomes
+    their mean."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from communicators.islands import draw_participants
+    from exogym.tasks import MLPClassifier
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    t0 = time.perf_counter()
+    glob = MLPClassifier()
+    model = MLPClassifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    examples = 0
+    for rnd in range(rounds):
+        acc = [torch.zeros_like(p) for p in glob.parameters()]
+        sampled = draw_participants(list(range(clients)), sampling, 42, rnd)
+        for c in sampled:
+            model.load_state_dict(glob.state_dict())
+            it = iter(DataLoader(client_data(c, clients, True), batch_size=BATCH, shuffle=True))
+            for _ in range(H):
+                opt.zero_grad()
+                model(next(it)).backward()
+                opt.step()
+                examples += BATCH
+            for a, p in zip(acc, model.parameters(), strict=True):
+                a += p.detach()
+        with torch.no_grad():
+            for g, a in zip(glob.parameters(), acc, strict=True):
+                g.copy_(a / len(sampled))
+    return {"fit_s": time.perf_counter() - t0, "examples": examples}
+
+
+def _run_child(args: list[str]) -> dict:
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True, check=False
+    )
+    if out.returncode:
+        raise RuntimeError(f"benchmark child failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", choices=["fedavg", "scaling"], help="what to measure")
+    parser.add_argument("--clients", default="1000", help="number of clients (comma-separated for 'scaling')")
+    parser.add_argument("--sampling", type=float, default=0.01, help="fraction of clients sampled per round")
+    parser.add_argument("--rounds", type=int, default=20, help="FedAvg rounds (H=10 local steps each)")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: fit's)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--side", default="exogym", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        clients = int(args.clients)
+        if args.side == "inprocess":
+            out = _inprocess(clients, args.sampling, args.rounds)
+        else:
+            out = _exogym(clients, args.sampling, args.rounds, args.workers)
+        sys.stdout.write(json.dumps(out) + "\n")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    common = ["--sampling", str(args.sampling), "--rounds", str(args.rounds)]
+    if args.workers:
+        common += ["--workers", str(args.workers)]
+    if args.scenario == "fedavg":
+        k = args.clients
+        ex = _run_child(["fedavg", "--clients", k, *common])
+        base = _run_child(["fedavg", "--clients", k, "--side", "inprocess", *common])
+        logger.info(
+            "FedAvg, %s clients, sampling %s, %d rounds of H=%d, batch %d, 2-core CPU",
+            k,
+            args.sampling,
+            args.rounds,
+            H,
+            BATCH,
+        )
+        logger.info(
+            "%-12s %9s %9s %11s %13s %13s %9s",
+            "run",
+            "total s",
+            "x loop",
+            "start-up s",
+            "round 1 s",
+            "later round s",
+            "RSS/w MB",
+        )
+        logger.info("%-12s %9.2f %9s %11s %13s %13s %9s", "in-process", base["total_s"], "1.00", "-", "-", "-", "-")
+        logger.info(
+            "%-12s %9.2f %9.2f %11.2f %13.3f %13.3f %9.0f",
+            f"exogym W={ex['workers']}",
+            ex["total_s"],
+            ex["total_s"] / base["total_s"],
+            ex["startup_s"],
+            ex["first_round_s"],
+            ex["later_round_s"],
+            ex["peak_rss_worker_mb"],
+        )
+        assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])
+        return
+    logger.info("Start-up and memory per virtual node (FedAvg, sampling %s, %d rounds)", args.sampling, args.rounds)
+    logger.info(
+        "%-8s %8s %10s %11s %13s %16s", "clients", "workers", "total s", "start-up s", "RSS/worker MB", "MB per node"
+    )
+    first = None
+    for k in args.clients.split(","):
+        ex = _run_child(["fedavg", "--clients", k, *common])
+        per_worker = int(k) / ex["workers"]
+        if first is None:
+            first = (per_worker, ex["peak_rss_worker_mb"])
+        per_node = (
+            (ex["peak_rss_worker_mb"] - first[1]) / (per_worker - first[0]) if per_worker > first[0] else float("nan")
+        )
+        logger.info(
+            "%-8s %8d %10.2f %11.2f %13.0f %16.2f",
+            k,
+            ex["workers"],
+            ex["total_s"],
+            ex["startup_s"],
+            ex["peak_rss_worker_mb"],
+            per_node,
+        )
+
+
+if __name__ == "__main__":
+    main()
