@@ -144,37 +144,25 @@ def train_ranks(
     dataset: Any = None,
     batch_size: int = 8,
     seed: int = 0,
+    virtual: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
-    each rank on its DistributedSampler shard of ``dataset``.
+    each rank on its DistributedSampler shard of ``dataset``. With ``virtual``, the ``k`` nodes
+    are virtual nodes of one worker (this process) that take turns through
+    :class:`exogym.runtime.virtual.VirtualHub`; otherwise they run concurrently over
+    :class:`ThreadTransport`.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
     """
+    from exogym.runtime.virtual import VirtualHub
     from tests.helpers import TinyNet, regression_data
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    return run_ranks(k, _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, k)))
-
-
-def train_virtual(
-    k: int,
-    make_strategy: Callable[[], Any],
-    steps: int,
-    make_model: Callable[[], torch.nn.Module] | None = None,
-    dataset: Any = None,
-    batch_size: int = 8,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """The same as :func:`train_ranks`, but the ``k`` nodes are virtual nodes of one worker (this
-    process), taking turns through :class:`exogym.runtime.virtual.VirtualHub`."""
-    from exogym.runtime.virtual import VirtualHub
-    from tests.helpers import TinyNet, regression_data
-
-    base = (make_model or TinyNet)()
-    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, 1))
+    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, 1 if virtual else k))
+    if not virtual:
+        return run_ranks(k, body)
     hub = VirtualHub(range(k), k, 1, 0, None, torch.device("cpu"), seed)
     out = hub.run(lambda rank, transport: body(rank, NodeComm(rank, k, transport)))
     return [out[r] for r in range(k)]

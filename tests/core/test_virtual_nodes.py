@@ -20,7 +20,7 @@ from exogym.strategy import (
     SPARTAStrategy,
 )
 from exogym.strategy.communicate import all_reduce
-from tests.fake_world import train_virtual
+from tests.fake_world import train_ranks
 from tests.helpers import FailOnRank, TinyNet, child_pids, regression_data
 
 SGD = "sgd"
@@ -118,12 +118,13 @@ class Recording(FedAvgStrategy):
 
 def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters_until_the_average() -> None:
     k, h, rounds, frac, seed = 6, 3, 4, 0.34, 5
-    out = train_virtual(
+    out = train_ranks(
         k,
         lambda: Recording(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
         h * rounds,
         seed=seed,
         dataset=regression_data(n=k * 8 * h * rounds),
+        virtual=True,
     )
     sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
     assert all(len(s) == 2 for s in sampled)
@@ -167,12 +168,13 @@ def _round_bytes_formula(k: int, island: int, frac: float, seed: int, rnd: int, 
 
 def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampling_at_k100() -> None:
     k, island, frac, seed, rounds = 100, 10, 0.3, 2, 2
-    out = train_virtual(
+    out = train_ranks(
         k,
         lambda: FedAvgStrategy(H=1, island_size=island, client_sampling=frac, optim_spec=SGD, lr=0.1),
         rounds,
         seed=seed,
         batch_size=2,
+        virtual=True,
     )
     payload = 4 * sum(p.numel() for p in TinyNet().parameters())
     for rnd in range(rounds):
