@@ -30,7 +30,8 @@ class FitConfig:
         transport: the resolved transport: ``shm``, ``gloo`` or ``nccl`` (see
             :class:`exogym.core.comm.plan.TransportPlan`; every node also joins a gloo or nccl
             process group, which raw ``torch.distributed`` calls in user code use).
-        collective_timeout: seconds a node waits in one collective before it raises.
+        collective_timeout: seconds a worker waits in one collective before it raises (the
+            argument times the nodes per worker).
         val_size: validation examples per evaluation (split across nodes).
         val_interval: evaluate every this many steps (and after the last step).
         autocast: dtype for ``torch.autocast``, or ``None``.

@@ -110,7 +110,9 @@ class Trainer:
                 speed does.
             collective_timeout: seconds a node waits in one collective (for a peer that is stuck,
                 dead, or calling another collective) before the run fails with an error naming
-                the operation and the ranks.
+                the operation and the ranks. Workers hosting several nodes wait this long per
+                hosted node (``collective_timeout * ceil(K / W)``), since a peer runs all its
+                nodes in turn.
             shm_slot_mb: MiB per worker of the shared-memory transport's buffer; larger
                 payloads are streamed through it in pieces.
             workers: W, the number of worker processes that host the K nodes (``K / W`` virtual
@@ -152,7 +154,14 @@ class Trainer:
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         plan = TransportPlan.create(
-            transport, dev, n_workers, state_bytes, ndev, timeout_s=collective_timeout, slot_mb=shm_slot_mb
+            transport,
+            dev,
+            n_workers,
+            state_bytes,
+            ndev,
+            # A worker waits for its peers while each of them runs all its nodes in turn.
+            timeout_s=collective_timeout * -(-num_nodes // n_workers),
+            slot_mb=shm_slot_mb,
         )
         cfg = FitConfig(
             num_nodes=num_nodes,
