@@ -69,8 +69,8 @@ def check_main_guard() -> None:
     """Fail fast when a node re-imports a script that lacks ``if __name__ == "__main__":``."""
     if _IMPORTING_MAIN or getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
-            "ExoGym starts one process per node, which re-imports your script in every node. Guard the "
-            'code that calls Trainer.fit with `if __name__ == "__main__":` so that the nodes do not run it again.'
+            "ExoGym starts worker processes for the nodes, and each re-imports your script. Guard the "
+            'code that calls Trainer.fit with `if __name__ == "__main__":` so that the workers do not run it again.'
         )
 
 

@@ -15,7 +15,7 @@ random draws match those of a run with one process per node.
 
 Why threads and not greenlets or one swapped module per worker: see the README's "Virtual nodes"
 section (threads keep torch's per-thread state, e.g. grad mode and autocast, separate per node;
-the measured hand-over costs about 10 µs).
+a hand-over costs about 20-70 µs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Trainer behaviour: argument errors before spawning, failures, repeated fits, data options."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -213,5 +214,8 @@ def test_script_without_main_guard_gets_a_fix_it_message(tmp_path) -> None:
     )
     assert proc.returncode != 0
     # the node's own exception, in the NodeFailedError the parent raises
-    assert "NodeFailedError: node 0 of 2 failed: RuntimeError: ExoGym starts one process per node" in proc.stderr
+    # Both nodes fail the same way; whichever reports first is named.
+    assert re.search(
+        r"NodeFailedError: node [01] of 2 failed: RuntimeError: ExoGym starts worker processes", proc.stderr
+    )
     assert 'if __name__ == "__main__":' in proc.stderr
