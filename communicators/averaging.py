@@ -56,12 +56,20 @@ class AveragingCommunicator(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self._drawn: tuple[int, tuple] | None = None
         self.buckets = dtype_buckets(self.params)
 
     def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
-        """(islands or None, this rank's island, its participants) for the round ending at ``step``."""
-        k, rank, seed = self.ctx.num_nodes, self.ctx.rank, self.ctx.seed
+        """(islands or None, this rank's island, its participants) for the round of ``step``.
+
+        Drawn once per round (the node loop asks at every step, the round's end again)."""
         round_ = step // self.H
+        if self._drawn is None or self._drawn[0] != round_:
+            self._drawn = (round_, self._draw_groups(round_))
+        return self._drawn[1]
+
+    def _draw_groups(self, round_: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
+        k, rank, seed = self.ctx.num_nodes, self.ctx.rank, self.ctx.seed
         islands = draw_islands(k, self.island_size, seed, round_) if self.island_size else None
         members = next(g for g in islands if rank in g) if islands else list(range(k))
         participants = (

@@ -144,14 +144,14 @@ class Trainer:
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
 
-        n_workers = _resolve_workers(workers, num_nodes, dev, devices)
+        ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
+        n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
         steps = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
 
         cpus = usable_cpus()
-        ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         plan = TransportPlan.create(
             transport,
@@ -302,13 +302,11 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _resolve_workers(workers: int | None, num_nodes: int, device: str, devices: list[int] | None) -> int:
-    """``workers`` checked against ``num_nodes``, or the default ``min(K, cores or GPUs)``."""
+def _resolve_workers(workers: int | None, num_nodes: int, device: str, gpus: int) -> int:
+    """``workers`` checked against ``num_nodes``, or the default ``min(K, cores or GPUs)``
+    (``gpus``: the CUDA devices the run may use)."""
     if workers is None:
-        if device == "cuda":
-            units = len(set(devices)) if devices else max(1, torch.cuda.device_count())
-        else:
-            units = usable_cpus()
+        units = gpus if device == "cuda" else usable_cpus()
         return max(1, min(num_nodes, units))
     positive_int(workers, "workers")
     if workers > num_nodes:

@@ -134,6 +134,7 @@ class Pipeline(Communicator):
         super()._init_node(ctx)
         for m in self.modules:
             m._init_node(ctx)
+        self._leaves = self.leaves()  # asked at every step by idle_steps
 
     def leaves(self) -> list[Communicator]:
         """Every non-pipeline module, nested pipelines flattened, in order."""
@@ -146,7 +147,7 @@ class Pipeline(Communicator):
         """The longest span a module declares idle, cut at the first step where another module
         communicates; ``0`` when a gradient-space module would communicate inside the span
         (it needs this node's gradients, so the node trains)."""
-        leaves = self.leaves()
+        leaves = self._leaves
         n = max((m.idle_steps(step) for m in leaves), default=0)
         for s in range(step, step + n):
             due = [m for m in leaves if m.is_due(s)]

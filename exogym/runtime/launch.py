@@ -39,6 +39,8 @@ from typing import Any
 import cloudpickle
 import torch
 
+from exogym.runtime.virtual import block_of
+
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
@@ -325,8 +327,6 @@ def _outcome(
         others = "".join(f"\n  then {who(e[1], e[5])}: {e[4]}" for e in sorted(errors))
         hosted = ""
         if world_size is not None:
-            from exogym.runtime.virtual import block_of
-
             block = block_of(world_size, num_nodes, r)
             hosted = f" (hosting nodes {block[0]}-{block[-1]} of {world_size})"
         raise NodeFailedError(

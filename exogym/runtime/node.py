@@ -269,19 +269,21 @@ class TrainNode:
             floats = [t for t in self._avg_model.state_dict().values() if t.is_floating_point()]
             self._avg_buckets = dtype_buckets(floats)
         self._avg_model.load_state_dict(self.model.state_dict())
-        for bucket in self._avg_buckets:
+        self._average_in_place(self._avg_buckets)
+        return self._avg_model
+
+    def _average_in_place(self, buckets: list[Any]) -> None:
+        """Replace each bucket's tensors by their mean over all nodes (uncharged). Collective."""
+        for bucket in buckets:
             self.comm.all_reduce(bucket.buffer.pack(bucket.tensors), op="mean", charge=False)
             bucket.buffer.unpack(bucket.tensors)
-        return self._avg_model
 
     @torch.no_grad()
     def _averaged_state(self) -> dict[str, torch.Tensor]:
         """The all-node average of the final state (floating-point entries; others are this
         node's), on CPU. Collective."""
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        for bucket in dtype_buckets([t for t in state.values() if t.is_floating_point()]):
-            self.comm.all_reduce(bucket.buffer.pack(bucket.tensors), op="mean", charge=False)
-            bucket.buffer.unpack(bucket.tensors)
+        self._average_in_place(dtype_buckets([t for t in state.values() if t.is_floating_point()]))
         return {k: v.cpu() for k, v in state.items()}
 
     def _emit(self, row: dict[str, Any]) -> None:

@@ -119,7 +119,7 @@ class VirtualHub:
         for r in self.ranks:
             torch.manual_seed(seed + r)
             self._rng.append(self._get_rng())
-        #: Per local node, the node's own object (e.g. its TrainNode), for tests and debugging.
+        #: Per hosted node (by local index), the transport its ``NodeComm`` talks through.
         self.transports = [VirtualTransport(self, i) for i in range(self.n)]
 
     # -- random streams -------------------------------------------------------------------

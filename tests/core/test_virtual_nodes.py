@@ -268,13 +268,14 @@ def test_sixty_four_virtual_nodes_train_validate_and_log_on_two_workers() -> Non
 def test_workers_default_to_the_cores_and_may_not_exceed_the_nodes() -> None:
     from exogym.trainer import _resolve_workers, usable_cpus
 
-    assert _resolve_workers(None, 1000, "cpu", None) == usable_cpus()
-    assert _resolve_workers(None, 1, "cpu", None) == 1
-    assert _resolve_workers(3, 8, "cpu", None) == 3
+    assert _resolve_workers(None, 1000, "cpu", 1) == usable_cpus()
+    assert _resolve_workers(None, 1, "cpu", 1) == 1
+    assert _resolve_workers(None, 8, "cuda", 2) == 2
+    assert _resolve_workers(3, 8, "cpu", 1) == 3
     with pytest.raises(ValueError, match="workers=9 is more than num_nodes=8"):
-        _resolve_workers(9, 8, "cpu", None)
+        _resolve_workers(9, 8, "cpu", 1)
     with pytest.raises((TypeError, ValueError), match="workers"):
-        _resolve_workers(0, 8, "cpu", None)
+        _resolve_workers(0, 8, "cpu", 1)
 
 
 @pytest.mark.parametrize("k,w", [(8, 1), (8, 3), (7, 7), (1000, 2), (10, 4)])
