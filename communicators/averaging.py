@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from communicators.islands import draw_islands, draw_participants
+from communicators.islands import draw_round
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -56,26 +56,26 @@ class AveragingCommunicator(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self._drawn: tuple[int, tuple] | None = None
+        self._drawn: dict[int, tuple] = {}
         self.buckets = dtype_buckets(self.params)
 
     def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
         """(islands or None, this rank's island, its participants) for the round of ``step``.
 
-        Drawn once per round (the node loop asks at every step, the round's end again)."""
+        Drawn once per round and kept for two rounds (the node loop asks at every step and
+        looks one round ahead)."""
         round_ = step // self.H
-        if self._drawn is None or self._drawn[0] != round_:
-            self._drawn = (round_, self._draw_groups(round_))
-        return self._drawn[1]
+        groups = self._drawn.get(round_)
+        if groups is None:
+            groups = self._draw_groups(round_)
+            self._drawn = {r: g for r, g in self._drawn.items() if r > round_ - 2}
+            self._drawn[round_] = groups
+        return groups
 
     def _draw_groups(self, round_: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
-        k, rank, seed = self.ctx.num_nodes, self.ctx.rank, self.ctx.seed
-        islands = draw_islands(k, self.island_size, seed, round_) if self.island_size else None
-        members = next(g for g in islands if rank in g) if islands else list(range(k))
-        participants = (
-            members if self.client_sampling is None else draw_participants(members, self.client_sampling, seed, round_)
-        )
-        return islands, members, participants
+        drawn = draw_round(self.ctx.num_nodes, self.island_size, self.client_sampling, self.ctx.seed, round_)
+        i = drawn.island_of[self.ctx.rank]
+        return drawn.islands, drawn.groups[i], drawn.participants[i]
 
     def idle_steps(self, step: int) -> int:
         """With ``client_sampling`` on parameters, a node not sampled for the round of ``step``
@@ -84,6 +84,28 @@ class AveragingCommunicator(Communicator):
             return 0
         _, _, participants = self._round_groups(step)
         return 0 if self.ctx.rank in participants else self.H - step % self.H
+
+    def overwritten_at(self, step: int) -> int | None:
+        """An unsampled client of parameter averaging that is not sampled in the next round
+        either receives that round's mean, which replaces this round's: it may sit this round's
+        collective out (a FedAvg client then costs nothing while it sleeps through rounds)."""
+        if self.idle_steps(step) == 0 or step + self.H >= self.ctx.max_steps:
+            return None  # sampled now, or the next round ends after the run
+        return step + self.H if self.idle_steps(step + 1) == self.H else None
+
+    @torch.no_grad()
+    def sit_out(self, step: int) -> None:
+        """The unsampled client's share of the round (charged as when it receives), without
+        moving data: it contributes zeros and its parameters are replaced next round."""
+        islands, members, participants = self._round_groups(step)
+        if self.ctx.rank in participants:
+            raise RuntimeError(f"rank {self.ctx.rank} is sampled for the round of step {step}: it cannot sit it out")
+        comm, tag = self.ctx.comm, f"average_{self.target}"
+        for bucket in self.buckets:
+            flat = bucket.buffer.buffer
+            comm.all_reduce_absent(flat, "sum", groups=islands)
+            nbytes = flat.numel() * flat.element_size()
+            comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag)
 
     def _mean_(
         self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]

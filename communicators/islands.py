@@ -5,6 +5,9 @@ Salts keep the draws of different purposes independent for the same round.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 
 from exogym.core.seeding import generator
@@ -39,3 +42,29 @@ def draw_participants(members: list[int], fraction: float, seed: int, round_: in
     g = generator(seed, CLIENT_SALT, round_, min(members))
     pick = torch.randperm(len(members), generator=g)[:m].tolist()
     return sorted(members[i] for i in pick)
+
+
+class RoundGroups(NamedTuple):
+    """One round's draw for every rank: ``islands`` (``None``: one group of everyone), the
+    groups that average (the islands, or ``[all ranks]``), per rank the index of its group
+    (``island_of``), and per group its participants. Shared by the virtual nodes of a process:
+    treat it as read-only."""
+
+    islands: list[list[int]] | None
+    groups: list[list[int]]
+    island_of: list[int]
+    participants: list[list[int]]
+
+
+@functools.lru_cache(maxsize=8)
+def draw_round(num_nodes: int, island_size: int | None, fraction: float | None, seed: int, round_: int) -> RoundGroups:
+    """:func:`draw_islands` and :func:`draw_participants` of a round for all ranks at once,
+    cached: the virtual nodes of a worker draw each round once, not once per node."""
+    islands = draw_islands(num_nodes, island_size, seed, round_) if island_size else None
+    groups = islands or [list(range(num_nodes))]
+    island_of = [0] * num_nodes
+    for i, g in enumerate(groups):
+        for r in g:
+            island_of[r] = i
+    participants = [g if fraction is None else draw_participants(g, fraction, seed, round_) for g in groups]
+    return RoundGroups(islands, groups, island_of, participants)

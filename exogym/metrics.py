@@ -28,7 +28,7 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -74,6 +74,22 @@ class StepSample:
     peak_memory: float
     lr: float
 
+    def row(self) -> tuple[float, ...]:
+        """The fields in order (what :class:`MetricsBuffer` keeps per pending step)."""
+        return (
+            self.loss_sum,
+            self.loss_count,
+            self.examples,
+            self.sent,
+            self.received,
+            self.compute,
+            self.comm_sim,
+            self.comm_wall,
+            self.wall,
+            self.peak_memory,
+            self.lr,
+        )
+
 
 #: Fields summed over nodes, then fields maxed over nodes (``lr`` stays the node's own).
 _SUMMED = slice(0, 5)
@@ -81,10 +97,11 @@ _MAXED = slice(5, 10)
 
 
 class MetricsBuffer:
-    """Pending samples of one node and the running totals.
+    """Pending samples of one node and (on rank 0) the running totals.
 
     A flush costs two small uncharged all-reduces (sums and maxima over nodes of the pending
-    steps), whatever the number of nodes; rank 0 turns the result into rows.
+    steps), whatever the number of nodes; rank 0 turns the result into rows and keeps the
+    totals (other ranks count steps only).
 
     Args:
         comm: the node's collectives.
@@ -114,22 +131,29 @@ class MetricsBuffer:
     def add(self, sample: StepSample) -> None:
         """Record this node's sample of the next step."""
         sample.compute *= self._slowdown
-        self.pending.append(astuple(sample))
+        self.pending.append(sample.row())
 
     def add_idle(self, steps: int, lr: float, wall: float) -> None:
         """Record ``steps`` steps this node sat out (no compute, no bytes)."""
         self.pending.extend([(0.0,) * 8 + (wall, 0.0, lr)] * steps)
 
-    def flush(self) -> list[dict[str, Any]]:
+    def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they
-        complete (on rank 0; other ranks return ``[]``)."""
+        complete (on rank 0; other ranks return ``[]``). ``peak_memory``: this node's peak now,
+        folded into the last pending step (idle steps do not read it)."""
         if not self.pending:
             return []
         local = torch.tensor(self.pending, dtype=torch.float64)
+        local[-1, 9] = max(float(local[-1, 9]), peak_memory)
         lrs = local[:, 10].tolist()
         self.pending = []
-        sums = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False).tolist()
-        maxes = self.comm.all_reduce(local[:, _MAXED].contiguous(), "max", charge=False).tolist()
+        sums_t = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False)
+        maxes_t = self.comm.all_reduce(local[:, _MAXED].contiguous(), "max", charge=False)
+        if self.comm.rank != 0:
+            # Only rank 0 keeps the totals and makes rows (thousands of virtual nodes flush).
+            self.step += len(lrs)
+            return []
+        sums, maxes = sums_t.tolist(), maxes_t.tolist()
         k = self.comm.world_size
         rows = []
         for (loss_sum, count, examples, sent, received), (compute, sim, wall_comm, wall, peak), lr in zip(
@@ -149,7 +173,7 @@ class MetricsBuffer:
             iv[1] += count
             iv[2] += sent / k
             iv[3] += 1
-            if self.comm.rank == 0 and (self.step % self.log_interval == 0 or self.step == self.max_steps):
+            if self.step % self.log_interval == 0 or self.step == self.max_steps:
                 rows.append(
                     {
                         "step": self.step,

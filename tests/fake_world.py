@@ -144,25 +144,34 @@ def train_ranks(
     dataset: Any = None,
     batch_size: int = 8,
     seed: int = 0,
-    virtual: bool = False,
+    workers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
-    each rank on its DistributedSampler shard of ``dataset``. With ``virtual``, the ``k`` nodes
-    are virtual nodes of one worker (this process) that take turns through
-    :class:`exogym.runtime.virtual.VirtualHub`; otherwise they run concurrently over
-    :class:`ThreadTransport`.
+    each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
+    are virtual nodes of ``W`` workers (threads of this process, each a
+    :class:`exogym.runtime.virtual.VirtualHub` whose nodes take turns; the workers talk over
+    :class:`ThreadTransport`); otherwise the ranks run concurrently over :class:`ThreadTransport`.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
     """
-    from exogym.runtime.virtual import VirtualHub
+    from exogym.runtime.virtual import VirtualHub, block_of
     from tests.helpers import TinyNet, regression_data
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, 1 if virtual else k))
-    if not virtual:
+    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, workers or k))
+    if workers is None:
         return run_ranks(k, body)
-    hub = VirtualHub(range(k), k, 1, 0, None, torch.device("cpu"), seed)
-    out = hub.run(lambda rank, transport: body(rank, NodeComm(rank, k, transport)))
+    hubs = [
+        VirtualHub(block_of(k, workers, w), k, workers, w, None, torch.device("cpu"), seed) for w in range(workers)
+    ]  # made here, one after another: each seeds its nodes' random streams through the global one
+
+    def worker(w: int, outer: NodeComm) -> dict[int, Any]:
+        hubs[w].outer = outer.transport if workers > 1 else None
+        return hubs[w].run(lambda rank, transport: body(rank, NodeComm(rank, k, transport)))
+
+    out: dict[int, Any] = {}
+    for part in run_ranks(workers, worker):
+        out.update(part)
     return [out[r] for r in range(k)]

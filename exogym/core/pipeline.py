@@ -87,6 +87,21 @@ class Communicator:
         answer must depend only on shared values (step, rank, seed)."""
         return 0
 
+    def overwritten_at(self, step: int) -> int | None:
+        """For a node idle at ``step``, a step where this module communicates: the later step
+        whose communication replaces everything the node would receive now, the node staying
+        idle until then; ``None`` (the default) when the node must take part now. Where it is
+        not ``None``, the node loop may call :meth:`sit_out` instead of :meth:`communicate`
+        (it checks that nothing reads the node's state in between). Depends only on shared
+        values (step, rank, seed)."""
+        return None
+
+    def sit_out(self, step: int) -> None:
+        """Take part in ``step``'s communication without contributing or receiving (see
+        :meth:`overwritten_at`), with the ledger charged as :meth:`communicate` would charge
+        it. The default communicates. Collective."""
+        self.communicate(step)
+
     def before_optim(self, step: int) -> None:
         """Hook before the optimizer step: runs :meth:`communicate` for gradient-space modules."""
         if self.space == "grad" and self.is_due(step):
@@ -148,6 +163,8 @@ class Pipeline(Communicator):
         communicates; ``0`` when a gradient-space module would communicate inside the span
         (it needs this node's gradients, so the node trains)."""
         leaves = self._leaves
+        if len(leaves) == 1:  # its own idle span ends where it communicates
+            return leaves[0].idle_steps(step) if leaves[0].space == "param" else 0
         n = max((m.idle_steps(step) for m in leaves), default=0)
         for s in range(step, step + n):
             due = [m for m in leaves if m.is_due(s)]
@@ -156,6 +173,23 @@ class Pipeline(Communicator):
             if due:
                 return s - step + 1
         return n
+
+    def overwritten_at(self, step: int) -> int | None:
+        """Where every module due at ``step`` is overwritten at the same later step and the
+        node is idle until then (no other module communicates in between)."""
+        due = [m for m in self._leaves if m.is_due(step)]
+        if not due:
+            return None
+        at = {m.overwritten_at(step) for m in due}
+        if len(at) != 1 or None in at:
+            return None
+        (t,) = at
+        return t if self.idle_steps(step + 1) == t - step else None
+
+    def sit_out(self, step: int) -> None:
+        for m in self._leaves:
+            if m.is_due(step):
+                m.sit_out(step)
 
     def before_optim(self, step: int) -> None:
         for m in self.modules:
@@ -241,10 +275,16 @@ class CommunicateOptimizeStrategy(Strategy):
     def idle_steps(self, step: int) -> int:
         return self.pipeline.idle_steps(step)
 
-    def idle_step(self) -> None:
+    def overwritten_at(self, step: int) -> int | None:
+        return self.pipeline.overwritten_at(step)
+
+    def idle_step(self, sit_out: bool = False) -> None:
         """The last step of an idle span: no optimizer step; the parameter-space modules due
-        now communicate (the node receives what its peers send)."""
-        self.pipeline.after_optim(self.local_step)
+        now communicate (the node receives what its peers send), or sit it out."""
+        if sit_out:
+            self.pipeline.sit_out(self.local_step)
+        else:
+            self.pipeline.after_optim(self.local_step)
         self.skip_steps(1)
 
     def state_dict(self) -> dict[str, Any]:

@@ -157,9 +157,17 @@ class Strategy(ABC):
                 for _ in range(n):
                     sched.step()
 
-    def idle_step(self) -> None:
+    def overwritten_at(self, step: int) -> int | None:
+        """For a node idle at ``step`` (the last step of an idle span): the later step whose
+        communication replaces all it would receive at ``step``, the node idle until then, or
+        ``None`` (see :meth:`exogym.core.pipeline.Communicator.overwritten_at`). The base
+        strategy: ``None``."""
+        return None
+
+    def idle_step(self, sit_out: bool = False) -> None:
         """The last step of an idle span, where the node takes part in the collectives due
-        then. Strategies that make nodes idle implement it."""
+        then (with ``sit_out``, without contributing or receiving: allowed only where
+        :meth:`overwritten_at` is not ``None``). Strategies that make nodes idle implement it."""
         raise NotImplementedError(f"{type(self).__name__} declares idle steps but does not implement idle_step()")
 
     @property

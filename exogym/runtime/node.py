@@ -132,7 +132,7 @@ class TrainNode:
                 self.strategy.skip_steps(quiet)
                 metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
                 if n == idle:
-                    self.strategy.idle_step()
+                    self.strategy.idle_step(sit_out=self._may_sit_out(step + n - 1))
                     self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start)
                 done = step + n
             else:
@@ -146,7 +146,7 @@ class TrainNode:
                     bar.set_postfix(loss=f"{loss_sum / cfg.accumulation:.4f}")
             validate = self._validates(done)
             if done % flush_every == 0 or done == self.max_steps or validate:
-                for row in metrics.flush():
+                for row in metrics.flush(float(_peak_memory(self.device))):
                     self._emit(row)
             if validate:
                 self._emit(self._validate(metrics))
@@ -171,6 +171,19 @@ class TrainNode:
         return self.val_loader is not None and (
             done == self.max_steps or bool(cfg.val_interval and done % cfg.val_interval == 0)
         )
+
+    def _may_sit_out(self, step: int) -> bool:
+        """Whether this idle node may sit out the communication of ``step``: the strategy says a
+        later communication replaces what it would receive, and nothing reads the node's state
+        in between (validation reads it)."""
+        until = self.strategy.overwritten_at(step)
+        if until is None:
+            return False
+        if self.val_loader is None:
+            return True
+        vi = self.cfg.val_interval
+        next_read = min(self.max_steps, -(-(step + 1) // vi) * vi) if vi else self.max_steps
+        return next_read > until
 
     def _next_sync(self, step: int, flush_every: int) -> int:
         """The first ``done > step`` after which the loop itself communicates (metrics flush,
@@ -206,7 +219,7 @@ class TrainNode:
                 self.cfg.network.records_time(records),
                 comm_wall,
                 t1 - start,
-                float(_peak_memory(self.device)),
+                float(_peak_memory(self.device)) if count else 0.0,  # idle: read at the flush
                 self.strategy.lr,
             )
         )

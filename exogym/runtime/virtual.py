@@ -13,6 +13,13 @@ whose transport is a :class:`VirtualTransport`.
 Each node keeps its own torch random stream (swapped at every hand-over), so dropout and other
 random draws match those of a run with one process per node.
 
+A node may also *sit out* an all-reduce (:meth:`VirtualTransport.all_reduce_absent`: it
+contributes nothing and needs no result, e.g. a FedAvg client that is not sampled in this round
+nor the next): the call is queued and the node runs on without parking. Each node's calls form a
+queue; a collective runs when every node has one queued, and only the nodes whose queued call
+was a real one get the turn back. Nodes that sit rounds out therefore cost nothing per round, and
+a worker all of whose nodes sit a collective out still makes its transport calls.
+
 Why threads and not greenlets or one swapped module per worker: see the README's "Virtual nodes"
 section (threads keep torch's per-thread state, e.g. grad mode and autocast, separate per node;
 a hand-over costs about 20-70 µs).
@@ -23,13 +30,14 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_rows_into
+from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_identity, reduce_rows_into
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +78,8 @@ class _Call:
     members: tuple[int, ...] | None = None
     tensor: torch.Tensor | None = None
     src: int | None = None
+    #: The node sits this call out: ``tensor`` only gives the payload's dtype and size.
+    absent: bool = False
     done: bool = False
     result: torch.Tensor | None = None
 
@@ -111,8 +121,11 @@ class VirtualHub:
         self.outer = outer
         self.device = device
         self._turn = [threading.Event() for _ in self.ranks]
-        self._calls: list[_Call | None] = [None] * self.n
-        self._finished = [False] * self.n
+        #: Per node, its calls not yet executed (absent ones first, then at most one real one).
+        self._queued: list[deque[_Call]] = [deque() for _ in self.ranks]
+        #: The nodes that run before the next collective, in order, and the next one's position.
+        self._to_run: list[int] = list(range(self.n))
+        self._cursor = 0
         self._failure: VirtualNodeError | None = None
         self._cuda = device.type == "cuda"
         self._rng: list[Any] = []
@@ -156,16 +169,10 @@ class VirtualHub:
             try:
                 self._wait_turn(i)
                 results[rank] = fn(rank, self.transports[i])
-                self._finished[i] = True
-                waiting = [j for j, c in enumerate(self._calls) if c is not None and not c.done]
-                if waiting:
-                    what = self._calls[waiting[0]].describe()  # type: ignore[union-attr]
-                    raise CollectiveMismatchError(
-                        f"node {rank} finished the run while node(s) {[self.ranks[j] for j in waiting]} wait in {what}"
-                    )
                 self._rng[i] = self._get_rng()
-                if i + 1 < self.n:
-                    self._turn[i + 1].set()
+                nxt = self._advance()
+                if nxt is not None:
+                    self._turn[nxt].set()
             except _Aborted:
                 pass
             except BaseException as e:  # noqa: BLE001 - reported by the worker
@@ -191,35 +198,49 @@ class VirtualHub:
             ev.set()
 
     # -- collectives ----------------------------------------------------------------------
+    def _advance(self) -> int | None:
+        """The node that had the turn has parked or ended: the node to run next, or ``None``
+        when every node has ended. The last node of a turn runs the collectives every node has
+        a call queued for, until one of them gives a node its turn back."""
+        self._cursor += 1
+        if self._cursor < len(self._to_run):
+            return self._to_run[self._cursor]
+        while any(self._queued):
+            ended = [j for j in range(self.n) if not self._queued[j]]  # nothing queued: finished
+            if ended:
+                waiting = [self.ranks[j] for j in range(self.n) if self._queued[j]]
+                what = next(q[0] for q in self._queued if q).describe()
+                raise CollectiveMismatchError(
+                    f"node(s) {[self.ranks[j] for j in ended]} finished the run while node(s) {waiting} wait in {what}"
+                )
+            released = self._execute()
+            if released:
+                self._to_run, self._cursor = released, 0
+                return released[0]
+        return None
+
+    def sit_out(self, i: int, call: _Call) -> None:
+        """Node ``i`` sits the next collective out (``call.absent``): queued, no parking."""
+        self._queued[i].append(call)
+
     def collective(self, i: int, call: _Call) -> _Call:
-        """Node ``i`` arrives at a collective: park until every hosted node has arrived and the
-        last one has combined them. Collective: every hosted node must call it."""
-        self._calls[i] = call
-        ended = [self.ranks[j] for j in range(self.n) if self._finished[j]]
-        if ended:
-            raise CollectiveMismatchError(
-                f"node {self.ranks[i]} called {call.describe()}, "
-                f"but node(s) {ended} finished the run without calling it"
-            )
-        if i + 1 < self.n:
-            self._hand_over(i, i + 1)
-        else:
-            self._execute()
-            if self.n > 1:
-                self._hand_over(i, 0)
-        if not call.done:
-            # Woken although the collective never ran: a node of this worker ended instead.
-            ended = [self.ranks[j] for j in range(self.n) if self._finished[j]]
-            raise CollectiveMismatchError(
-                f"node {self.ranks[i]} called {call.describe()}, "
-                f"but node(s) {ended} finished the run without calling it"
-            )
-        self._calls[i] = None
+        """Node ``i`` arrives at a collective: park until every hosted node has queued a call
+        for it and the last one has combined them. Collective: every hosted node must call it
+        (or sit it out)."""
+        self._queued[i].append(call)
+        nxt = self._advance()
+        assert nxt is not None  # this node's call is queued: some collective gives a turn back
+        if nxt != i:
+            self._hand_over(i, nxt)
+        assert call.done  # woken only by the collective, or by a failure (which raises)
         return call
 
-    def _execute(self) -> None:
-        calls: list[_Call] = self._calls  # type: ignore[assignment]
-        first = calls[0]
+    def _execute(self) -> list[int]:
+        """Run the collective every node's queue starts with; return the nodes whose real call
+        it completed (in order)."""
+        calls = [q.popleft() for q in self._queued]
+        present = [c for c in calls if not c.absent]
+        first = present[0] if present else calls[0]
         for j, c in enumerate(calls):
             same = c.kind == first.kind and c.op == first.op and c.src == first.src
             if same and c.tensor is not None and first.tensor is not None:
@@ -228,8 +249,8 @@ class VirtualHub:
                 )
             if not same:
                 raise CollectiveMismatchError(
-                    f"node {self.ranks[0]} called {first.describe()} but node {self.ranks[j]} called "
-                    f"{c.describe()} at the same point"
+                    f"node {self.ranks[calls.index(first)]} called {first.describe()} but node "
+                    f"{self.ranks[j]} called {c.describe()} at the same point"
                 )
         if first.kind == "barrier":
             if self.outer is not None:
@@ -237,11 +258,12 @@ class VirtualHub:
         elif first.kind == "broadcast":
             self._broadcast(calls, first.src)  # type: ignore[arg-type]
         elif first.kind == "all_reduce":
-            self._all_reduce(calls, first.op)  # type: ignore[arg-type]
+            self._all_reduce(present, first)
         else:
             self._all_gather(calls)
         for c in calls:
             c.done = True
+        return [j for j, c in enumerate(calls) if not c.absent]
 
     def _broadcast(self, calls: list[_Call], src: int) -> None:
         owner = worker_of(src, self.num_nodes, self.workers)
@@ -253,9 +275,12 @@ class VirtualHub:
             if c.tensor is not buf:
                 c.tensor.copy_(buf)  # type: ignore[union-attr]
 
-    def _all_reduce(self, calls: list[_Call], op: str) -> None:
+    def _all_reduce(self, present: list[_Call], first: _Call) -> None:
+        """Reduce the calls of the nodes present (per group), then across workers."""
+        op = first.op
+        assert op is not None and first.tensor is not None
         groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
-        for c in calls:
+        for c in present:
             groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
         partials = {}
         for key, tensors in groups.items():
@@ -263,11 +288,13 @@ class VirtualHub:
             reduce_rows_into(tensors, op, acc)
             partials[key] = acc
         if self.outer is not None:
-            if list(groups) == [None]:
+            if first.members is None:
+                if None not in partials:  # every node here sits it out: take no part in the sum
+                    partials[None] = reduce_identity(first.tensor, op)
                 self.outer.all_reduce(partials[None], op)
             else:
-                self._reduce_groups_across_workers(partials, op)
-        for c in calls:
+                self._reduce_groups_across_workers(partials, op, first.tensor)
+        for c in present:
             c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
 
     def _group_key(self, members: tuple[int, ...] | None) -> int:
@@ -282,14 +309,14 @@ class VirtualHub:
                 out.append(key)
         return sorted(out, key=self._group_key)
 
-    def _reduce_groups_across_workers(self, partials: dict, op: str) -> None:
+    def _reduce_groups_across_workers(self, partials: dict, op: str, like: torch.Tensor) -> None:
         """Combine per-group partial results of several workers: every worker all-gathers the
         padded table of its partials (with their group ids), then reduces the rows of its own
-        groups in worker order."""
+        groups in worker order. ``like`` gives the dtype where this worker has no partial."""
         outer = self.outer
         assert outer is not None
         keys = self._local_groups(partials)
-        some = next(iter(partials.values()))
+        some = like
         meta = torch.tensor([float(len(keys)), float(max([partials[k].numel() for k in keys], default=0))])
         outer.all_reduce(meta, "max")
         rows, width = int(meta[0]), int(meta[1])
@@ -368,6 +395,11 @@ class VirtualTransport:
 
     def barrier(self) -> None:
         self.hub.collective(self.index, _Call("barrier"))
+
+    def all_reduce_absent(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        """Sit an all-reduce out: contribute nothing, receive nothing. Returns at once; ``like``
+        (its dtype and size only) is never read or written. Collective, in call order."""
+        self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), like, absent=True))
 
     def close(self) -> None:
         pass

@@ -90,14 +90,16 @@ def test_eight_virtual_nodes_on_1_2_4_workers_end_as_eight_processes(name: str) 
 
 
 class Recording(FedAvgStrategy):
-    """FedAvg that records, per step, whether the node trained and its parameters around the
-    round's average."""
+    """FedAvg that records, per round, whether the node trained, its parameters when the round
+    starts and ends, and whether it sat the round's collective out."""
 
     def _init_node(self, model, rank, num_nodes):
         super()._init_node(model, rank, num_nodes)
         self.trained_steps: list[int] = []
+        self.at_start: dict[int, torch.Tensor] = {}
         self.before_average: dict[int, torch.Tensor] = {}
         self.after_round: dict[int, torch.Tensor] = {}
+        self.sat_out: set[int] = set()
 
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().flatten() for p in self.model.parameters()]).clone()
@@ -105,29 +107,40 @@ class Recording(FedAvgStrategy):
     def step(self) -> None:
         self.trained_steps.append(self.local_step)
         step = self.local_step
+        if step % self.averaging.H == 0:
+            self.at_start[step // self.averaging.H] = self._flat()
         super().step()
         if (step + 1) % self.averaging.H == 0:
             self.after_round[step // self.averaging.H] = self._flat()
 
-    def idle_step(self) -> None:
+    def idle_step(self, sit_out: bool = False) -> None:
         step = self.local_step
         self.before_average[step // self.averaging.H] = self._flat()
-        super().idle_step()
+        if sit_out:
+            self.sat_out.add(step // self.averaging.H)
+        super().idle_step(sit_out)
         self.after_round[step // self.averaging.H] = self._flat()
 
 
-def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters_until_the_average() -> None:
-    k, h, rounds, frac, seed = 6, 3, 4, 0.34, 5
+@pytest.mark.parametrize("workers", [None, 2])
+def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters_until_the_average(
+    workers: int | None,
+) -> None:
+    # 6 clients, 2 sampled per round, 8 rounds: some clients sit out two rounds in a row, so
+    # they sleep through the first round's collective (virtual nodes) and take the second's mean.
+    k, h, rounds, frac, seed = 6, 3, 8, 0.34, 5
     out = train_ranks(
         k,
         lambda: Recording(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
         h * rounds,
         seed=seed,
         dataset=regression_data(n=k * 8 * h * rounds),
-        virtual=True,
+        workers=workers,
     )
     sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
     assert all(len(s) == 2 for s in sampled)
+    mean_after = {r: out[sampled[r][0]]["strategy"].after_round[r] for r in range(rounds)}
+    slept = 0
     for rank in range(k):
         st = out[rank]["strategy"]
         expected = [r * h + i for r in range(rounds) if rank in sampled[r] for i in range(h)]
@@ -136,12 +149,28 @@ def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters
         assert out[rank]["node"].batches_drawn == len(expected)
         for r in range(rounds):
             if rank in sampled[r]:
+                # A client starts its round from the previous round's mean.
+                if r > 0:
+                    torch.testing.assert_close(st.at_start[r], mean_after[r - 1], rtol=0, atol=0)
                 continue
-            if r > 0:  # idle all round: the parameters are those the previous round left
+            # Idle all round: the parameters are those it held when the round began ...
+            if r > 0:
                 torch.testing.assert_close(st.before_average[r], st.after_round[r - 1], rtol=0, atol=0)
-            # ... until the round's average arrives, the same a participant holds
-            participant = out[sampled[r][0]]["strategy"]
-            torch.testing.assert_close(st.after_round[r], participant.after_round[r], rtol=0, atol=0)
+            if r in st.sat_out:
+                # ... sleeping through a round whose next round it also sits out: kept as they are,
+                assert rank not in sampled[r + 1]
+                torch.testing.assert_close(st.after_round[r], st.before_average[r], rtol=0, atol=0)
+                slept += 1
+            else:
+                # ... else until the round's average arrives, the same a participant holds.
+                torch.testing.assert_close(st.after_round[r], mean_after[r], rtol=0, atol=0)
+        # At the end every node holds the last round's mean.
+        torch.testing.assert_close(st.after_round[rounds - 1], mean_after[rounds - 1], rtol=0, atol=0)
+    # Every client idle in two rounds in a row (the last excepted) sleeps through the first.
+    expected_sleeps = sum(
+        1 for rank in range(k) for r in range(rounds - 1) if rank not in sampled[r] and rank not in sampled[r + 1]
+    )
+    assert expected_sleeps > 0 and slept == expected_sleeps
 
 
 def _round_bytes_formula(k: int, island: int, frac: float, seed: int, rnd: int, payload: int) -> dict[int, tuple]:
@@ -174,7 +203,7 @@ def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampli
         rounds,
         seed=seed,
         batch_size=2,
-        virtual=True,
+        workers=1,
     )
     payload = 4 * sum(p.numel() for p in TinyNet().parameters())
     for rnd in range(rounds):
@@ -207,7 +236,7 @@ def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> Non
             transport.barrier()
 
     with pytest.raises(
-        VirtualNodeError, match=r"node 1 finished the run while node\(s\) \[0\] wait in barrier"
+        VirtualNodeError, match=r"node\(s\) \[1\] finished the run while node\(s\) \[0, 2\] wait in barrier"
     ) as info:
         hub.run(body)
     assert info.value.error_type == "CollectiveMismatchError"
@@ -220,8 +249,86 @@ def test_the_last_virtual_node_finishing_while_others_wait_fails_instead_of_hang
         if rank != 2:
             transport.barrier()
 
-    with pytest.raises(VirtualNodeError, match=r"node 2 finished the run while node\(s\) \[0, 1\] wait in barrier"):
+    with pytest.raises(
+        VirtualNodeError, match=r"node\(s\) \[2\] finished the run while node\(s\) \[0, 1\] wait in barrier"
+    ):
         hub.run(body)
+
+
+@pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]]])
+def test_nodes_sitting_an_all_reduce_out_add_nothing_even_when_a_whole_worker_sleeps(groups) -> None:
+    # 4 nodes on 2 workers (nodes 0-1 and 2-3). Round 1: node 1 sleeps; round 2: both nodes of
+    # worker 0 sleep, so that worker joins the transport calls with no node present; round 3:
+    # max with node 3 asleep. Expected values are written out from the node values below.
+    from exogym.core.comm.comm import NodeComm
+
+    values = {r: float(10**r) for r in range(4)}
+    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    got: dict[tuple[int, int], float] = {}
+
+    def node(rank, transport):
+        comm = NodeComm(rank, 4, transport)
+        for rnd, asleep, op in ((1, {1}, "sum"), (2, {0, 1}, "sum"), (3, {3}, "max")):
+            t = torch.full((3,), values[rank])
+            if rank in asleep:
+                comm.all_reduce_absent(t, op, groups=groups)
+            else:
+                comm.all_reduce(t, op, groups=groups)
+                got[(rnd, rank)] = t[0].item()
+        return rank
+
+    def worker(w, outer):
+        hubs[w].outer = outer.transport
+        return hubs[w].run(node)
+
+    from tests.fake_world import run_ranks
+
+    run_ranks(2, worker)
+    group = {r: [0, 1, 2, 3] if groups is None else next(g for g in groups if r in g) for r in range(4)}
+    for rnd, asleep, op in ((1, {1}, "sum"), (2, {0, 1}, "sum"), (3, {3}, "max")):
+        for r in range(4):
+            if r in asleep:
+                assert (rnd, r) not in got
+                continue
+            awake = [values[m] for m in group[r] if m not in asleep]
+            assert got[(rnd, r)] == (sum(awake) if op == "sum" else max(awake)), (rnd, r)
+
+
+def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:
+    from tests.fake_world import run_ranks
+
+    def body(rank, comm):
+        t = torch.full((2,), float(rank + 1))
+        if rank == 2:
+            comm.all_reduce_absent(t, "sum")
+            comm.all_reduce_absent(t, "min")
+            return None
+        s = comm.all_reduce(t.clone(), "sum")[0].item()
+        m = comm.all_reduce(t.clone(), "min")[0].item()
+        return s, m
+
+    out = run_ranks(3, body)
+    assert out[0] == out[1] == (1.0 + 2.0, 1.0)
+
+
+def test_a_collective_one_node_sits_out_and_no_node_makes_fails_the_run() -> None:
+    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank == 0:
+            transport.all_reduce_absent(torch.ones(4), "sum")
+
+    with pytest.raises(
+        VirtualNodeError, match=r"node\(s\) \[1\] finished the run while node\(s\) \[0\] wait in all_reduce"
+    ):
+        hub.run(body)
+
+
+def test_all_reduce_absent_rejects_mean() -> None:
+    from tests.fake_world import run_ranks
+
+    with pytest.raises(ValueError, match="op must be one of sum, max, min, product"):
+        run_ranks(1, lambda rank, comm: comm.all_reduce_absent(torch.ones(1), "mean"))
 
 
 @pytest.mark.procs

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from exogym.core.comm.ledger import Ledger
-from exogym.core.comm.transport import Transport
+from exogym.core.comm.transport import Transport, reduce_identity
 
 Groups = Sequence[Sequence[int]]
 
@@ -160,6 +160,28 @@ class NodeComm:
         if charge:
             self.ledger.record("all_reduce", len(members), _nbytes(tensor), tag)
         return tensor
+
+    def all_reduce_absent(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
+        """Take part in an all-reduce without contributing or receiving.
+
+        For a node whose share is ``op``'s identity (zeros for a sum) and whose result would be
+        overwritten before anything reads it, e.g. a FedAvg client that sits this round and the
+        next out. ``like`` gives the payload's dtype and size (it is neither read nor written);
+        the peers call :meth:`all_reduce` (or this) with the same ``op`` and ``groups``. Nothing
+        is charged: charge what the algorithm sends with :meth:`charge`. Virtual nodes queue
+        the call and run on at once; other transports reduce the identity. Collective.
+        """
+        if op not in ("sum", "max", "min", "product"):
+            raise ValueError(f"op must be one of sum, max, min, product (mean counts every member); got {op!r}")
+        _, members = self._my_group(groups)
+        absent = getattr(self.transport, "all_reduce_absent", None)
+        with self._timed():
+            if absent is not None:
+                absent(like, op, _subset(groups, members))
+            else:
+                work = reduce_identity(like, op)
+                with _staged(work) as t:
+                    self.transport.all_reduce(t, op, _subset(groups, members))
 
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""

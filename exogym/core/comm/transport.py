@@ -107,6 +107,18 @@ def reduce_rows_into(parts: torch.Tensor | Sequence[torch.Tensor], op: str, out:
         combine(out, row, out=out)
 
 
+def reduce_identity(like: torch.Tensor, op: str) -> torch.Tensor:
+    """A new tensor shaped like ``like`` holding ``op``'s identity (zeros for ``sum``): what a
+    rank that contributes nothing adds to an all-reduce."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+    if op in ("sum", "product"):
+        fill = 0 if op == "sum" else 1
+        return torch.full(like.shape, fill, dtype=like.dtype, device=like.device)
+    info = torch.finfo(like.dtype) if like.dtype.is_floating_point else torch.iinfo(like.dtype)
+    return torch.full(like.shape, info.min if op == "max" else info.max, dtype=like.dtype, device=like.device)
+
+
 def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
     """``all_reduce(sum) of 40 bytes`` and the like, for error messages."""
     return f"{kind}({detail}) of {nbytes} bytes" if detail else f"{kind} of {nbytes} bytes"
