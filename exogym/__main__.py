@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}".replace("%", "%%"),
     )
     p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--workers", type=int, default=None, help="processes hosting the nodes (default: one per core)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32, help="examples per node per step")
     p.add_argument("--lr", type=float, default=None, help="inner learning rate (default: the task's)")
@@ -56,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {sorted(PRESETS)}")
+    if args.workers is not None and not 1 <= args.workers <= args.nodes:
+        parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
 
     from exogym.cli.compare import compare, format_table
 
@@ -73,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         data_dir=args.data_dir,
         seed=args.seed,
         progress=not args.no_progress,
+        workers=args.workers,
     )
     logger.info("\n%s\n", format_table(summary))
     logger.info("wrote %s/summary.csv, per-run metrics.csv and val_loss_vs_{step,bytes,sim_time}.png", args.out)

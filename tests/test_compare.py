@@ -34,6 +34,8 @@ def test_compare_command_writes_table_csvs_and_plots(tmp_path) -> None:
             "--strategies",
             "ddp,diloco",
             "--nodes",
+            "4",
+            "--workers",
             "2",
             "--steps",
             "30",
@@ -73,6 +75,16 @@ def test_unknown_strategy_is_rejected_before_training() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "unknown strategies ['adam']" in proc.stderr
+
+
+def test_more_workers_than_nodes_is_rejected_before_training() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exogym", "compare", "--nodes", "2", "--workers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--workers must be between 1 and --nodes=2, got 3" in proc.stderr
 
 
 def _fit_with(logger) -> None:

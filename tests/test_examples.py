@@ -15,3 +15,45 @@ def test_hybrid_diloco_example_trains_and_sends_less() -> None:
     # islands of 2 and int8: about (2*(1/2)) / (2*(3/4)) * 1/4 of DiLoCo's bytes
     assert res["island_int8_diloco"]["bytes_sent"] < 0.2 * res["diloco"]["bytes_sent"]
     assert res["dct_diloco"]["bytes_sent"] < 0.2 * res["diloco"]["bytes_sent"]
+
+
+@pytest.mark.timeout(120)
+def test_federated_example_trains_the_sampled_clients_and_writes_its_files(tmp_path) -> None:
+    from exogym.examples import federated_mnist
+
+    clients, island, frac, h, rounds, batch = 20, 5, 0.2, 3, 4, 4
+    res = federated_mnist.run(
+        num_clients=clients,
+        island_size=island,
+        client_sampling=frac,
+        local_steps=h,
+        rounds=rounds,
+        batch_size=batch,
+        lr=0.1,
+        out=str(tmp_path),
+        progress=False,
+    )
+    # One client of every island of 5 per round (max(1, round(0.2 * 5))), 4 islands.
+    sampled = (clients // island) * max(1, round(frac * island))
+    for split in ("iid", "shards"):
+        assert res[split]["examples"] == rounds * sampled * h * batch
+        assert (tmp_path / split / "metrics.csv").exists()
+    for name in ("summary.csv", "val_loss_vs_step.png", "val_loss_vs_bytes.png", "val_loss_vs_sim_time.png"):
+        assert (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_clients", "0"], "--num_clients must be at least 1"),
+        (["--client_sampling", "1.5"], "--client_sampling must be in"),
+        (["--workers", "200"], "--workers must be between 1 and --num_clients=100"),
+        (["--lr", "0"], "--lr must be positive"),
+    ],
+)
+def test_federated_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
+    from exogym.examples import federated_mnist
+
+    with pytest.raises(SystemExit) as info:
+        federated_mnist.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err

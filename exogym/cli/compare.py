@@ -39,10 +39,12 @@ def compare(
     seed: int = 42,
     val_size: int = 512,
     progress: bool = True,
+    workers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<out_dir>/<strategy>/metrics.csv``, ``<out_dir>/summary.csv`` and the plots of
-    :func:`exogym.cli.plots.plot_comparison`; return the summary rows (:data:`SUMMARY_COLUMNS`)."""
+    :func:`exogym.cli.plots.plot_comparison`; return the summary rows (:data:`SUMMARY_COLUMNS`).
+    ``workers``: processes hosting the ``nodes`` (default: ``fit``'s, one per core)."""
     spec = load_task(task, data_dir)
     net = resolve_network(network)
     histories: dict[str, list[dict[str, Any]]] = {}
@@ -65,6 +67,7 @@ def compare(
         trainer.fit(
             strategy,
             num_nodes=nodes,
+            workers=workers,
             max_steps=steps,
             batch_size=batch_size,
             device=device,

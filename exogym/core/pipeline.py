@@ -275,6 +275,11 @@ class CommunicateOptimizeStrategy(Strategy):
     def idle_steps(self, step: int) -> int:
         return self.pipeline.idle_steps(step)
 
+    @property
+    def round_steps(self) -> int | None:
+        """The period of the first module that samples clients (``client_sampling``), if any."""
+        return next((m.H for m in self.pipeline.leaves() if getattr(m, "client_sampling", None)), None)
+
     def overwritten_at(self, step: int) -> int | None:
         return self.pipeline.overwritten_at(step)
 

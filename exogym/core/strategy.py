@@ -157,6 +157,12 @@ class Strategy(ABC):
                 for _ in range(n):
                     sched.step()
 
+    @property
+    def round_steps(self) -> int | None:
+        """Steps per round where nodes are sampled per round (client sampling), for the
+        progress bar; ``None`` (the base strategy) otherwise."""
+        return None
+
     def overwritten_at(self, step: int) -> int | None:
         """For a node idle at ``step`` (the last step of an idle span): the later step whose
         communication replaces all it would receive at ``step``, the node idle until then, or

@@ -119,6 +119,10 @@ class TrainNode:
         batches = D.forever(self.loader, self.sampler)
         metrics = MetricsBuffer(self.comm, cfg.network, cfg.batch_size, cfg.log_interval, self.max_steps)
         flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
+        # The bar shows rank 0's loss or, where clients are sampled per round (rank 0 may sit
+        # rounds out), the round and the sampled clients' mean loss as metric rows come in.
+        postfix: dict[str, str] = {}
+        rounds = self.strategy.round_steps if self.rank == 0 else None
         start = time.perf_counter()
         step = 0
         while step < self.max_steps:
@@ -142,14 +146,20 @@ class TrainNode:
                     metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start
                 )
                 done = step + 1
-                if done % cfg.log_interval == 0:
-                    bar.set_postfix(loss=f"{loss_sum / cfg.accumulation:.4f}")
+                if done % cfg.log_interval == 0 and not rounds:
+                    postfix["loss"] = f"{loss_sum / cfg.accumulation:.4f}"
             validate = self._validates(done)
             if done % flush_every == 0 or done == self.max_steps or validate:
                 for row in metrics.flush(float(_peak_memory(self.device))):
                     self._emit(row)
+                    if rounds and row["train_loss"] == row["train_loss"]:  # sampled clients' mean
+                        postfix["loss"] = f"{row['train_loss']:.4f}"
             if validate:
                 self._emit(self._validate(metrics))
+            if rounds:
+                postfix["round"] = f"{-(-done // rounds)}/{-(-self.max_steps // rounds)}"
+            if postfix:
+                bar.set_postfix(postfix, refresh=False)
             bar.update(done - step)
             step = done
         bar.close()
@@ -309,7 +319,7 @@ class _NoBar:
     def update(self, n: int) -> None:
         pass
 
-    def set_postfix(self, **kw: Any) -> None:
+    def set_postfix(self, *args: Any, **kw: Any) -> None:
         pass
 
     def close(self) -> None:

@@ -392,3 +392,27 @@ def test_blocks_cover_every_rank_once_and_worker_of_inverts_them(k: int, w: int)
     sizes = [len(block_of(k, w, i)) for i in range(w)]
     assert max(sizes) - min(sizes) <= 1
     assert all(worker_of(r, k, w) == i for i in range(w) for r in block_of(k, w, i))
+
+
+def test_round_steps_is_the_period_of_the_module_that_samples_clients() -> None:
+    assert FedAvgStrategy(H=5, client_sampling=0.1).round_steps == 5
+    assert FedAvgStrategy(H=5).round_steps is None
+    assert DiLoCoStrategy(H=5).round_steps is None
+    assert SimpleReduceStrategy().round_steps is None
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(60)
+def test_the_progress_bar_of_a_sampled_run_shows_the_rounds(capfd) -> None:
+    Trainer(TinyNet(), regression_data(n=256)).fit(
+        FedAvgStrategy(H=4, client_sampling=0.25, optim_spec=SGD, lr=0.1),
+        num_nodes=8,
+        workers=2,
+        max_steps=12,
+        batch_size=4,
+        logger=False,
+        progress=True,
+    )
+    err = capfd.readouterr().err
+    assert "round=3/3" in err and "12/12" in err
+    assert child_pids() == []
