@@ -43,6 +43,7 @@ class FitConfig:
         threads_per_worker: intra-op threads in each worker process.
         log_level: ``logging`` level for the nodes.
         network: the network model that prices communication and compute.
+        stop_on_nonfinite_loss: a NaN or infinite training loss ends the run with an error.
     """
 
     num_nodes: int
@@ -65,6 +66,7 @@ class FitConfig:
     threads_per_worker: int
     log_level: int
     network: Network
+    stop_on_nonfinite_loss: bool = True
 
     @property
     def accumulation(self) -> int:
@@ -104,6 +106,8 @@ def resolve_device(device: str | torch.device | None) -> str:
         if torch.backends.mps.is_available():
             return "mps"
         return "cpu"
+    if isinstance(device, str) and device.split(":")[0] not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'mps' (or 'cuda:N'), got {device!r}")
     kind = torch.device(device).type
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but torch.cuda.is_available() is False; use device='cpu'")

@@ -157,6 +157,35 @@ class TensorBoardLogger:
             self._writer = None
 
 
+#: Logger names ``fit(logger=...)`` accepts, each built with its defaults.
+LOGGER_NAMES = ("csv", "wandb", "tensorboard")
+
+
+def resolve_logger(logger: Any) -> Any:
+    """``fit(logger=...)``: ``None`` (a :class:`CSVLogger`), ``False`` (none), a name in
+    :data:`LOGGER_NAMES`, or an object with ``start``, ``log`` and ``finish``. Raises before any
+    process starts otherwise."""
+    if logger is None:
+        return CSVLogger()
+    if logger is False:
+        return None
+    if isinstance(logger, str):
+        if logger == "csv":
+            return CSVLogger()
+        if logger == "wandb":
+            return WandbLogger(project="exogym")
+        if logger == "tensorboard":
+            return TensorBoardLogger()
+        raise ValueError(f"logger must be one of {LOGGER_NAMES}, a Logger object, None or False; got {logger!r}")
+    missing = [m for m in ("start", "log", "finish") if not callable(getattr(logger, m, None))]
+    if missing:
+        raise TypeError(
+            f"logger must have start(), log() and finish() (see exogym.logger.Logger); "
+            f"{type(logger).__name__} lacks {', '.join(missing)}"
+        )
+    return logger
+
+
 def default_run_name(strategy_name: str) -> str:
     """``<strategy>-<YYYYmmdd-HHMMSS>-<pid>``: unique per program and second."""
     return f"{strategy_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -13,9 +13,9 @@ from torch.utils.data import default_collate
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
 from exogym.core.comm.network import Network, resolve_network
-from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
+from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan, resolve_kind
 from exogym.core.strategy import Strategy
-from exogym.logger import CSVLogger, Logger, default_run_name
+from exogym.logger import Logger, default_run_name, resolve_logger
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
@@ -64,7 +64,7 @@ class Trainer:
         val_interval: int | None = None,
         autocast: bool | torch.dtype = False,
         seed: int = 42,
-        logger: Logger | None | bool = None,
+        logger: Logger | str | None | bool = None,
         log_interval: int = 10,
         max_memory_usage: float = 0.8,
         shuffle: bool = True,
@@ -75,6 +75,7 @@ class Trainer:
         collective_timeout: float = DEFAULT_TIMEOUT_S,
         shm_slot_mb: float = DEFAULT_SLOT_MB,
         workers: int | None = None,
+        stop_on_nonfinite_loss: bool = True,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -94,8 +95,8 @@ class Trainer:
                 the last step is always validated.
             autocast: ``True`` (bfloat16), a dtype, or ``False``.
             seed: the shared seed (data order, communicator randomness).
-            logger: a logger for rank 0 (default :class:`~exogym.logger.CSVLogger`), or
-                ``False`` for none.
+            logger: a logger for rank 0: ``None`` (default, :class:`~exogym.logger.CSVLogger`),
+                ``'csv'``, ``'wandb'``, ``'tensorboard'``, a logger object, or ``False`` for none.
             log_interval: aggregate train metrics every this many steps.
             max_memory_usage: fraction of device memory the automatic minibatch may use.
             shuffle: reshuffle training data every epoch.
@@ -120,6 +121,8 @@ class Trainer:
                 CPU cores)``, or ``min(K, GPUs)`` with ``device='cuda'``. ``workers=num_nodes``
                 gives every node a process of its own. Results do not depend on it (up to float
                 summation order).
+            stop_on_nonfinite_loss: end the run with an error naming the node and step when a
+                training loss is NaN or infinite (``False``: train on).
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers.
@@ -143,10 +146,18 @@ class Trainer:
         _check_devices(devices, dev)
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
+        run_logger = resolve_logger(logger)
 
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
         n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
+        resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
         steps = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
+        per_epoch = (
+            D.steps_per_epoch(len(self.train_dataset), True, num_nodes, batch_size)
+            if not D.is_factory(self.train_dataset)
+            else None
+        )
+        _check_strategy_builds(strategy, self.model, num_nodes, steps, seed, per_epoch)
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
@@ -184,8 +195,8 @@ class Trainer:
             threads_per_worker=max(1, cpus // n_workers),
             log_level=logging.getLogger("exogym").getEffectiveLevel(),
             network=net,
+            stop_on_nonfinite_loss=stop_on_nonfinite_loss,
         )
-        run_logger = None if logger is False else (logger if logger is not None else CSVLogger())
         name = run_name or default_run_name(type(strategy).__name__)
         job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger)
         try:
@@ -327,3 +338,82 @@ def _check_devices(devices: list[int] | None, device: str) -> None:
 
 #: The seeds' name for the same class.
 LocalTrainer = Trainer
+
+
+#: Models whose state is larger than this are not copied for the strategy check in the parent.
+_DRY_INIT_MAX_BYTES = 256 * 2**20
+
+
+class _DryTransport:
+    """Collectives that move nothing, for binding a strategy in the parent (no peers)."""
+
+    payload_limit = None
+
+    def __init__(self, world_size: int) -> None:
+        self.rank, self.world_size = 0, world_size
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Any = None) -> None:
+        pass
+
+    def all_gather(self, tensor: torch.Tensor, members: Any = None) -> torch.Tensor:
+        n = self.world_size if members is None else len(members)
+        return tensor.unsqueeze(0).expand(n, *tensor.shape).clone()
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _check_strategy_builds(
+    strategy: Strategy, model: torch.nn.Module, num_nodes: int, steps: int | None, seed: int, per_epoch: int | None
+) -> None:
+    """Bind a copy of ``strategy`` to a copy of ``model`` here, as every node does (optimizer,
+    LR schedule, communicator pipeline), so that a bad argument raises before any process starts;
+    then warn (one log line each) about periods and warm-ups longer than the run."""
+    from exogym.core.comm.comm import NodeComm, set_current
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if size > _DRY_INIT_MAX_BYTES:
+        return
+    dry = copy.deepcopy(strategy)
+    comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
+    dry._attach(comm, steps or 1, seed, per_epoch or 1)
+    set_current(comm)
+    try:
+        dry._init_node(copy.deepcopy(model), 0, num_nodes)
+    finally:
+        set_current(None)
+    if steps is None:
+        return
+    if isinstance(dry, CommunicateOptimizeStrategy):
+        for m in dry.pipeline.leaves():
+            if m.H > steps:
+                logger.warning(
+                    "%s communicates every H=%d steps but the run has %d steps: it will never communicate "
+                    "(0 rounds); give max_steps >= %d or a smaller H",
+                    m.describe(),
+                    m.H,
+                    steps,
+                    m.H,
+                )
+            elif m.H > 1:
+                logger.info("%s: %d communication rounds in %d steps", m.describe(), steps // m.H, steps)
+    warmup = dry.lr_scheduler_kwargs.get("warmup_steps")
+    peak = dry.optim_spec.lr
+    if warmup and warmup > steps and peak:
+        dry.skip_steps(steps - 1)  # the schedule as the last step sees it
+        logger.warning(
+            "the warm-up of %d steps is longer than the run (%d steps): the learning rate ends at %.3g, "
+            "%.1f%% of its peak %.3g",
+            warmup,
+            steps,
+            dry.lr,
+            100 * dry.lr / peak,
+            peak,
+        )

@@ -32,6 +32,36 @@ from exogym.core.schedule import build_scheduler, check_scheduler
 DEFAULT_OPTIM = OptimSpec(torch.optim.AdamW, lr=1e-3)
 
 
+#: The keywords every strategy passes to :class:`Strategy` (presets take them as ``**strategy_kwargs``).
+STRATEGY_KEYWORDS = (
+    "optim_spec",
+    "lr_scheduler",
+    "lr_scheduler_kwargs",
+    "max_norm",
+    "inner_optim",
+    "lr",
+    "warmup_steps",
+)
+
+
+def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
+    """Raise ``TypeError`` naming ``owner``'s class (what the user typed), not a base class, for a
+    keyword that neither ``owner``'s constructor nor :class:`Strategy` takes, with the closest
+    valid spelling (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
+    import difflib
+    import inspect
+
+    unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
+    if not unknown:
+        return
+    own = [n for n in inspect.signature(type(owner).__init__).parameters if n not in ("self", "strategy_kwargs")]
+    valid = own + [k for k in STRATEGY_KEYWORDS if k not in own]
+    close = difflib.get_close_matches(unknown[0], valid, n=1, cutoff=0.5)
+    close = close or [v for v in valid if v.lower() == unknown[0].lower()]
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; valid keywords: {', '.join(valid)}"
+    raise TypeError(f"{type(owner).__name__}() got an unexpected keyword argument {unknown[0]!r}{hint}")
+
+
 class Strategy(ABC):
     """Base of every strategy: owns the inner optimizer, LR schedule, clipping and step count.
 
@@ -66,7 +96,13 @@ class Strategy(ABC):
         if optim_spec is not None and inner_optim is not None:
             raise TypeError("give the inner optimizer once: optim_spec or its alias inner_optim, not both")
         spec = OptimSpec.coerce(optim_spec if optim_spec is not None else inner_optim, DEFAULT_OPTIM)
+        if lr is not None and not (isinstance(lr, (int, float)) and lr >= 0):
+            raise ValueError(f"lr must be a non-negative number, got {lr!r}")
         self.optim_spec = spec.replace(lr=lr) if lr is not None else spec
+        if self.optim_spec.lr is not None and not self.optim_spec.lr >= 0:
+            raise ValueError(f"the optimizer's lr must be >= 0, got {self.optim_spec.lr!r} ({self.optim_spec!r})")
+        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
+            raise ValueError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}")
         kwargs = dict(lr_scheduler_kwargs or {})
         if warmup_steps is not None:
             kwargs["warmup_steps"] = warmup_steps

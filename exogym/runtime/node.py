@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -141,6 +142,12 @@ class TrainNode:
                 done = step + n
             else:
                 loss_sum = self._train_step(next(batches))
+                if not math.isfinite(loss_sum) and cfg.stop_on_nonfinite_loss:
+                    raise FloatingPointError(
+                        f"node {self.rank}: the training loss is {loss_sum / cfg.accumulation} at step {step} "
+                        "(lower the learning rate, clip gradients with max_norm, or pass "
+                        "fit(stop_on_nonfinite_loss=False) to train on)"
+                    )
                 self.batches_drawn += 1
                 self._add_sample(
                     metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start

@@ -10,6 +10,7 @@ import torch
 from communicators.dct import DCTCompressCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
 
 
 class DeMoStrategy(CommunicateOptimizeStrategy):
@@ -47,6 +48,7 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
         lr: float | None = None,
         **strategy_kwargs: Any,
     ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         if optim_spec is not None and inner_optim is not None:
             raise TypeError("give the inner optimizer once: optim_spec or its alias inner_optim, not both")
         given = OptimSpec.coerce(
@@ -57,6 +59,11 @@ class DeMoStrategy(CommunicateOptimizeStrategy):
                 f"DeMoStrategy updates with sign-SGD; of {given!r} only lr and weight_decay are used",
                 stacklevel=2,
             )
+        for name, value in (("compression_topk", compression_topk), ("compression_chunk", compression_chunk)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not 0.0 <= compression_decay <= 1.0:
+            raise ValueError(f"compression_decay must be in [0, 1], got {compression_decay!r}")
         wd = weight_decay if weight_decay is not None else given.kwargs.get("weight_decay", 0.0)
         spec = OptimSpec(torch.optim.SGD, lr=lr if lr is not None else (given.lr or 1e-3), weight_decay=wd)
         self.weight_decay = wd

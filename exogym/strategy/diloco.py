@@ -9,6 +9,7 @@ import torch
 from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
 
 OUTER_NAMES = ("sgd", "sgd_normalized")
 
@@ -75,6 +76,7 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
         island_size: int | None = None,
         **strategy_kwargs: Any,
     ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         super().__init__(
             [DiLoCoCommunicator(H, spec, normalize, island_size)], **inner_lr_alias(strategy_kwargs, inner_lr)

@@ -8,6 +8,7 @@ import torch
 
 from communicators.averaging import AveragingCommunicator
 from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
 
 
 class FedAvgStrategy(CommunicateOptimizeStrategy):
@@ -34,11 +35,12 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
         local_epochs: int | None = None,
         **strategy_kwargs: Any,
     ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         if H is not None and local_epochs is not None:
             raise TypeError("give the averaging period once: H (steps) or local_epochs, not both")
         if local_epochs is not None and (not isinstance(local_epochs, int) or local_epochs < 1):
             raise ValueError(f"local_epochs must be a positive int, got {local_epochs!r}")
-        self.averaging = AveragingCommunicator(H or 1, "params", island_size, client_sampling)
+        self.averaging = AveragingCommunicator(1 if H is None else H, "params", island_size, client_sampling)
         self.local_epochs = local_epochs
         super().__init__([self.averaging], **strategy_kwargs)
 

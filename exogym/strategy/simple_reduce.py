@@ -7,6 +7,7 @@ from typing import Any
 from communicators.averaging import AveragingCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
 
 
 class SimpleReduceStrategy(CommunicateOptimizeStrategy):
@@ -22,4 +23,5 @@ class SimpleReduceStrategy(CommunicateOptimizeStrategy):
     """
 
     def __init__(self, optim_spec: OptimSpec | str | None = None, **strategy_kwargs: Any) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         super().__init__([AveragingCommunicator(H=1, target="grads")], optim_spec, **strategy_kwargs)

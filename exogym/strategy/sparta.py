@@ -6,9 +6,10 @@ from typing import Any
 
 from communicators.diloco import DiLoCoCommunicator
 from communicators.quantize import QuantizeCommunicator
-from communicators.sparse import SparseCommunicator
+from communicators.sparse import SELECTORS, SparseCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
+from exogym.core.strategy import check_strategy_kwargs
 from exogym.strategy.diloco import inner_lr_alias, outer_spec
 
 _BITS = {8: "int8", 16: "fp16"}
@@ -24,7 +25,12 @@ def sparse_module(
             f"sparsification_mode={sparsification_mode!r} and its alias "
             f"compression_method={compression_method!r} disagree"
         )
+    if not isinstance(p_sparta, (int, float)) or not 0.0 <= p_sparta <= 1.0:
+        raise ValueError(f"p_sparta (the fraction of parameters averaged per step) must be in [0, 1], got {p_sparta!r}")
     mode = sparsification_mode or compression_method or "random"
+    if mode not in SELECTORS:
+        name = "sparsification_mode" if sparsification_mode is not None else "compression_method"
+        raise ValueError(f"{name} must be one of {SELECTORS}, got {mode!r}")
     module: Communicator = SparseCommunicator(p_sparta, mode)
     if quantization_bits is not None and quantization_bits != 32:
         if quantization_bits not in _BITS:
@@ -57,6 +63,7 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         quantization_bits: int | None = None,
         **strategy_kwargs: Any,
     ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         super().__init__(
             [sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits)], **strategy_kwargs
         )
@@ -83,6 +90,7 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
         quantization_bits: int | None = None,
         **strategy_kwargs: Any,
     ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         modules = [
             sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits),

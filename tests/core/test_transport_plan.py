@@ -18,7 +18,8 @@ def test_auto_picks_shared_memory_for_cpu_nodes_and_gloo_for_cuda_without_enough
 @pytest.mark.parametrize(
     ("kind", "device", "gpus", "match"),
     [
-        ("nccl", "cpu", 0, "transport='nccl' needs device='cuda' and one GPU per node: 2 nodes, 0 GPU"),
+        ("nccl", "cpu", 0, r"transport='nccl' needs device='cuda', got device='cpu' \(\d+ GPUs here\)"),
+        ("nccl", "cuda", 1, "transport='nccl' needs one GPU per worker process: 2 workers, 1 GPU"),
         ("shm", "cuda", 2, "transport='shm' moves CPU tensors"),
         ("tcp", "cpu", 0, "transport must be one of"),
     ],

@@ -49,9 +49,16 @@ def resolve_kind(kind: str, device: str, gpus: int, world_size: int) -> str:
         raise ValueError(f"transport must be one of {KINDS}, got {kind!r}")
     nccl_ok = device == "cuda" and gpus >= world_size
     if kind == "nccl" and not nccl_ok:
+        import torch
+
+        if device != "cuda":
+            raise ValueError(
+                f"transport='nccl' needs device='cuda', got device={device!r} "
+                f"({torch.cuda.device_count()} GPUs here); use transport='auto' (or 'gloo')"
+            )
         raise ValueError(
-            f"transport='nccl' needs device='cuda' and one GPU per node: {world_size} nodes, {gpus} GPU(s) here; "
-            "use transport='gloo' (or 'auto')"
+            f"transport='nccl' needs one GPU per worker process: {world_size} workers, {gpus} GPU(s) here; "
+            "use transport='gloo' (or 'auto'), or fewer workers"
         )
     if kind == "shm":
         if device == "cuda":

@@ -1,0 +1,186 @@
+"""Every mistake a new user makes gets a clear error naming the argument, before any process
+starts (``run_nodes``, which starts the workers, is replaced by a stub that fails the test)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import exogym.trainer
+from communicators.averaging import AveragingCommunicator
+from exogym import Trainer
+from exogym.core.pipeline import Communicator
+from exogym.strategy import (
+    CommunicateOptimizeStrategy,
+    DeMoStrategy,
+    DiLoCoStrategy,
+    FedAvgStrategy,
+    OptimSpec,
+    SimpleReduceStrategy,
+    SPARTAStrategy,
+)
+from tests.helpers import TinyNet, regression_data
+
+
+class _FailsToBind(Communicator):
+    def _init_node(self, ctx) -> None:
+        raise ValueError("ring_size must divide num_nodes")
+
+    def communicate(self, step: int) -> None:
+        pass
+
+
+def _fit(strategy: Callable[[], Any] = SimpleReduceStrategy, model: Any = None, **kw: Any) -> Callable[[], Any]:
+    def go() -> Any:
+        args = {"num_nodes": 2, "max_steps": 4, "batch_size": 8, "logger": False, "progress": False, **kw}
+        return Trainer(model or TinyNet(), regression_data(64)).fit(strategy(), **args)
+
+    return go
+
+
+class _VectorLoss(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(8, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return (self.w(x) - y) ** 2  # per example: not a scalar
+
+
+CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+    # strategy constructors
+    ("negative lr", lambda: SimpleReduceStrategy(lr=-1.0), ValueError, "lr must be a non-negative number"),
+    ("DeMo topk 0", lambda: DeMoStrategy(compression_topk=0), ValueError, "compression_topk must be a positive int"),
+    ("DeMo decay", lambda: DeMoStrategy(compression_decay=2.0), ValueError, "compression_decay must be in"),
+    (
+        "lower-case h",
+        lambda: DiLoCoStrategy(h=10),
+        TypeError,
+        r"DiLoCoStrategy\(\) got an unexpected keyword argument 'h' \(did you mean 'H'\?\)",
+    ),
+    ("SPARTA H", lambda: SPARTAStrategy(H=5), TypeError, r"SPARTAStrategy\(\) got an unexpected keyword argument 'H'"),
+    ("unknown keyword", lambda: FedAvgStrategy(island=3), TypeError, "did you mean 'island_size'"),
+    ("SPARTA method", lambda: SPARTAStrategy(compression_method="magic"), ValueError, "compression_method must be"),
+    ("SPARTA p", lambda: SPARTAStrategy(p_sparta=2.0), ValueError, "p_sparta"),
+    ("SPARTA bits", lambda: SPARTAStrategy(quantization_bits=7), ValueError, "quantization_bits"),
+    ("FedAvg H=0", lambda: FedAvgStrategy(H=0), ValueError, "H must be a positive int"),
+    ("DiLoCo H=0", lambda: DiLoCoStrategy(H=0), ValueError, "H must be a positive int"),
+    ("FedAvg H and epochs", lambda: FedAvgStrategy(H=5, local_epochs=2), TypeError, "H .steps. or local_epochs"),
+    ("sampling > 1", lambda: FedAvgStrategy(client_sampling=2.0), ValueError, "client_sampling must be in"),
+    ("island 0", lambda: FedAvgStrategy(island_size=0), ValueError, "island_size must be"),
+    ("outer optimizer", lambda: DiLoCoStrategy(outer_optim="magic"), ValueError, "outer_optim must be one of"),
+    ("optimizer name", lambda: SimpleReduceStrategy(optim_spec="magic"), ValueError, "unknown optimizer 'magic'"),
+    (
+        "optimizer twice",
+        lambda: SimpleReduceStrategy(optim_spec="sgd", inner_optim="adam"),
+        TypeError,
+        "optim_spec or its alias inner_optim",
+    ),
+    ("max_norm", lambda: SimpleReduceStrategy(max_norm=-1.0), ValueError, "max_norm must be positive"),
+    ("warmup", lambda: SimpleReduceStrategy(warmup_steps=-1), ValueError, "warmup_steps must be"),
+    ("scheduler", lambda: SimpleReduceStrategy(lr_scheduler="magic"), ValueError, "unknown lr_scheduler 'magic'"),
+    ("averaging target", lambda: AveragingCommunicator(target="weights"), ValueError, "target must be one of"),
+    # fit arguments
+    ("strategy string", lambda: Trainer(TinyNet(), regression_data(64)).fit("ddp", 2), TypeError, "strategy must be"),
+    ("0 nodes", _fit(num_nodes=0), ValueError, "num_nodes"),
+    ("0 batch", _fit(batch_size=0), ValueError, "batch_size"),
+    ("0 steps", _fit(max_steps=0), ValueError, "max_steps"),
+    ("0 log interval", _fit(log_interval=0), ValueError, "log_interval"),
+    ("device gpu", _fit(device="gpu"), ValueError, "device must be 'cpu', 'cuda' or 'mps'"),
+    (
+        "nccl on cpu",
+        _fit(transport="nccl"),
+        ValueError,
+        r"transport='nccl' needs device='cuda', got device='cpu' \(\d+ GPUs",
+    ),
+    ("transport name", _fit(transport="tcp"), ValueError, "transport must be one of"),
+    ("logger string", _fit(logger="csv2"), ValueError, r"logger must be one of \('csv', 'wandb', 'tensorboard'\)"),
+    ("logger object", _fit(logger=object()), TypeError, "logger must have start"),
+    ("workers > nodes", _fit(workers=3), ValueError, "workers"),
+    ("network name", _fit(network="moon"), ValueError, "network"),
+    ("batch > shard", _fit(batch_size=64), ValueError, "batch_size=64 is larger than each node's shard"),
+    ("vector loss", _fit(model=_VectorLoss()), TypeError, "scalar loss"),
+    # errors only binding the strategy to a model reveals (built once in the parent)
+    (
+        "optimizer argument",
+        _fit(lambda: SimpleReduceStrategy(optim_spec=OptimSpec(torch.optim.SGD, lr=0.1, momentum=-1.0))),
+        ValueError,
+        "momentum",
+    ),
+    (
+        "communicator init",
+        _fit(lambda: CommunicateOptimizeStrategy([_FailsToBind()])),
+        ValueError,
+        "ring_size must divide num_nodes",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "call", "error", "match"), CASES, ids=[c[0] for c in CASES])
+def test_a_bad_input_raises_naming_it_before_any_process_starts(what, call, error, match, monkeypatch) -> None:
+    def no_start(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{what}: worker processes were started")
+
+    monkeypatch.setattr(exogym.trainer, "run_nodes", no_start)
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_the_table_covers_at_least_25_inputs() -> None:
+    assert len(CASES) >= 25
+
+
+class _StopHere(Exception):
+    pass
+
+
+def _stop(*args: Any, **kwargs: Any) -> None:
+    raise _StopHere()
+
+
+def test_a_period_longer_than_the_run_and_a_long_warm_up_are_logged_before_training(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(exogym.trainer, "run_nodes", _stop)
+    caplog.set_level("INFO", logger="exogym")
+    with pytest.raises(_StopHere):
+        _fit(lambda: DiLoCoStrategy(H=100, warmup_steps=1000), max_steps=30)()
+    text = caplog.text
+    assert "communicates every H=100 steps but the run has 30 steps: it will never communicate (0 rounds)" in text
+    # lambda warm-up (flat after it): lr at the last step (index 29) is 30/1000 of the peak
+    assert "the warm-up of 1000 steps is longer than the run (30 steps)" in text and "3.0% of its peak" in text
+    caplog.clear()
+    with pytest.raises(_StopHere):
+        _fit(lambda: DiLoCoStrategy(H=10), max_steps=30)()
+    assert "3 communication rounds in 30 steps" in caplog.text and "never" not in caplog.text
+
+
+class _BlowsUp(TinyNet):
+    """A loss that becomes infinite on rank 1 at its third step."""
+
+    def forward(self, batch):
+        from exogym.core.comm.comm import current
+
+        self.calls = getattr(self, "calls", 0) + 1
+        loss = super().forward(batch)
+        return loss * float("inf") if current().rank == 1 and self.calls == 3 else loss
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_node_and_step() -> None:
+    from tests.fake_world import train_ranks
+
+    with pytest.raises(FloatingPointError, match="node 1: the training loss is inf at step 2"):
+        train_ranks(2, SimpleReduceStrategy, 4, make_model=_BlowsUp)
+
+
+def test_stop_on_nonfinite_loss_false_trains_on(monkeypatch) -> None:
+    import dataclasses
+
+    import tests.fake_world as fw
+
+    config = fw._config
+    monkeypatch.setattr(fw, "_config", lambda *a: dataclasses.replace(config(*a), stop_on_nonfinite_loss=False))
+    out = fw.train_ranks(2, SimpleReduceStrategy, 4, make_model=_BlowsUp)
+    assert len(out[1]["records"]) == 4  # every step ran
