@@ -106,14 +106,13 @@ class MetricsBuffer:
     Args:
         comm: the node's collectives.
         network: the model that prices each step's collectives and compute.
-        batch_size: examples per node per step.
         log_interval: a train row every this many steps (and at ``max_steps``).
         max_steps: the last step.
     """
 
-    def __init__(self, comm: NodeComm, network: Network, batch_size: int, log_interval: int, max_steps: int) -> None:
+    def __init__(self, comm: NodeComm, network: Network, log_interval: int, max_steps: int) -> None:
         self.comm, self.network = comm, network
-        self.batch_size, self.log_interval, self.max_steps = batch_size, log_interval, max_steps
+        self.log_interval, self.max_steps = log_interval, max_steps
         self.pending: list[tuple[float, ...]] = []
         self.step = 0  # last step folded into the totals
         self.examples = 0.0
@@ -174,6 +173,7 @@ class MetricsBuffer:
             iv[2] += sent / k
             iv[3] += 1
             if self.step % self.log_interval == 0 or self.step == self.max_steps:
+                self._interval = [0.0, 0.0, 0.0, 0]
                 rows.append(
                     {
                         "step": self.step,
@@ -191,8 +191,6 @@ class MetricsBuffer:
                         "peak_memory": self.peak_memory,
                     }
                 )
-            if self.step % self.log_interval == 0 or self.step == self.max_steps:
-                self._interval = [0.0, 0.0, 0.0, 0]
         return rows
 
     def validation_row(self, local: tuple[float, ...], glob: tuple[float, ...]) -> dict[str, Any]:

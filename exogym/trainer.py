@@ -151,19 +151,14 @@ class Trainer:
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
         n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
         resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
-        steps = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
-        per_epoch = (
-            D.steps_per_epoch(len(self.train_dataset), True, num_nodes, batch_size)
-            if not D.is_factory(self.train_dataset)
-            else None
-        )
-        _check_strategy_builds(strategy, self.model, num_nodes, steps, seed, per_epoch)
+        steps, per_epoch = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
+        state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        _check_strategy_builds(strategy, self.model, state_bytes, num_nodes, steps, seed, per_epoch)
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
 
         cpus = usable_cpus()
-        state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         plan = TransportPlan.create(
             transport,
             dev,
@@ -219,11 +214,12 @@ class Trainer:
 
     def _planned_steps(
         self, device: str, num_nodes: int, num_epochs: int, max_steps: int | None, batch_size: int
-    ) -> int | None:
-        """Steps per node for a shared dataset (after checking the model's output and the shard
-        size); for a factory, ``max_steps`` or ``None`` (the nodes then agree on it)."""
+    ) -> tuple[int | None, int | None]:
+        """``(steps per node, steps per epoch)`` for a shared dataset (after checking the model's
+        output and the shard size); for a factory, ``(max_steps, None)`` (the nodes then agree
+        on them)."""
         if D.is_factory(self.train_dataset):
-            return max_steps
+            return max_steps, None
         self._check_model_output(device)
         n = len(self.train_dataset)
         per_epoch = D.steps_per_epoch(n, True, num_nodes, batch_size)
@@ -232,7 +228,7 @@ class Trainer:
                 f"batch_size={batch_size} is larger than each node's shard "
                 f"({-(-n // num_nodes)} examples of {n} over {num_nodes} nodes); lower batch_size or num_nodes"
             )
-        return max_steps or per_epoch * num_epochs
+        return max_steps or per_epoch * num_epochs, per_epoch
 
     def _check_model_output(self, device: str) -> None:
         """Run the model once on two examples (no grad, eval mode) and check it returns a scalar."""
@@ -370,16 +366,22 @@ class _DryTransport:
 
 
 def _check_strategy_builds(
-    strategy: Strategy, model: torch.nn.Module, num_nodes: int, steps: int | None, seed: int, per_epoch: int | None
+    strategy: Strategy,
+    model: torch.nn.Module,
+    state_bytes: int,
+    num_nodes: int,
+    steps: int | None,
+    seed: int,
+    per_epoch: int | None,
 ) -> None:
-    """Bind a copy of ``strategy`` to a copy of ``model`` here, as every node does (optimizer,
-    LR schedule, communicator pipeline), so that a bad argument raises before any process starts;
-    then warn (one log line each) about periods and warm-ups longer than the run."""
+    """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
+    as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
+    raises before any process starts; then warn (one log line each) about periods and warm-ups
+    longer than the run."""
     from exogym.core.comm.comm import NodeComm, set_current
     from exogym.core.pipeline import CommunicateOptimizeStrategy
 
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    if size > _DRY_INIT_MAX_BYTES:
+    if state_bytes > _DRY_INIT_MAX_BYTES:
         return
     dry = copy.deepcopy(strategy)
     comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]

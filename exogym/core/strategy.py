@@ -48,12 +48,12 @@ def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
     """Raise ``TypeError`` naming ``owner``'s class (what the user typed), not a base class, for a
     keyword that neither ``owner``'s constructor nor :class:`Strategy` takes, with the closest
     valid spelling (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
-    import difflib
-    import inspect
-
     unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
     if not unknown:
         return
+    import difflib
+    import inspect
+
     own = [n for n in inspect.signature(type(owner).__init__).parameters if n not in ("self", "strategy_kwargs")]
     valid = own + [k for k in STRATEGY_KEYWORDS if k not in own]
     close = difflib.get_close_matches(unknown[0], valid, n=1, cutoff=0.5)

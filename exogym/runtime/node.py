@@ -118,7 +118,7 @@ class TrainNode:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
         bar = _progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
         batches = D.forever(self.loader, self.sampler)
-        metrics = MetricsBuffer(self.comm, cfg.network, cfg.batch_size, cfg.log_interval, self.max_steps)
+        metrics = MetricsBuffer(self.comm, cfg.network, cfg.log_interval, self.max_steps)
         flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
         # The bar shows rank 0's loss or, where clients are sampled per round (rank 0 may sit
         # rounds out), the round and the sampled clients' mean loss as metric rows come in.
