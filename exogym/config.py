@@ -84,7 +84,10 @@ class FitConfig:
         """Plain values for logs."""
         d = asdict(self)
         d["autocast"] = None if self.autocast is None else str(self.autocast)
-        d["network"] = {"name": self.network.name, "bandwidth": self.network.bandwidth, "latency": self.network.latency}
+        n = self.network
+        d["network"] = {"name": n.name, "bandwidth": n.bandwidth, "latency": n.latency, "compute": n.compute}
+        if n.counts_flops:
+            d["network"]["flops_per_second"] = n.flops_per_second
         return d
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.flop_counter import FlopCounterMode
 
 from exogym import data as D
 from exogym.config import FitConfig
@@ -50,8 +51,9 @@ class TrainNode:
     Each step: ``strategy.zero_grad()``, ``accumulation`` forward/backward passes on the batch's
     minibatches (``loss / accumulation``, so gradients are the batch mean), then
     ``strategy.step()`` (which communicates and updates). Metrics are buffered per step and
-    combined across nodes in batches (:mod:`exogym.metrics`); every ``val_interval`` steps the
-    local models and the all-node average are validated. Those measurement collectives are not
+    combined across nodes in batches (:mod:`exogym.metrics`); before the first step, every
+    ``val_interval`` steps and after the last, the local models and the all-node average are
+    validated. Those measurement collectives are not
     charged to the ledger: they are not part of the algorithm.
     """
 
@@ -82,6 +84,7 @@ class TrainNode:
         self.history: list[dict[str, Any]] = []
         #: Training batches this node has taken from its data (nodes that sit steps out take none).
         self.batches_drawn = 0
+        self._step_flops: float | None = None  # FLOPs of a training step, for Network(compute="flops")
         self._avg_model: torch.nn.Module | None = None
 
     def _agree_on_steps_per_epoch(self, n: int, shared: bool) -> int:
@@ -124,6 +127,8 @@ class TrainNode:
         # rounds out), the round and the sampled clients' mean loss as metric rows come in.
         postfix: dict[str, str] = {}
         rounds = self.strategy.round_steps if self.rank == 0 else None
+        if self.val_loader is not None:
+            self._emit(self._validate(metrics))  # the starting point of every validation curve
         start = time.perf_counter()
         step = 0
         while step < self.max_steps:
@@ -232,7 +237,7 @@ class TrainNode:
                 examples,
                 sum(r.sent for r in records),
                 sum(r.received for r in records),
-                t1 - t0 - comm_wall if count else 0.0,
+                self.cfg.network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0) if count else 0.0,
                 self.cfg.network.records_time(records),
                 comm_wall,
                 t1 - start,
@@ -246,10 +251,16 @@ class TrainNode:
         cfg = self.cfg
         self.strategy.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)
-        for mb in D.split_batch(batch, cfg.accumulation):
-            loss = self._forward(D.to_device(mb, self.device))
-            (loss / cfg.accumulation).backward()
-            loss_sum += loss.detach().double().cpu()
+        counter = None
+        if self._step_flops is None and cfg.network.counts_flops:
+            counter = FlopCounterMode(display=False)  # the first training step only
+        with counter or contextlib.nullcontext():
+            for mb in D.split_batch(batch, cfg.accumulation):
+                loss = self._forward(D.to_device(mb, self.device))
+                (loss / cfg.accumulation).backward()
+                loss_sum += loss.detach().double().cpu()
+        if counter is not None:
+            self._step_flops = float(counter.get_total_flops())
         self.strategy.step()
         return loss_sum.item()
 

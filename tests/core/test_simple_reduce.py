@@ -94,7 +94,7 @@ def test_training_reduces_the_loss_and_reports_validation() -> None:
     train = [r["train_loss"] for r in trainer.history if "train_loss" in r]
     val = [r for r in trainer.history if "val_loss_global" in r]
     assert train[-1] < 0.5 * train[0]
-    assert [r["step"] for r in val] == [8, 16, 24, 32]
+    assert [r["step"] for r in val] == [0, 8, 16, 24, 32]
     assert val[-1]["val_loss_global"] < val[0]["val_loss_global"]
     # DDP keeps every rank identical, so the average model is each local model.
     assert val[-1]["val_loss_local"] == pytest.approx(val[-1]["val_loss_global"], rel=1e-5)

@@ -366,7 +366,7 @@ def test_sixty_four_virtual_nodes_train_validate_and_log_on_two_workers() -> Non
     train_rows = [r for r in trainer.history if "train_loss" in r]
     val_rows = [r for r in trainer.history if "val_loss_global" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3]
-    assert [r["step"] for r in val_rows] == [2, 3]
+    assert [r["step"] for r in val_rows] == [0, 2, 3]  # before training, every val_interval, at the end
     # 2 of every island's 8 train in a round: 16 nodes x 4 examples per step.
     assert [r["examples"] for r in train_rows] == [64, 128, 192]
     assert child_pids() == []

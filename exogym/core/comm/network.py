@@ -12,12 +12,25 @@ barrier          ``ceil(log2 n) * a``
 ===============  ==========================================================
 
 A group of one costs nothing. A collective over an island costs by the island's size.
-The simulated time of a step is the slowest node's compute time (measured, optionally scaled
-per node to mimic heterogeneous hardware) plus the slowest node's communication time.
+The simulated time of a step is the slowest node's compute time (optionally scaled per node to
+mimic heterogeneous hardware) plus the slowest node's communication time.
+
+A node's compute time per training step comes from the network's ``compute`` model:
+
+* ``"measured"``: the step's wall time minus the time spent inside collectives. Truthful for the
+  machine you run on, but it varies with host load from run to run;
+* a number: that many seconds per training step, on every node. Deterministic;
+* ``"flops"``: the FLOPs of the step's forward and backward passes (counted once per node with
+  ``torch.utils.flop_counter.FlopCounterMode`` on its first training step; matrix products,
+  convolutions and attention, which dominate) divided by ``flops_per_second``. Deterministic,
+  and it grows with model and batch size as real compute does.
+
+A step a node sits out (a client not sampled in a round) costs no compute in any model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +46,20 @@ class Network:
         bandwidth: bits per second per link (> 0).
         latency: seconds per message hop (>= 0).
         name: a label for tables and plots.
-        compute_slowdown: per-node factors multiplying measured compute time (node ``r`` uses
+        compute_slowdown: per-node factors multiplying compute time (node ``r`` uses
             ``compute_slowdown[r % len]``); ``()`` means all 1.
+        compute: how a training step's compute time is obtained: ``"measured"`` (default),
+            seconds per step (a number >= 0), or ``"flops"`` (see the module docstring).
+        flops_per_second: the sustained throughput of one node's device for ``compute="flops"``
+            (default 1e13, i.e. 10 TFLOP/s: a recent GPU at a realistic utilisation).
     """
 
     bandwidth: float
     latency: float
     name: str = "custom"
     compute_slowdown: tuple[float, ...] = field(default=())
+    compute: str | float = "measured"
+    flops_per_second: float = 1e13
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -49,6 +68,35 @@ class Network:
             raise ValueError(f"latency must be >= 0 s, got {self.latency}")
         if any(not s > 0 for s in self.compute_slowdown):
             raise ValueError(f"compute_slowdown factors must be > 0, got {self.compute_slowdown}")
+        c = self.compute
+        if isinstance(c, bool) or not (
+            c in ("measured", "flops") or (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0)
+        ):
+            raise ValueError(f"compute must be 'measured', 'flops' or seconds per step (a number >= 0), got {c!r}")
+        if not self.flops_per_second > 0:
+            raise ValueError(f"flops_per_second must be > 0, got {self.flops_per_second}")
+
+    @property
+    def counts_flops(self) -> bool:
+        """Whether nodes must count their step's FLOPs (``compute="flops"``)."""
+        return self.compute == "flops"
+
+    def compute_seconds(self, measured: float, flops: float) -> float:
+        """A training step's compute seconds under this network's ``compute`` model, from the
+        step's ``measured`` seconds and its counted ``flops`` (before ``compute_slowdown``)."""
+        if self.compute == "measured":
+            return measured
+        if self.compute == "flops":
+            return flops / self.flops_per_second
+        return float(self.compute)
+
+    def describe_compute(self) -> str:
+        """The compute model in words, for captions and logs."""
+        if self.compute == "measured":
+            return "measured compute"
+        if self.compute == "flops":
+            return f"compute from FLOPs at {self.flops_per_second / 1e12:g} TFLOP/s"
+        return f"compute {float(self.compute):g} s/step"
 
     def collective_time(self, kind: str, group_size: int, payload: int) -> float:
         """Seconds one collective takes (see the module table)."""
@@ -76,7 +124,7 @@ class Network:
         return self.compute_slowdown[rank % len(self.compute_slowdown)] if self.compute_slowdown else 1.0
 
     def step_time(self, compute: Sequence[float], comm: Sequence[float]) -> float:
-        """A step's simulated seconds from every node's measured compute and modelled comm time."""
+        """A step's simulated seconds from every node's compute and modelled comm time."""
         return max(c * self.slowdown(r) for r, c in enumerate(compute)) + max(comm)
 
 
@@ -88,12 +136,15 @@ PRESETS: dict[str, Network] = {
 }
 
 
-def resolve_network(network: Network | str | None) -> Network:
-    """A :class:`Network` from a preset name, an instance, or ``None`` (``ethernet``)."""
+def resolve_network(network: Network | str | None, compute: str | float | None = None) -> Network:
+    """A :class:`Network` from a preset name, an instance, or ``None`` (``ethernet``);
+    ``compute`` (when given) replaces its compute model."""
     if network is None:
-        return PRESETS["ethernet"]
-    if isinstance(network, Network):
-        return network
-    if isinstance(network, str) and network in PRESETS:
-        return PRESETS[network]
-    raise ValueError(f"network must be a Network or one of {sorted(PRESETS)}, got {network!r}")
+        net = PRESETS["ethernet"]
+    elif isinstance(network, Network):
+        net = network
+    elif isinstance(network, str) and network in PRESETS:
+        net = PRESETS[network]
+    else:
+        raise ValueError(f"network must be a Network or one of {sorted(PRESETS)}, got {network!r}")
+    return net if compute is None else dataclasses.replace(net, compute=compute)
