@@ -56,8 +56,20 @@ def _extensions() -> list:
     ]
 
 
+class _IncrementalBuildExtension(BuildExtension):
+    """torch's ``BuildExtension`` with a build folder that survives the build: an editable
+    install (``pip install -e .``) otherwise compiles in a fresh temporary folder each time,
+    so re-running the install rebuilt every kernel. With ``build/editable`` kept, ninja
+    recompiles only what changed (nothing, when nothing did) and relinks."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if getattr(self, "editable_mode", False) or self.inplace:
+            self.build_temp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build", "editable")
+
+
 setup(
     ext_modules=_extensions(),
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": _IncrementalBuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -1,16 +1,21 @@
-"""The ``exogym`` command (also ``python -m exogym``).
+"""The exogym command (also python -m exogym).
 
-``exogym compare`` trains several strategies on a built-in task from the same initial model and
+exogym compare trains several strategies on a built-in task from the same initial model and
 reports, for each, the final validation loss and accuracy, bytes sent per node, the simulated
-time on a chosen network and the wall time; it writes per-run CSVs, ``summary.csv`` and plots.
+time on a chosen network and the wall time; it writes per-run CSVs, summary.csv and plots.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
+from exogym import __version__
+from exogym.cli import plain_help
 from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
@@ -20,16 +25,56 @@ logger = logging.getLogger("exogym.cli")
 DEFAULT_STRATEGIES = "ddp,fedavg,diloco,sparta,demo"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``exogym`` console script."""
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low`` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _compute_model(text: str) -> str | float:
+    """An argparse ``type``: ``flops``, ``measured`` or seconds per step (>= 0)."""
+    if text in ("flops", "measured"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'flops', 'measured' or seconds per step, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"seconds per step must be >= 0, got {text}")
+    return value
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``exogym`` parser and its ``compare`` subparser."""
     parser = argparse.ArgumentParser(
-        prog="exogym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="exogym", description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "compare",
         help="compare strategies on a task",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", default="digits", choices=TASKS, help="digits and chars need no download (default digits)")
@@ -39,30 +84,71 @@ def main(argv: Sequence[str] | None = None) -> None:
         # argparse %-formats help strings: the presets' descriptions may hold a literal '%'
         help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}".replace("%", "%%"),
     )
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--workers", type=int, default=None, help="processes hosting the nodes (default: one per core)")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=32, help="examples per node per step")
-    p.add_argument("--lr", type=float, default=None, help="inner learning rate (default: the task's)")
-    p.add_argument("--H", type=int, default=20, help="communication period of fedavg and diloco")
-    p.add_argument("--network", default="internet", choices=sorted(NETWORKS))
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--nodes", type=_int_at_least(1), default=4, help="simulated nodes (default 4)")
+    p.add_argument(
+        "--workers", type=_int_at_least(1), default=None, help="processes hosting the nodes (default: one per core)"
+    )
+    p.add_argument("--steps", type=_int_at_least(1), default=200, help="steps per node (default 200)")
+    p.add_argument("--batch-size", type=_int_at_least(1), default=32, help="examples per node per step (default 32)")
+    p.add_argument("--lr", type=_positive_float, default=None, help="inner learning rate (default: the task's)")
+    p.add_argument("--H", type=_int_at_least(1), default=20, help="communication period of fedavg and diloco")
+    p.add_argument("--network", default="internet", choices=sorted(NETWORKS), help="default internet")
+    p.add_argument(
+        "--compute",
+        type=_compute_model,
+        default="flops",
+        help="compute time per step in the simulated time: 'flops' (default; FLOPs of a step at "
+        "--flops-per-second, the same every run), seconds per step, or 'measured' (this machine)",
+    )
+    p.add_argument(
+        "--flops-per-second",
+        type=_positive_float,
+        default=1e13,
+        help="a node's sustained throughput for --compute flops (default 1e13)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     p.add_argument("--out", default="exogym_runs/compare", help="folder for CSVs and plots")
     p.add_argument("--data-dir", default="data", help="where mnist and shakespeare are downloaded")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    args = parser.parse_args(argv)
+    return parser, p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``exogym`` console script; exits 2 on bad arguments (before anything
+    starts) and 1 when a strategy failed (after writing the others' results)."""
+    top, parser = _parser()
+    args = top.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [n for n in names if n not in PRESETS]
-    if unknown:
-        parser.error(f"unknown strategies {unknown}; choose from {sorted(PRESETS)}")
-    if args.workers is not None and not 1 <= args.workers <= args.nodes:
+    if unknown or not names:
+        what = f"unknown strategies {unknown}" if unknown else "no strategy given"
+        parser.error(f"argument --strategies: {what}; choose from {sorted(PRESETS)}")
+    if args.workers is not None and args.workers > args.nodes:
         parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
+    from exogym.config import resolve_device
+
+    try:
+        resolve_device(args.device)
+    except ValueError as e:
+        parser.error(f"argument --device: {e}")
+    from exogym.tasks import load_task
+
+    try:
+        load_task(args.task, args.data_dir)  # downloads once; offline, say so before anything starts
+    except OSError as e:
+        parser.error(
+            f"--task {args.task}: its data is not in --data-dir {args.data_dir} and could not be downloaded "
+            f"({type(e).__name__}: {e}). Connect to the network once, copy the files there, or pick a "
+            "built-in task (--task digits or --task chars)."
+        )
 
     from exogym.cli.compare import compare, format_table
+    from exogym.core.comm.network import resolve_network
 
-    summary = compare(
+    network = replace(resolve_network(args.network), flops_per_second=args.flops_per_second)
+    result = compare(
         args.task,
         names,
         nodes=args.nodes,
@@ -70,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size,
         lr=args.lr,
         H=args.H,
-        network=args.network,
+        network=network,
+        compute=args.compute,
         out_dir=args.out,
         device=args.device,
         data_dir=args.data_dir,
@@ -78,8 +165,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=not args.no_progress,
         workers=args.workers,
     )
-    logger.info("\n%s\n", format_table(summary))
-    logger.info("wrote %s/summary.csv, per-run metrics.csv and val_loss_vs_{step,bytes,sim_time}.png", args.out)
+    if result.summary:
+        logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))
+        logger.info("wrote %s/summary.csv, per-run metrics.csv and %d plots", args.out, len(result.plots))
+    for name, error in result.failures.items():
+        logger.error("%s failed: %s", name, error)
+    if result.failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def run_ranks(k: int, fn: Callable[[int, NodeComm], Any]) -> list[Any]:
     return results
 
 
-def _config(k: int, steps: int, batch_size: int, seed: int, workers: int) -> Any:
+def _config(k: int, steps: int, batch_size: int, seed: int, workers: int, network: Any = None) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
 
@@ -107,7 +107,7 @@ def _config(k: int, steps: int, batch_size: int, seed: int, workers: int) -> Any
         progress=False,
         threads_per_worker=1,
         log_level=30,
-        network=resolve_network(None),
+        network=resolve_network(network),
     )
 
 
@@ -145,12 +145,15 @@ def train_ranks(
     batch_size: int = 8,
     seed: int = 0,
     workers: int | None = None,
+    network: Any = None,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
     are virtual nodes of ``W`` workers (threads of this process, each a
     :class:`exogym.runtime.virtual.VirtualHub` whose nodes take turns; the workers talk over
     :class:`ThreadTransport`); otherwise the ranks run concurrently over :class:`ThreadTransport`.
+
+    ``network``: what ``fit(network=...)`` takes (default ``ethernet``).
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
@@ -160,7 +163,7 @@ def train_ranks(
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, workers or k))
+    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, workers or k, network))
     if workers is None:
         return run_ranks(k, body)
     hubs = [

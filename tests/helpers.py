@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 
 from exogym.core.comm import comm as node_comm
 from exogym.core.pipeline import Communicator
+from exogym.strategy import SimpleReduceStrategy
 
 
 def _node_rank() -> int | None:
@@ -168,3 +169,17 @@ class EnvCheck(TinyNet):
         if os.environ.get("EXOGYM_TEST_MARK") != self.expected:
             raise RuntimeError(f"node environment has EXOGYM_TEST_MARK={os.environ.get('EXOGYM_TEST_MARK')!r}")
         return super().forward(batch)
+
+
+class RaisingStrategy(SimpleReduceStrategy):
+    """DDP whose ``step`` raises ``RuntimeError('strategy broke at step N')`` on rank 1 at
+    step ``at`` (a strategy that fails mid-run)."""
+
+    def __init__(self, at: int = 3) -> None:
+        super().__init__()
+        self.at = at
+
+    def step(self) -> None:
+        if self.rank == 1 and self.local_step == self.at:
+            raise RuntimeError(f"strategy broke at step {self.at}")
+        super().step()

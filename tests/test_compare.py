@@ -63,8 +63,58 @@ def test_compare_command_writes_table_csvs_and_plots(tmp_path) -> None:
             reader = csv.DictReader(f)
             assert tuple(reader.fieldnames) == COLUMNS
             assert any(r["val_loss_global"] for r in reader)
-    for stem in ("val_loss_vs_step", "val_loss_vs_bytes", "val_loss_vs_sim_time"):
-        assert _is_png(str(out / f"{stem}.png"))
+    for metric in ("val_loss", "val_accuracy"):  # digits is a classifier: accuracy plots too
+        for axis in ("step", "bytes", "sim_time"):
+            assert _is_png(str(out / f"{metric}_vs_{axis}.png"))
+    # The caption names the settings; the log reports the one-off start-up on its own line.
+    assert "4 nodes x 30 steps, batch 16/node, inner lr 0.001, H=10" in proc.stderr
+    assert "start-up" in proc.stderr and "not in wall s" in proc.stderr
+
+
+def _small_compare(out, strategies=("ddp", "fedavg", "sparta")):
+    from exogym.cli.compare import compare
+
+    return compare(
+        "digits",
+        list(strategies),
+        nodes=2,
+        workers=1,
+        steps=12,
+        batch_size=8,
+        H=4,
+        out_dir=str(out),
+        progress=False,
+        val_size=64,
+    )
+
+
+def test_two_comparisons_with_the_same_arguments_write_the_same_summary_but_wall_time(tmp_path) -> None:
+    _small_compare(tmp_path / "a")
+    _small_compare(tmp_path / "b")
+    tables = []
+    for run in ("a", "b"):
+        with open(tmp_path / run / "summary.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [r["strategy"] for r in rows] == ["ddp", "fedavg", "sparta"]
+        assert all(float(r["sim_time"]) > 0 and float(r["wall_time"]) > 0 for r in rows)
+        tables.append([{k: v for k, v in r.items() if k != "wall_time"} for r in rows])
+    assert tables[0] == tables[1]
+
+
+def test_a_failing_strategy_keeps_the_others_results(tmp_path, monkeypatch) -> None:
+    import exogym.cli.compare as cmp
+    from tests.helpers import RaisingStrategy
+
+    real_build = cmp.build
+    monkeypatch.setattr(
+        cmp, "build", lambda name, lr, H: RaisingStrategy(at=3) if name == "broken" else real_build(name, lr, H)
+    )
+    result = _small_compare(tmp_path, ("ddp", "broken", "fedavg"))
+    assert [r["strategy"] for r in result.summary] == ["ddp", "fedavg"]
+    assert list(result.failures) == ["broken"] and "strategy broke at step 3" in result.failures["broken"]
+    with open(tmp_path / "summary.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["ddp", "fedavg"]
+    assert _is_png(str(tmp_path / "val_loss_vs_step.png")) and len(result.plots) == 6
 
 
 def test_unknown_strategy_is_rejected_before_training() -> None:
@@ -130,32 +180,31 @@ def test_tensorboard_writes_event_files(tmp_path) -> None:
     assert "val_loss_global" in acc.Tags()["scalars"]
 
 
-def _subcommands() -> list[list[str]]:
-    """``[]`` (the top level) and every subcommand the parser defines."""
+def _help_commands() -> list[list[str]]:
+    """``--help`` of ``exogym``, each subcommand, the examples and the benchmark scripts."""
     import argparse
 
-    from exogym import __main__ as cli
+    from exogym.__main__ import _parser
 
-    seen: list[list[str]] = [[]]
-    original = argparse.ArgumentParser.parse_args
-
-    def capture(self, args=None, namespace=None):  # the parser main() builds, before it parses
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                seen.extend([name] for name in action.choices)
-        raise SystemExit(0)
-
-    argparse.ArgumentParser.parse_args = capture
-    try:
-        with pytest.raises(SystemExit):
-            cli.main([])
-    finally:
-        argparse.ArgumentParser.parse_args = original
-    return seen
+    top, _ = _parser()
+    subs = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = [["-m", "exogym"]] + [["-m", "exogym", name] for a in subs for name in a.choices]
+    commands += [["-m", "exogym.examples.federated_mnist"], ["-m", "exogym.examples.hybrid_diloco"]]
+    commands += [[f"benchmarks/{name}.py"] for name in ("allreduce", "e2e", "virtual_nodes")]
+    return commands
 
 
-@pytest.mark.parametrize("command", _subcommands(), ids=lambda c: " ".join(c) or "exogym")
-def test_every_subcommand_help_exits_zero(command: list[str]) -> None:
-    out = subprocess.run([sys.executable, "-m", "exogym", *command, "--help"], capture_output=True, text=True)
+@pytest.mark.parametrize("command", _help_commands(), ids=lambda c: " ".join(c))
+def test_help_exits_zero_at_once_in_plain_text(command: list[str]) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, *command, "--help"], capture_output=True, text=True, cwd=root, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout
+    assert out.stdout.startswith("usage:") and "options:" in out.stdout
+    assert not any(markup in out.stdout for markup in ("``", ":class:", ":func:", ":mod:", ":meth:"))
+
+
+def test_version_prints_the_package_version() -> None:
+    import exogym
+
+    out = subprocess.run([sys.executable, "-m", "exogym", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"exogym {exogym.__version__}"

@@ -12,6 +12,7 @@ import torch
 import exogym.trainer
 from communicators.averaging import AveragingCommunicator
 from exogym import Trainer
+from exogym.core.comm.network import Network
 from exogym.core.pipeline import Communicator
 from exogym.strategy import (
     CommunicateOptimizeStrategy,
@@ -102,6 +103,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("logger object", _fit(logger=object()), TypeError, "logger must have start"),
     ("workers > nodes", _fit(workers=3), ValueError, "workers"),
     ("network name", _fit(network="moon"), ValueError, "network"),
+    ("compute model", lambda: Network(1e9, 1e-3, compute="fast"), ValueError, "compute must be 'measured'"),
     ("batch > shard", _fit(batch_size=64), ValueError, "batch_size=64 is larger than each node's shard"),
     ("vector loss", _fit(model=_VectorLoss()), TypeError, "scalar loss"),
     # errors only binding the strategy to a model reveals (built once in the parent)
@@ -131,7 +133,59 @@ def test_a_bad_input_raises_naming_it_before_any_process_starts(what, call, erro
 
 
 def test_the_table_covers_at_least_25_inputs() -> None:
-    assert len(CASES) >= 25
+    assert len(CASES) + len(CLI_CASES) >= 25 and len(CASES) >= 25
+
+
+#: ``exogym compare`` arguments -> what the argparse-style error (exit 2) must say.
+CLI_CASES: list[tuple[list[str], str]] = [
+    (["--nodes", "0"], "argument --nodes: must be >= 1, got 0"),
+    (["--nodes", "four"], "argument --nodes: must be an integer, got 'four'"),
+    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["--H", "0"], "argument --H: must be >= 1, got 0"),
+    (["--batch-size", "-2"], "argument --batch-size: must be >= 1, got -2"),
+    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+    (["--lr", "nan"], "argument --lr: must be > 0, got nan"),
+    (["--workers", "3", "--nodes", "2"], "--workers must be between 1 and --nodes=2, got 3"),
+    (["--strategies", "ddp,adam"], "unknown strategies ['adam']"),
+    (["--strategies", ","], "argument --strategies: no strategy given"),
+    (["--compute", "fast"], "argument --compute: must be 'flops', 'measured' or seconds per step"),
+    (["--compute", "-1"], "argument --compute: seconds per step must be >= 0"),
+    (["--flops-per-second", "0"], "argument --flops-per-second: must be > 0"),
+    (["--network", "moon"], "argument --network: invalid choice: 'moon'"),
+    (["--task", "cifar"], "argument --task: invalid choice: 'cifar'"),
+    (["--device", "gpu"], "argument --device: device must be 'cpu', 'cuda' or 'mps'"),
+    pytest.param(
+        ["--device", "cuda"],
+        "torch.cuda.is_available() is False",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda is valid"),
+    ),
+    (["--task", "mnist"], "--task mnist: its data is not in --data-dir"),
+]
+
+
+@pytest.mark.parametrize(("argv", "match"), CLI_CASES, ids=[" ".join(getattr(c, "values", c)[0]) for c in CLI_CASES])
+def test_a_bad_compare_argument_exits_2_naming_it_before_anything_starts(
+    argv, match, monkeypatch, capsys, tmp_path
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    import exogym.cli.compare
+    from exogym.__main__ import main
+
+    def no_start(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{argv}: the comparison started")
+
+    def offline(*args: Any, **kwargs: Any) -> None:
+        raise urllib.error.URLError("no network")  # as on a machine without one
+
+    monkeypatch.setattr(exogym.cli.compare, "compare", no_start)
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--data-dir", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: exogym compare" in err and match in err and "Traceback" not in err
 
 
 class _StopHere(Exception):

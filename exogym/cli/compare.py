@@ -7,21 +7,54 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from exogym.cli.plots import plot_comparison
-from exogym.core.comm.network import resolve_network
+from exogym.core.comm.network import Network, resolve_network
 from exogym.logger import CSVLogger
+from exogym.runtime.launch import start_processes_server
 from exogym.strategy.registry import build
 from exogym.tasks import load_task
 from exogym.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
-#: Columns of ``summary.csv`` (and of the printed table).
+#: Columns of ``summary.csv`` (and of the printed table). Every column but ``wall_time`` is the
+#: same in two runs with the same arguments (with a deterministic compute model).
 SUMMARY_COLUMNS = ("strategy", "val_loss", "val_accuracy", "bytes_sent_per_node", "sim_time", "wall_time", "steps")
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` produced.
+
+    Attributes:
+        summary: one row per strategy that finished (:data:`SUMMARY_COLUMNS`), in run order.
+        failures: strategy name -> the error that stopped it (the others still ran).
+        startup_time: seconds spent once before the first run (task data, the process server
+            with torch imported); not part of any strategy's ``wall_time``.
+        caption: the settings, as written under the plots.
+        plots: paths of the PNG files written.
+    """
+
+    summary: list[dict[str, Any]]
+    failures: dict[str, str] = field(default_factory=dict)
+    startup_time: float = 0.0
+    caption: str = ""
+    plots: list[str] = field(default_factory=list)
+
+
+def settings_caption(
+    task: str, nodes: int, steps: int, batch_size: int, lr: float, H: int, net: Network, seed: int
+) -> str:
+    """The run's settings in one line (plot captions, logs)."""
+    return (
+        f"{task}: {nodes} nodes x {steps} steps, batch {batch_size}/node, inner lr {lr:g}, H={H}, seed {seed}; "
+        f"network {net.name} ({net.bandwidth / 1e6:g} Mbit/s, {net.latency * 1e3:g} ms), {net.describe_compute()}"
+    )
 
 
 def compare(
@@ -32,7 +65,8 @@ def compare(
     batch_size: int = 32,
     lr: float | None = None,
     H: int = 20,
-    network: str = "internet",
+    network: str | Network = "internet",
+    compute: str | float = "flops",
     out_dir: str = "exogym_runs/compare",
     device: str = "cpu",
     data_dir: str = "data",
@@ -40,66 +74,88 @@ def compare(
     val_size: int = 512,
     progress: bool = True,
     workers: int | None = None,
-) -> list[dict[str, Any]]:
+) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<out_dir>/<strategy>/metrics.csv``, ``<out_dir>/summary.csv`` and the plots of
-    :func:`exogym.cli.plots.plot_comparison`; return the summary rows (:data:`SUMMARY_COLUMNS`).
-    ``workers``: processes hosting the ``nodes`` (default: ``fit``'s, one per core)."""
+    :func:`exogym.cli.plots.plot_comparison`.
+
+    A strategy that fails is reported in :attr:`Comparison.failures` and the others still run;
+    the summary and plots cover those that finished (also when Ctrl-C stops the comparison:
+    they are written, then ``KeyboardInterrupt`` propagates).
+
+    Args:
+        lr: the inner learning rate (``None``: the task's); must be > 0.
+        compute: the compute model of the simulated time (:class:`exogym.core.comm.network.Network`):
+            ``"flops"`` (default) and a number of seconds per step make the table identical run
+            to run; ``"measured"`` times this machine.
+        workers: processes hosting the ``nodes`` (default: ``fit``'s, one per core).
+    """
+    if lr is not None and not lr > 0:
+        raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
+    t0 = time.perf_counter()
     spec = load_task(task, data_dir)
-    net = resolve_network(network)
+    net = resolve_network(network, compute)
+    lr = spec.lr if lr is None else lr
+    built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
+    startup = time.perf_counter() - t0 + start_processes_server()
+    caption = settings_caption(task, nodes, steps, batch_size, lr, H, net, seed)
+    logger.info("%s\nstart-up %.1f s (task data, process server with torch imported; not in wall s)", caption, startup)
+    result = Comparison([], startup_time=startup, caption=caption)
     histories: dict[str, list[dict[str, Any]]] = {}
-    summary = []
-    for i, name in enumerate(strategies):
-        strategy = build(name, lr or spec.lr, H)  # unknown names fail before any training
-        logger.info(
-            "[%d/%d] %s on %s: %d nodes x %d steps, network %s",
-            i + 1,
-            len(strategies),
-            name,
-            task,
-            nodes,
-            steps,
-            net.name,
-        )
-        torch.manual_seed(seed)
-        trainer = Trainer(spec.make_model(), spec.train, spec.val)
-        t0 = time.perf_counter()
-        trainer.fit(
-            strategy,
-            num_nodes=nodes,
-            workers=workers,
-            max_steps=steps,
-            batch_size=batch_size,
-            device=device,
-            network=net,
-            logger=CSVLogger(out_dir),
-            run_name=name,
-            val_size=min(val_size, len(spec.val)),
-            seed=seed,
-            progress=progress,
-        )
-        wall = time.perf_counter() - t0
-        histories[name] = trainer.history
-        last_val = [r for r in trainer.history if "val_loss_global" in r][-1]
-        last_train = [r for r in trainer.history if "train_loss" in r][-1]
-        summary.append(
-            {
-                "strategy": name,
-                "val_loss": last_val["val_loss_global"],
-                "val_accuracy": last_val.get("val_accuracy_global"),
-                "bytes_sent_per_node": last_train["bytes_sent"],
-                "sim_time": last_train["sim_time"],
-                "wall_time": wall,
-                "steps": last_train["step"],
-            }
-        )
+    try:
+        for i, (name, strategy) in enumerate(built.items()):
+            logger.info("[%d/%d] %s", i + 1, len(built), name)
+            torch.manual_seed(seed)
+            trainer = Trainer(spec.make_model(), spec.train, spec.val)
+            t0 = time.perf_counter()
+            try:
+                trainer.fit(
+                    strategy,
+                    num_nodes=nodes,
+                    workers=workers,
+                    max_steps=steps,
+                    batch_size=batch_size,
+                    device=device,
+                    network=net,
+                    logger=CSVLogger(out_dir),
+                    run_name=name,
+                    val_size=min(val_size, len(spec.val)),
+                    seed=seed,
+                    progress=progress,
+                )
+            except Exception as e:  # noqa: BLE001 - reported with the others' results
+                result.failures[name] = f"{type(e).__name__}: {e}"
+                logger.error("%s failed (the other strategies go on): %s: %s", name, type(e).__name__, e)
+                continue
+            histories[name] = trainer.history
+            result.summary.append(_summary_row(name, trainer.history, time.perf_counter() - t0))
+    finally:
+        if result.summary:
+            _write_summary(result.summary, out_dir)
+            result.plots = plot_comparison(histories, out_dir, title=f"{task}, {nodes} nodes", caption=caption)
+    return result
+
+
+def _summary_row(name: str, history: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    last_val = [r for r in history if "val_loss_global" in r][-1]
+    last_train = [r for r in history if "train_loss" in r][-1]
+    return {
+        "strategy": name,
+        "val_loss": last_val["val_loss_global"],
+        "val_accuracy": last_val.get("val_accuracy_global"),
+        "bytes_sent_per_node": last_train["bytes_sent"],
+        "sim_time": last_train["sim_time"],
+        "wall_time": wall,
+        "steps": last_train["step"],
+    }
+
+
+def _write_summary(summary: Sequence[dict[str, Any]], out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows(summary)
-    plot_comparison(histories, out_dir, title=f"{task}, {nodes} nodes, network {net.name}")
-    return summary
 
 
 def format_table(summary: Sequence[dict[str, Any]]) -> str:

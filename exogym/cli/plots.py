@@ -1,4 +1,4 @@
-"""Comparison plots: validation loss against steps, bytes sent and simulated time (PNG)."""
+"""Comparison plots: validation loss (and accuracy) against steps, bytes sent and simulated time."""
 
 from __future__ import annotations
 
@@ -6,18 +6,30 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-#: plot file stem -> (x column, x label, x scale)
+#: x-axis name -> (history column, axis label, scale to the label's unit). The bytes and
+#: simulated-time axes are logarithmic (symlog, so the step-0 point at 0 stays on the plot).
 AXES = {
-    "val_loss_vs_step": ("step", "step", 1.0),
-    "val_loss_vs_bytes": ("bytes_sent", "MB sent per node", 1e-6),
-    "val_loss_vs_sim_time": ("sim_time", "simulated seconds", 1.0),
+    "step": ("step", "step", 1.0),
+    "bytes": ("bytes_sent", "MB sent per node", 1e-6),
+    "sim_time": ("sim_time", "simulated seconds", 1.0),
+}
+
+#: y-axis name -> (history column, axis label).
+METRICS = {
+    "val_loss": ("val_loss_global", "validation loss (average model)"),
+    "val_accuracy": ("val_accuracy_global", "validation accuracy (average model)"),
 }
 
 
-def plot_comparison(histories: Mapping[str, Sequence[dict[str, Any]]], out_dir: str, title: str = "") -> list[str]:
-    """Write one PNG per entry of :data:`AXES` with a validation-loss curve per run; return paths.
+def plot_comparison(
+    histories: Mapping[str, Sequence[dict[str, Any]]], out_dir: str, title: str = "", caption: str = ""
+) -> list[str]:
+    """Write ``<out_dir>/<metric>_vs_<axis>.png`` for every :data:`METRICS` entry that some run
+    has (accuracy needs a classifier) and every :data:`AXES` entry, with one curve per run;
+    return the paths.
 
-    ``histories`` maps a run's label to its ``Trainer.history`` rows.
+    ``histories`` maps a run's label to its ``Trainer.history`` rows; ``caption`` (the settings)
+    is written under each plot.
     """
     import matplotlib
 
@@ -26,23 +38,32 @@ def plot_comparison(histories: Mapping[str, Sequence[dict[str, Any]]], out_dir: 
 
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for stem, (col, label, scale) in AXES.items():
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-        for name, rows in histories.items():
-            pts = [(r[col] * scale, r["val_loss_global"]) for r in rows if "val_loss_global" in r and col in r]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, marker="o", markersize=3, label=name)
-        if col == "bytes_sent":
-            ax.set_xscale("symlog", linthresh=1e-3)
-        ax.set_xlabel(label)
-        ax.set_ylabel("validation loss (average model)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        path = os.path.join(out_dir, f"{stem}.png")
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+    for metric, (ycol, ylabel) in METRICS.items():
+        if not any(ycol in r for rows in histories.values() for r in rows):
+            continue
+        for axis, (xcol, xlabel, scale) in AXES.items():
+            fig, ax = plt.subplots(figsize=(7, 4.6), dpi=100)
+            smallest = float("inf")
+            for name, rows in histories.items():
+                pts = [(r[xcol] * scale, r[ycol]) for r in rows if ycol in r and xcol in r]
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    ax.plot(xs, ys, marker="o", markersize=3, label=name)
+                    smallest = min([smallest, *(x for x in xs if x > 0)])
+            if axis != "step" and smallest < float("inf"):
+                ax.set_xscale("symlog", linthresh=smallest)  # linear up to the first point, then log
+            ax.set_xlabel(xlabel + (" (log)" if axis != "step" else ""))
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            ax.legend()
+            if caption:
+                fig.text(0.01, 0.01, caption, fontsize=7, wrap=True, va="bottom")
+                fig.tight_layout(rect=(0, 0.07, 1, 1))
+            else:
+                fig.tight_layout()
+            path = os.path.join(out_dir, f"{metric}_vs_{axis}.png")
+            fig.savefig(path)
+            plt.close(fig)
+            paths.append(path)
     return paths

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exogym import Trainer
+from exogym.cli import plain_help
 from exogym.cli.plots import plot_comparison
 from exogym.data import LabelShards
 from exogym.logger import CSVLogger
@@ -115,7 +116,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: ``python -m exogym.examples.federated_mnist --help``."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=("digits", "mnist"), default="digits", help="digits: built in (default)")
     p.add_argument("--num_clients", "--num-clients", type=int, default=100, help="clients, each a virtual node")
     p.add_argument("--island_size", "--island-size", type=int, default=10, help="clients per island (0: one island)")
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             row["MB_sent_per_client"],
             row["sim_time_s"],
         )
-    logger.info("wrote %s/summary.csv, <split>/metrics.csv and val_loss_vs_{step,bytes,sim_time}.png", args.out)
+    logger.info("wrote %s/summary.csv, <split>/metrics.csv and the plots", args.out)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch
 
 from communicators import DCTTopKReducer, DiLoCoCommunicator, QuantizeCommunicator
 from exogym import Trainer
+from exogym.cli import plain_help
 from exogym.core.strategy import Strategy
 from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
 from exogym.tasks import MLPClassifier, digits_datasets
@@ -62,7 +63,9 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--H", type=int, default=20)

@@ -48,3 +48,40 @@ def test_step_time_is_slowest_compute_plus_slowest_comm() -> None:
     assert net.records_time(recs) == pytest.approx(
         net.collective_time("all_reduce", 4, 10**6) + net.collective_time("all_gather", 2, 10**3)
     )
+
+
+def test_compute_model_is_checked_and_named_in_the_error() -> None:
+    for bad in ("fast", -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="compute must be 'measured', 'flops' or seconds per step"):
+            Network(1e9, 1e-3, compute=bad)
+    with pytest.raises(ValueError, match="flops_per_second"):
+        Network(1e9, 1e-3, compute="flops", flops_per_second=0)
+    assert resolve_network("internet", compute=0.5).compute == 0.5
+    assert resolve_network("internet", compute=0.5).bandwidth == PRESETS["internet"].bandwidth
+
+
+def test_compute_seconds_per_model() -> None:
+    assert Network(1e9, 0).compute_seconds(0.3, 1e12) == 0.3  # measured ignores the FLOPs
+    assert Network(1e9, 0, compute=0.02).compute_seconds(0.3, 1e12) == 0.02
+    assert Network(1e9, 0, compute="flops", flops_per_second=4e12).compute_seconds(0.3, 1e12) == 0.25
+
+
+def _tinynet_flops_per_step(batch: int, d: int = 8, hidden: int = 16) -> int:
+    """FLOPs of a TinyNet step from the matrix products autograd runs (2 FLOPs per
+    multiply-add): forward fc1 and fc2; backward the weight gradients of both and the input
+    gradient of fc2 only (the data needs no gradient)."""
+    fc1, fc2 = 2 * batch * d * hidden, 2 * batch * hidden * 1
+    return 2 * fc1 + 3 * fc2
+
+
+@pytest.mark.parametrize("compute", ["flops", 0.25])
+def test_deterministic_compute_models_price_every_trained_step_alike(compute: str | float) -> None:
+    from exogym.strategy import SimpleReduceStrategy
+    from tests.fake_world import train_ranks
+
+    steps, batch, fps = 6, 8, 1e6
+    net = Network(1e9, 1e-3, compute=compute, flops_per_second=fps)
+    out = train_ranks(2, lambda: SimpleReduceStrategy(), steps, batch_size=batch, network=net)
+    rows = [r for r in out[0]["node"].history if "compute_time" in r]
+    per_step = _tinynet_flops_per_step(batch) / fps if compute == "flops" else compute
+    assert [r["compute_time"] for r in rows] == pytest.approx([per_step * r["step"] for r in rows], rel=1e-12)
