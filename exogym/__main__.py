@@ -119,7 +119,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     starts) and 1 when a strategy failed (after writing the others' results)."""
     top, parser = _parser()
     args = top.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from exogym.runtime import cluster
+
+    launch = cluster.detect()  # under torchrun, rank 0 reports
+    logging.basicConfig(
+        level=logging.INFO if launch is None or launch.rank == 0 else logging.WARNING, format="%(message)s"
+    )
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [n for n in names if n not in PRESETS]
     if unknown or not names:

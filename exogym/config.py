@@ -44,6 +44,8 @@ class FitConfig:
         log_level: ``logging`` level for the nodes.
         network: the network model that prices communication and compute.
         stop_on_nonfinite_loss: a NaN or infinite training loss ends the run with an error.
+        launcher: ``'exogym'`` (``fit`` started the workers) or ``'torchrun'`` (each torchrun
+            rank is a worker; see :mod:`exogym.runtime.cluster`).
     """
 
     num_nodes: int
@@ -67,6 +69,7 @@ class FitConfig:
     log_level: int
     network: Network
     stop_on_nonfinite_loss: bool = True
+    launcher: str = "exogym"
 
     @property
     def accumulation(self) -> int:

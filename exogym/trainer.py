@@ -16,6 +16,7 @@ from exogym.core.comm.network import Network, resolve_network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan, resolve_kind
 from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name, resolve_logger
+from exogym.runtime import cluster
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
@@ -76,6 +77,7 @@ class Trainer:
         shm_slot_mb: float = DEFAULT_SLOT_MB,
         workers: int | None = None,
         stop_on_nonfinite_loss: bool = True,
+        torchrun_mode: str | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -123,9 +125,16 @@ class Trainer:
                 summation order).
             stop_on_nonfinite_loss: end the run with an error naming the node and step when a
                 training loss is NaN or infinite (``False``: train on).
+            torchrun_mode: only under ``torchrun`` (see :mod:`exogym.runtime.cluster`), where
+                ``fit`` joins the launcher's processes instead of starting its own:
+                ``'deploy'`` (one node per torchrun process; ``num_nodes`` = world size),
+                ``'simulate'`` (``num_nodes`` > world size, virtual nodes spread over the
+                processes), or ``None`` (default) to infer it from ``num_nodes``. Ignored, and
+                must be ``None``, outside torchrun.
 
         Returns:
-            A copy of the model holding the mean of the nodes' final parameters and buffers.
+            A copy of the model holding the mean of the nodes' final parameters and buffers
+            (under torchrun, on every rank; ``history`` is filled on rank 0 only).
 
         Raises:
             TypeError, ValueError: for bad arguments, before any process starts.
@@ -147,10 +156,20 @@ class Trainer:
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
         run_logger = resolve_logger(logger)
+        launch = cluster.detect()
+        if launch is None and torchrun_mode is not None:
+            raise ValueError(
+                f"torchrun_mode={torchrun_mode!r} applies only under torchrun (RANK, WORLD_SIZE, MASTER_ADDR and "
+                "MASTER_PORT unset here); drop it, or start the script with torchrun"
+            )
 
         ndev = len(set(devices)) if devices else (torch.cuda.device_count() if dev == "cuda" else 1)
-        n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
-        resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
+        if launch is not None:
+            mode = cluster.resolve_mode(torchrun_mode, num_nodes, launch.world_size, workers)
+            n_workers, kind = launch.world_size, cluster.resolve_transport(transport, dev)
+        else:
+            n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
+            resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
         steps, per_epoch = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         _check_strategy_builds(strategy, self.model, state_bytes, num_nodes, steps, seed, per_epoch)
@@ -159,16 +178,14 @@ class Trainer:
         )
 
         cpus = usable_cpus()
-        plan = TransportPlan.create(
-            transport,
-            dev,
-            n_workers,
-            state_bytes,
-            ndev,
-            # A worker waits for its peers while each of them runs all its nodes in turn.
-            timeout_s=collective_timeout * -(-num_nodes // n_workers),
-            slot_mb=shm_slot_mb,
-        )
+        # A worker waits for its peers while each of them runs all its nodes in turn.
+        timeout_s = collective_timeout * -(-num_nodes // n_workers)
+        if launch is not None:
+            plan = TransportPlan.for_launcher(kind, n_workers, timeout_s)
+            devices = cluster.worker_device(dev, tuple(devices) if devices else None, launch)
+            cpus = max(1, cpus // launch.local_world_size) * n_workers  # this machine's share per rank
+        else:
+            plan = TransportPlan.create(transport, dev, n_workers, state_bytes, ndev, timeout_s, shm_slot_mb)
         cfg = FitConfig(
             num_nodes=num_nodes,
             workers=n_workers,
@@ -191,20 +208,24 @@ class Trainer:
             log_level=logging.getLogger("exogym").getEffectiveLevel(),
             network=net,
             stop_on_nonfinite_loss=stop_on_nonfinite_loss,
+            launcher="exogym" if launch is None else "torchrun",
         )
         name = run_name or default_run_name(type(strategy).__name__)
         job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger)
-        try:
-            results = run_nodes(
-                worker_process, n_workers, job, (plan,), world_size=None if n_workers == num_nodes else num_nodes
-            )
-        finally:
-            plan.close()
-        out = results[0]
-        self.history = out["history"]
+        if launch is not None:
+            out = _run_under_torchrun(job, plan, launch, mode)
+        else:
+            try:
+                results = run_nodes(
+                    worker_process, n_workers, job, (plan,), world_size=None if n_workers == num_nodes else num_nodes
+                )
+            finally:
+                plan.close()
+            out = results[0]
+        self.history = out.get("history", [])
         self.result = {
-            "max_steps": out["max_steps"],
-            "peak_memory": out["peak_memory"],
+            "max_steps": out.get("max_steps", cfg.max_steps),
+            "peak_memory": out.get("peak_memory"),
             "run_name": name,
             "config": cfg,
         }
@@ -419,3 +440,35 @@ def _check_strategy_builds(
             100 * dry.lr / peak,
             peak,
         )
+
+
+def _run_under_torchrun(job: NodeJob, plan: TransportPlan, launch: cluster.LaunchEnv, mode: str) -> dict[str, Any]:
+    """This torchrun rank's share of the run: join the launcher's process group, check that
+    every rank runs the same arguments, train this rank's nodes in this process; return its
+    result (rank 0's has the history; every rank's has the averaged state). Collective."""
+    import cloudpickle
+
+    cfg = job.config
+    if cfg.device == "cuda":
+        torch.cuda.set_device(cfg.worker_device(launch.rank))
+    cluster.join(plan.backend, plan.timeout_s)
+    cluster.check_agreement(
+        {
+            "num_nodes": cfg.num_nodes,
+            "mode": mode,
+            "transport": plan.kind,
+            "device": cfg.device,
+            "max_steps": cfg.max_steps,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "strategy": type(job.strategy).__name__,
+        }
+    )
+    if launch.rank == 0:
+        logger.info(
+            "torchrun %s mode: %d nodes on %d processes over %s", mode, cfg.num_nodes, launch.world_size, plan.kind
+        )
+    # The nodes own a copy of the user's objects, as in processes fit starts itself.
+    out = worker_process(launch.rank, cloudpickle.loads(serialize_job(job)), plan)
+    assert out is not None
+    return out

@@ -15,6 +15,7 @@ import torch
 from exogym.cli.plots import plot_comparison
 from exogym.core.comm.network import Network, resolve_network
 from exogym.logger import CSVLogger
+from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
 from exogym.strategy.registry import build
 from exogym.tasks import load_task
@@ -79,6 +80,9 @@ def compare(
     run's ``<out_dir>/<strategy>/metrics.csv``, ``<out_dir>/summary.csv`` and the plots of
     :func:`exogym.cli.plots.plot_comparison`.
 
+    Under ``torchrun`` each run joins the launcher's processes (see :mod:`exogym.runtime.cluster`)
+    and rank 0 writes the files and returns the summary (other ranks: an empty summary).
+
     A strategy that fails is reported in :attr:`Comparison.failures` and the others still run;
     the summary and plots cover those that finished (also when Ctrl-C stops the comparison:
     they are written, then ``KeyboardInterrupt`` propagates).
@@ -97,7 +101,8 @@ def compare(
     net = resolve_network(network, compute)
     lr = spec.lr if lr is None else lr
     built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
-    startup = time.perf_counter() - t0 + start_processes_server()
+    launch = cluster.detect()  # under torchrun the launcher started the processes
+    startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(task, nodes, steps, batch_size, lr, H, net, seed)
     logger.info("%s\nstart-up %.1f s (task data, process server with torch imported; not in wall s)", caption, startup)
     result = Comparison([], startup_time=startup, caption=caption)
@@ -127,8 +132,9 @@ def compare(
                 result.failures[name] = f"{type(e).__name__}: {e}"
                 logger.error("%s failed (the other strategies go on): %s: %s", name, type(e).__name__, e)
                 continue
-            histories[name] = trainer.history
-            result.summary.append(_summary_row(name, trainer.history, time.perf_counter() - t0))
+            if trainer.history:  # under torchrun, rank 0 has the metrics and writes the results
+                histories[name] = trainer.history
+                result.summary.append(_summary_row(name, trainer.history, time.perf_counter() - t0))
     finally:
         if result.summary:
             _write_summary(result.summary, out_dir)

@@ -114,8 +114,9 @@ class TrainNode:
             raise TypeError(f"model(batch) must return a scalar loss tensor, got {shape}")
         return loss.reshape(())
 
-    def train(self) -> dict[str, Any] | None:
-        """Run ``max_steps`` steps; return the result on rank 0, ``None`` elsewhere."""
+    def train(self, keep_state: bool = False) -> dict[str, Any] | None:
+        """Run ``max_steps`` steps; return the result on rank 0; elsewhere ``None``, or
+        ``{"state_dict": the averaged state}`` with ``keep_state`` (a torchrun rank's first node)."""
         cfg = self.cfg
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
@@ -179,7 +180,7 @@ class TrainNode:
         if self.logger is not None:
             self.logger.finish()
         if self.rank != 0:
-            return None
+            return {"state_dict": state} if keep_state else None
         return {
             "state_dict": state,
             "history": self.history,

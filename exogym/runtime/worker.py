@@ -48,24 +48,28 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     # same transport calls.
     direct = cfg.workers == cfg.num_nodes
     outer = plan.connect(worker) if cfg.workers > 1 or direct else None
+    # Under torchrun every rank returns the averaged model: its first node keeps the state.
+    keep = cfg.launcher == "torchrun"
     if direct:
         torch.manual_seed(cfg.seed + ranks[0])
         assert outer is not None
-        result = _run_node(ranks[0], job, outer, device)
+        result = _run_node(ranks[0], job, outer, device, keep)
     else:
         hub = VirtualHub(ranks, cfg.num_nodes, cfg.workers, worker, outer, device, cfg.seed)
-        results = hub.run(lambda rank, transport: _run_node(rank, job, transport, device))
-        result = results.get(0)
+        results = hub.run(lambda rank, transport: _run_node(rank, job, transport, device, keep and rank == ranks[0]))
+        result = results.get(0, results.get(ranks[0]))
     if outer is not None:
         outer.close()
     return result
 
 
-def _run_node(rank: int, job: NodeJob, transport: Transport, device: torch.device) -> dict[str, Any] | None:
+def _run_node(
+    rank: int, job: NodeJob, transport: Transport, device: torch.device, keep_state: bool = False
+) -> dict[str, Any] | None:
     comm = NodeComm(rank, job.config.num_nodes, transport)
     set_current(comm)
     try:
-        return TrainNode(job, rank, comm, device).train()
+        return TrainNode(job, rank, comm, device).train(keep_state)
     finally:
         set_current(None)
 

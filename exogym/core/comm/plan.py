@@ -83,7 +83,8 @@ class TransportPlan:
     Attributes:
         kind: ``'shm'``, ``'gloo'`` or ``'nccl'``.
         world_size: the number of nodes.
-        store_port: the parent's rendezvous store (loopback).
+        store_port: the parent's rendezvous store (loopback); 0 for an outside launcher's
+            process group (:meth:`for_launcher`).
         timeout_s: seconds any node waits in one collective before raising.
         slot: bytes per shared-memory slot (``kind == 'shm'``), else 0.
         segment: the shared-memory segment (``kind == 'shm'``), else ``None``.
@@ -125,6 +126,15 @@ class TransportPlan:
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
         return cls(resolved, world_size, store.port, float(timeout_s), slot, segment, store)
 
+    @classmethod
+    def for_launcher(cls, kind: str, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> TransportPlan:
+        """A plan over an outside launcher's process group (``torchrun``; ``kind`` is
+        ``'gloo'`` or ``'nccl'``): no store of its own (``store_port`` 0), the ranks rendezvous
+        through the launcher's environment (``env://``)."""
+        if kind not in ("gloo", "nccl"):
+            raise ValueError(f"a launcher's transport is 'gloo' or 'nccl', got {kind!r}")
+        return cls(kind, world_size, 0, float(timeout_s))
+
     @property
     def backend(self) -> str:
         """The ``torch.distributed`` backend every node joins."""
@@ -138,6 +148,11 @@ class TransportPlan:
     def connect(self, rank: int) -> Transport:
         """In node ``rank``: join the process group and open the transport. Collective: every
         rank must call it."""
+        if self.store_port == 0:  # an outside launcher's group (exogym.runtime.cluster)
+            from exogym.runtime import cluster
+
+            cluster.join(self.backend, self.timeout_s)
+            return TorchDistTransport(cluster.default_store(), self.timeout_s, owns_group=False)
         store = dist.TCPStore("127.0.0.1", self.store_port, is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group(
             self.backend,

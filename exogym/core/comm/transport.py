@@ -135,13 +135,15 @@ class TorchDistTransport:
     Args:
         store: the run's rendezvous store (for error reports), or ``None``.
         timeout_s: the deadline the process group was created with (for messages).
+        owns_group: :meth:`close` destroys the process group (``False`` when someone else,
+            e.g. ``torchrun``'s script, owns it).
     """
 
-    def __init__(self, store: dist.Store | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, store: dist.Store | None = None, timeout_s: float = 300.0, owns_group: bool = True) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TorchDistTransport needs torch.distributed.init_process_group() first")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.store, self.timeout_s = store, timeout_s
+        self.store, self.timeout_s, self.owns_group = store, timeout_s, owns_group
         self._seq = 0
 
     @property
@@ -218,7 +220,7 @@ class TorchDistTransport:
         self._run("barrier", dist.barrier)
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -1,0 +1,166 @@
+"""Running under ``torchrun``: each rank of the launcher's process group is one worker of the run.
+
+``Trainer.fit`` called in a script that ``torchrun`` (``python -m torch.distributed.run``)
+started finds the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``) and joins that process group instead of starting processes of
+its own. Two modes:
+
+* ``deploy``: ``num_nodes`` equals the world size; every rank is one real node on its own GPU
+  (``cuda:LOCAL_RANK``, nccl) or CPU (gloo);
+* ``simulate``: ``num_nodes`` is larger; the nodes are virtual nodes spread over the ranks in
+  contiguous blocks, exactly as over a local run's worker processes.
+
+The rest is the local run's code path: the same worker body, the same node loop, the same
+ledger and network model. Before training, the ranks check that they agree on the run's
+arguments (one small all-gather); a rank that raises ends its process with the traceback, and
+torchrun's own failure handling (stop, or restart with ``--max-restarts``) takes over.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: The variables ``torchrun`` sets that ExoGym needs (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
+#: default to the rank and world size where a launcher does not set them).
+REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: ``fit(torchrun_mode=...)`` values.
+MODES = ("deploy", "simulate")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits in a ``torchrun`` launch.
+
+    Attributes:
+        rank: global rank (the worker index).
+        world_size: processes over all machines (the number of workers).
+        local_rank: rank on this machine (its GPU index).
+        local_world_size: processes on this machine (they share its cores).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def detect() -> LaunchEnv | None:
+    """The launch environment of this process, or ``None`` outside ``torchrun`` (or a launcher
+    that sets the same variables, e.g. ``srun`` with them exported)."""
+    env = os.environ
+    if not all(k in env for k in REQUIRED_ENV):
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", rank))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    except ValueError as e:
+        raise ValueError(f"torchrun's environment is malformed ({e}); check RANK, WORLD_SIZE and LOCAL_RANK") from None
+    return LaunchEnv(rank, world, local_rank, local_world)
+
+
+def resolve_mode(mode: str | None, num_nodes: int, world_size: int, workers: int | None) -> str:
+    """``'deploy'`` or ``'simulate'`` for ``fit(torchrun_mode=mode)`` (``None``: from
+    ``num_nodes`` against the world size). Raises ``ValueError`` naming the argument."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"torchrun_mode must be one of {MODES} or None, got {mode!r}")
+    if workers is not None and workers != world_size:
+        raise ValueError(
+            f"workers={workers} under torchrun: every torchrun process is one worker, so workers is the world "
+            f"size ({world_size}); leave workers=None or change --nproc_per_node/--nnodes"
+        )
+    if num_nodes < world_size:
+        raise ValueError(
+            f"num_nodes={num_nodes} is smaller than torchrun's world size {world_size}: every process hosts at "
+            f"least one node; pass num_nodes >= {world_size} or start fewer processes"
+        )
+    inferred = "deploy" if num_nodes == world_size else "simulate"
+    if mode == "deploy" and inferred != "deploy":
+        raise ValueError(
+            f"torchrun_mode='deploy' runs one node per torchrun process, but num_nodes={num_nodes} and the world "
+            f"size is {world_size}; pass num_nodes={world_size}, or torchrun_mode='simulate' for virtual nodes"
+        )
+    if mode == "simulate" and inferred != "simulate":
+        raise ValueError(
+            f"torchrun_mode='simulate' spreads more nodes than processes over the ranks, but num_nodes={num_nodes} "
+            f"equals the world size; pass a larger num_nodes, or torchrun_mode='deploy'"
+        )
+    return inferred
+
+
+def resolve_transport(kind: str, device: str) -> str:
+    """The launcher's transport: nccl for CUDA (``'auto'``), else gloo. Shared memory needs
+    ExoGym's own launcher (the segment is made by the parent), so ``'shm'`` raises."""
+    if kind == "shm":
+        raise ValueError(
+            "transport='shm' needs ExoGym's own launcher (a parent process that creates the shared segment); "
+            "under torchrun use transport='auto', 'gloo' or 'nccl'"
+        )
+    if kind == "nccl" and device != "cuda":
+        raise ValueError(f"transport='nccl' needs device='cuda', got device={device!r}; use transport='auto' or 'gloo'")
+    if kind == "auto":
+        return "nccl" if device == "cuda" else "gloo"
+    return kind
+
+
+def join(backend: str, timeout_s: float) -> None:
+    """Join the launcher's process group (``env://``) unless one exists. Collective: every rank
+    must call.
+
+    The group is kept for later ``fit`` calls in the same script (``exogym compare`` runs one
+    per strategy: re-creating the default group on torchrun's store is not reliable) and
+    destroyed when the interpreter exits; a group the user made is used as it is.
+    """
+    if dist.is_initialized():
+        if dist.get_backend() != backend:
+            raise ValueError(
+                f"a torch.distributed process group with backend {dist.get_backend()!r} already exists, but this "
+                f"run needs {backend!r}; destroy it first or pick the matching transport"
+            )
+        return
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    atexit.register(_destroy)
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def default_store() -> dist.Store | None:
+    """The process group's rendezvous store (for error reports), when torch exposes it."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def check_agreement(fields: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first argument the ranks disagree on, with every rank's
+    value. Collective: every rank must call (one all-gather of ``fields``' reprs)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {k: repr(v) for k, v in fields.items()})
+    for key in fields:
+        values = [g[key] for g in gathered]
+        if len(set(values)) > 1:
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise ValueError(
+                f"the torchrun ranks called fit with different {key} ({per_rank}); every rank must run the same "
+                "script with the same arguments"
+            )
+
+
+def worker_device(device: str, devices: tuple[int, ...] | None, env: LaunchEnv) -> tuple[int, ...] | None:
+    """The CUDA index this rank trains on, as ``fit(devices=...)``: ``devices[local_rank % len]``
+    (default: ``local_rank`` modulo this machine's GPUs); ``None`` off CUDA."""
+    if device != "cuda":
+        return None
+    pool = devices or tuple(range(max(1, torch.cuda.device_count())))
+    return (pool[env.local_rank % len(pool)],)
