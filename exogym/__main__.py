@@ -121,10 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = top.parse_args(argv)
     from exogym.runtime import cluster
 
-    launch = cluster.detect()  # under torchrun, rank 0 reports
-    logging.basicConfig(
-        level=logging.INFO if launch is None or launch.rank == 0 else logging.WARNING, format="%(message)s"
-    )
+    # Under torchrun, rank 0 reports.
+    logging.basicConfig(level=logging.INFO if cluster.reporting() else logging.WARNING, format="%(message)s")
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [n for n in names if n not in PRESETS]
     if unknown or not names:

@@ -28,6 +28,7 @@ from exogym.cli import plain_help
 from exogym.cli.plots import plot_comparison
 from exogym.data import LabelShards
 from exogym.logger import CSVLogger
+from exogym.runtime import cluster
 from exogym.strategy import FedAvgStrategy
 from exogym.tasks import MLPClassifier, digits_datasets, mnist_datasets
 
@@ -93,6 +94,8 @@ def run(
             seed=seed,
             progress=progress,
         )
+        if not trainer.history:  # a torchrun rank other than 0: rank 0 reports
+            continue
         histories[split] = trainer.history
         val_rows = [r for r in trainer.history if "val_loss_global" in r]
         train_rows = [r for r in trainer.history if "train_loss" in r]
@@ -104,6 +107,8 @@ def run(
             "MB_sent_per_client": train_rows[-1]["bytes_sent"] / 1e6,
             "sim_time_s": train_rows[-1]["sim_time"],
         }
+    if not summary:
+        return summary
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(next(iter(summary.values()))))
@@ -146,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error(f"--lr must be positive, got {args.lr}")
     if args.workers is not None and not 1 <= args.workers <= args.num_clients:
         p.error(f"--workers must be between 1 and --num_clients={args.num_clients}, got {args.workers}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO if cluster.reporting() else logging.WARNING, format="%(message)s")
     summary = run(
         dataset=args.dataset,
         num_clients=args.num_clients,

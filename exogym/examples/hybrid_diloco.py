@@ -18,6 +18,7 @@ from communicators import DCTTopKReducer, DiLoCoCommunicator, QuantizeCommunicat
 from exogym import Trainer
 from exogym.cli import plain_help
 from exogym.core.strategy import Strategy
+from exogym.runtime import cluster
 from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
 from exogym.tasks import MLPClassifier, digits_datasets
 
@@ -55,6 +56,8 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
         trainer.fit(
             strategy, num_nodes=nodes, max_steps=steps, batch_size=32, val_size=len(val), logger=False, progress=False
         )
+        if not trainer.history:  # a torchrun rank other than 0: rank 0 reports
+            continue
         val_loss = [r["val_loss_global"] for r in trainer.history if "val_loss_global" in r]
         sent = [r["bytes_sent"] for r in trainer.history if "bytes_sent" in r][-1]
         results[name] = {"val_loss_first": val_loss[0], "val_loss": val_loss[-1], "bytes_sent": sent}
@@ -70,7 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--H", type=int, default=20)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO if cluster.reporting() else logging.WARNING, format="%(message)s")
     run(args.nodes, args.steps, args.H)
 
 

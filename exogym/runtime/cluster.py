@@ -66,6 +66,13 @@ def detect() -> LaunchEnv | None:
     return LaunchEnv(rank, world, local_rank, local_world)
 
 
+def reporting() -> bool:
+    """Whether this process reports (logs results, writes summaries and plots): always outside
+    torchrun, only rank 0 under it (the other ranks train and stay quiet)."""
+    launch = detect()
+    return launch is None or launch.rank == 0
+
+
 def resolve_mode(mode: str | None, num_nodes: int, world_size: int, workers: int | None) -> str:
     """``'deploy'`` or ``'simulate'`` for ``fit(torchrun_mode=mode)`` (``None``: from
     ``num_nodes`` against the world size). Raises ``ValueError`` naming the argument."""
