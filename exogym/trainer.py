@@ -468,7 +468,10 @@ def _run_under_torchrun(job: NodeJob, plan: TransportPlan, launch: cluster.Launc
         logger.info(
             "torchrun %s mode: %d nodes on %d processes over %s", mode, cfg.num_nodes, launch.world_size, plan.kind
         )
-    # The nodes own a copy of the user's objects, as in processes fit starts itself.
-    out = worker_process(launch.rank, cloudpickle.loads(serialize_job(job)), plan)
+    # The nodes own a copy of the user's objects, as in processes fit starts itself; every rank
+    # starts from rank 0's model (as DistributedDataParallel does), whatever each rank built.
+    own = cloudpickle.loads(serialize_job(job))
+    cluster.broadcast_state(own.model, cfg.worker_device(launch.rank) if plan.kind == "nccl" else None)
+    out = worker_process(launch.rank, own, plan)
     assert out is not None
     return out

@@ -103,6 +103,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("logger object", _fit(logger=object()), TypeError, "logger must have start"),
     ("workers > nodes", _fit(workers=3), ValueError, "workers"),
     ("network name", _fit(network="moon"), ValueError, "network"),
+    ("torchrun_mode outside torchrun", _fit(torchrun_mode="deploy"), ValueError, "applies only under torchrun"),
     ("compute model", lambda: Network(1e9, 1e-3, compute="fast"), ValueError, "compute must be 'measured'"),
     ("batch > shard", _fit(batch_size=64), ValueError, "batch_size=64 is larger than each node's shard"),
     ("vector loss", _fit(model=_VectorLoss()), TypeError, "scalar loss"),

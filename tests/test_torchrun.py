@@ -76,6 +76,17 @@ def test_simulate_mode_spreads_four_virtual_nodes_over_two_ranks_as_a_local_fit(
     _assert_same(_params(f"{out}.1"), _params(f"{out}.0"))
 
 
+@pytest.mark.procs
+@pytest.mark.timeout(200)
+def test_every_rank_starts_from_rank_zeros_model(tmp_path) -> None:
+    out = str(tmp_path / "unseeded")
+    proc = _torchrun("--standalone", "--nproc_per_node=2", SCRIPT, "ddp", "2", out, "unseeded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    local, _ = fit("ddp", 2)  # rank 0 built TinyNet(seed=0), the local run's model
+    _assert_same(_params(f"{out}.0"), [p.detach() for p in local.parameters()])
+    _assert_same(_params(f"{out}.1"), _params(f"{out}.0"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

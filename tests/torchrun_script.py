@@ -1,5 +1,5 @@
 """A training script the torchrun tests launch: ``torchrun ... tests/torchrun_script.py
-STRATEGY NUM_NODES OUT [fail|mismatch]``. Every rank saves the model ``fit`` returned to
+STRATEGY NUM_NODES OUT [fail|mismatch|unseeded]``. Every rank saves the model ``fit`` returned to
 ``OUT.<RANK>``; rank 0 also saves ``trainer.history``, the launcher and the worker count to ``OUT.history``."""
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ if __name__ == "__main__":
         fit(name, nodes, FailOnRank(fail_rank=1, fail_call=3), max_steps=200)
     elif variant == "mismatch":
         fit(name, nodes + rank)  # rank 1 asks for one node more
+    elif variant == "unseeded":  # every rank builds a different initial model
+        model, _ = fit(name, nodes, TinyNet(seed=rank))
+        torch.save([p.detach() for p in model.parameters()], f"{out}.{rank}")
     else:
         model, trainer = fit(name, nodes)
         torch.save([p.detach() for p in model.parameters()], f"{out}.{rank}")

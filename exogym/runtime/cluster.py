@@ -164,6 +164,17 @@ def check_agreement(fields: dict[str, Any]) -> None:
             )
 
 
+@torch.no_grad()
+def broadcast_state(model: torch.nn.Module, device: torch.device | None = None) -> None:
+    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (through ``device``
+    for nccl). Collective: every rank must call. Not charged: it is the launch, not the algorithm."""
+    for t in model.state_dict().values():
+        buf = t if device is None else t.to(device)
+        dist.broadcast(buf, src=0)
+        if buf is not t:
+            t.copy_(buf)
+
+
 def worker_device(device: str, devices: tuple[int, ...] | None, env: LaunchEnv) -> tuple[int, ...] | None:
     """The CUDA index this rank trains on, as ``fit(devices=...)``: ``devices[local_rank % len]``
     (default: ``local_rank`` modulo this machine's GPUs); ``None`` off CUDA."""
