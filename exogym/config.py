@@ -46,6 +46,9 @@ class FitConfig:
         stop_on_nonfinite_loss: a NaN or infinite training loss ends the run with an error.
         launcher: ``'exogym'`` (``fit`` started the workers) or ``'torchrun'`` (each torchrun
             rank is a worker; see :mod:`exogym.runtime.cluster`).
+        checkpoint_dir: where checkpoints go (``None``: none are written).
+        checkpoint_interval: a checkpoint every this many steps (and after the last step).
+        resume_from: the complete checkpoint folder the run continues from, or ``None``.
     """
 
     num_nodes: int
@@ -70,6 +73,9 @@ class FitConfig:
     network: Network
     stop_on_nonfinite_loss: bool = True
     launcher: str = "exogym"
+    checkpoint_dir: str | None = None
+    checkpoint_interval: int | None = None
+    resume_from: str | None = None
 
     @property
     def accumulation(self) -> int:

@@ -130,7 +130,9 @@ def train_loader(
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed * 1000003 + rank))
     else:
         sampler = SequentialSampler(ds)
-    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True), sampler
+    # The loader's own generator: iterating it must not draw from the node's global stream.
+    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True, generator=torch.Generator())
+    return loader, sampler
 
 
 def steps_per_epoch(ds_len: int, shared: bool, num_nodes: int, batch_size: int) -> int:
@@ -139,14 +141,63 @@ def steps_per_epoch(ds_len: int, shared: bool, num_nodes: int, batch_size: int) 
     return per_node // batch_size
 
 
-def forever(loader: DataLoader, sampler: Any) -> Iterator[Any]:
-    """Iterate ``loader`` epoch after epoch, reshuffling each epoch."""
-    epoch = 0
-    while True:
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+class BatchStream:
+    """The batches of ``loader`` epoch after epoch (reshuffled each epoch), with a position that
+    checkpoints save and restore (:meth:`state_dict`): the epoch, the batches taken in it and the
+    sampler's generator at the epoch's start. Restoring skips the taken batches by index,
+    without loading them. Iterating draws nothing from torch's global random stream (the
+    loaders have a generator of their own), so a resumed node's dropout stream is unchanged."""
+
+    def __init__(self, loader: DataLoader, sampler: Any) -> None:
+        self.loader, self.sampler = loader, sampler
+        self.epoch = self.offset = 0
+        self._it: Iterator[Any] | None = None
+        self._epoch_generator: torch.Tensor | None = None
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._it is None:
+                self._it = self._start_epoch()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self.epoch, self.offset, self._it = self.epoch + 1, 0, None
+                continue
+            self.offset += 1
+            return batch
+
+    def _start_epoch(self) -> Iterator[Any]:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+        gen = getattr(self.sampler, "generator", None)
+        self._epoch_generator = gen.get_state() if gen is not None else None
+        if self.offset == 0:
+            return iter(self.loader)
+        bs = self.loader.batch_size
+        rest = list(iter(self.sampler))[self.offset * bs :]
+        loader = DataLoader(
+            self.loader.dataset,
+            batch_size=bs,
+            sampler=rest,
+            drop_last=True,
+            collate_fn=self.loader.collate_fn,
+            generator=torch.Generator(),
+        )
+        return iter(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: epoch, batches taken in it, the sampler generator at its start."""
+        return {"epoch": self.epoch, "offset": self.offset, "generator": self._epoch_generator}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position (the next batch is the one after it)."""
+        self.epoch, self.offset, self._it = state["epoch"], state["offset"], None
+        gen = getattr(self.sampler, "generator", None)
+        if gen is not None and state["generator"] is not None:
+            gen.set_state(state["generator"])
 
 
 def val_subset(ds: Dataset, shared: bool, rank: int, num_nodes: int, val_size: int) -> Dataset:

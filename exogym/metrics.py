@@ -121,6 +121,7 @@ class MetricsBuffer:
         self.peak_memory = 0.0
         self._slowdown = network.slowdown(comm.rank)
         self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
+        self._partial: list[float] | None = None
 
     @property
     def sim_time(self) -> float:
@@ -173,6 +174,9 @@ class MetricsBuffer:
             iv[2] += sent / k
             iv[3] += 1
             if self.step % self.log_interval == 0 or self.step == self.max_steps:
+                # An end-of-run row off the log_interval grid closes a partial interval: a run
+                # resumed from here continues that interval (see state_dict).
+                self._partial = list(iv) if self.step % self.log_interval else None
                 self._interval = [0.0, 0.0, 0.0, 0]
                 rows.append(
                     {
@@ -192,6 +196,25 @@ class MetricsBuffer:
                     }
                 )
         return rows
+
+    _STATE = ("step", "examples", "sent", "received", "compute_time", "sim_comm_time", "comm_time", "wall")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The totals, for checkpoints (taken right after a flush: nothing is pending). At the
+        end of a run whose length is off the ``log_interval`` grid, the interval the last row
+        closed early is kept open, so a resumed run's rows equal an uninterrupted run's."""
+        if self.pending:
+            raise RuntimeError("MetricsBuffer.state_dict() with pending samples: flush first")
+        state: dict[str, Any] = {k: getattr(self, k) for k in self._STATE}
+        interval = self._partial if self._partial is not None and self.step == self.max_steps else self._interval
+        state["peak_memory"], state["interval"] = self.peak_memory, list(interval)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s totals."""
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        self.peak_memory, self._interval = state["peak_memory"], list(state["interval"])
 
     def validation_row(self, local: tuple[float, ...], glob: tuple[float, ...]) -> dict[str, Any]:
         """A validation row from summed ``(loss_sum, examples, correct, labelled)`` of the

@@ -16,6 +16,7 @@ from exogym.core.comm.network import Network, resolve_network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan, resolve_kind
 from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name, resolve_logger
+from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
@@ -78,6 +79,9 @@ class Trainer:
         workers: int | None = None,
         stop_on_nonfinite_loss: bool = True,
         torchrun_mode: str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        resume_from: str | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -131,6 +135,17 @@ class Trainer:
                 ``'simulate'`` (``num_nodes`` > world size, virtual nodes spread over the
                 processes), or ``None`` (default) to infer it from ``num_nodes``. Ignored, and
                 must be ``None``, outside torchrun.
+            checkpoint_dir: write checkpoints of the whole run here (every node's model,
+                optimizer, scheduler, strategy and communicator state, RNG streams, data
+                position, ledger and metrics; see :mod:`exogym.runtime.checkpoint`): after the
+                last step, and every ``checkpoint_interval`` steps when given. Only the newest
+                complete checkpoint is kept; writes are atomic.
+            checkpoint_interval: steps between checkpoints (needs ``checkpoint_dir``).
+            resume_from: continue the run from a checkpoint: a ``step-N`` folder, or a
+                ``checkpoint_dir`` (its newest). The strategy, node count, model, batch size
+                and seed must match the checkpoint's; ``max_steps`` may be larger. With a
+                deterministic compute model the result is bit-identical to a run that never
+                stopped.
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers
@@ -156,6 +171,10 @@ class Trainer:
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
         run_logger = resolve_logger(logger)
+        positive_int(checkpoint_interval, "checkpoint_interval", allow_none=True)
+        if checkpoint_interval is not None and checkpoint_dir is None:
+            raise ValueError("checkpoint_interval needs checkpoint_dir (the folder the checkpoints go to)")
+        resume_folder = ckpt.resolve(resume_from) if resume_from is not None else None
         launch = cluster.detect()
         if launch is None and torchrun_mode is not None:
             raise ValueError(
@@ -209,9 +228,15 @@ class Trainer:
             network=net,
             stop_on_nonfinite_loss=stop_on_nonfinite_loss,
             launcher="exogym" if launch is None else "torchrun",
+            checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir is not None else None,
+            checkpoint_interval=checkpoint_interval,
+            resume_from=resume_folder,
         )
         name = run_name or default_run_name(type(strategy).__name__)
-        job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger)
+        meta = {**ckpt.fingerprint(self.model, strategy, num_nodes, batch_size, seed), "max_steps": cfg.max_steps}
+        if resume_folder is not None:
+            _check_resume(resume_folder, meta, strategy)
+        job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger, meta)
         if launch is not None:
             out = _run_under_torchrun(job, plan, launch, mode)
         else:
@@ -475,3 +500,23 @@ def _run_under_torchrun(job: NodeJob, plan: TransportPlan, launch: cluster.Launc
     out = worker_process(launch.rank, own, plan)
     assert out is not None
     return out
+
+
+def _check_resume(folder: str, run: dict[str, Any], strategy: Strategy) -> None:
+    """Raise ``ValueError`` when this run cannot continue the checkpoint in ``folder``."""
+    meta = ckpt.load_meta(folder)
+    ckpt.check_compatible(meta, run, folder)
+    if run["max_steps"] is not None and meta["step"] >= run["max_steps"]:
+        raise ValueError(
+            f"resume_from={folder!r} is at step {meta['step']}, and this run has max_steps={run['max_steps']}: "
+            "nothing to train; pass a larger max_steps"
+        )
+    if meta.get("max_steps") != run["max_steps"] and strategy.lr_scheduler is not None:
+        logger.warning(
+            "resuming a run of max_steps=%s with max_steps=%s: the LR schedule follows the new length, so the "
+            "result differs from a run that had max_steps=%s from the start",
+            meta.get("max_steps"),
+            run["max_steps"],
+            run["max_steps"],
+        )
+    logger.info("resuming from %s (step %d)", folder, meta["step"])

@@ -25,11 +25,14 @@ from exogym.core.comm.comm import NodeComm
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
+from exogym.runtime import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
 #: Pending step samples are exchanged across nodes at least this often (in steps).
 _FLUSH_STEPS = 64
+#: Ledger totals a checkpoint keeps (per-step records are empty between steps).
+_LEDGER_TOTALS = ("total_sent", "total_received", "total_payload", "total_collectives")
 
 
 @dataclass
@@ -43,6 +46,8 @@ class NodeJob:
     config: FitConfig
     run_name: str
     logger: Any = None
+    #: What a checkpoint records of the run (:func:`exogym.runtime.checkpoint.fingerprint`).
+    checkpoint_meta: dict[str, Any] | None = None
 
 
 class TrainNode:
@@ -78,6 +83,7 @@ class TrainNode:
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = copy.deepcopy(job.strategy)
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
+        self.checkpoint_meta = job.checkpoint_meta
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
@@ -121,17 +127,22 @@ class TrainNode:
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
         bar = _progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
-        batches = D.forever(self.loader, self.sampler)
+        batches = D.BatchStream(self.loader, self.sampler)
         metrics = MetricsBuffer(self.comm, cfg.network, cfg.log_interval, self.max_steps)
         flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
         # The bar shows rank 0's loss or, where clients are sampled per round (rank 0 may sit
         # rounds out), the round and the sampled clients' mean loss as metric rows come in.
         postfix: dict[str, str] = {}
         rounds = self.strategy.round_steps if self.rank == 0 else None
-        if self.val_loader is not None:
-            self._emit(self._validate(metrics))  # the starting point of every validation curve
-        start = time.perf_counter()
         step = 0
+        if cfg.resume_from is not None:
+            step = self._restore(cfg.resume_from, batches, metrics)
+            for row in self.history if self.logger is not None else []:
+                self.logger.log(row)  # the resumed run's log holds the whole history
+            bar.update(step)
+        elif self.val_loader is not None:
+            self._emit(self._validate(metrics))  # the starting point of every validation curve
+        start = time.perf_counter() - metrics.wall
         while step < self.max_steps:
             t0 = time.perf_counter()
             transport0 = self.comm.transport_seconds
@@ -162,13 +173,16 @@ class TrainNode:
                 if done % cfg.log_interval == 0 and not rounds:
                     postfix["loss"] = f"{loss_sum / cfg.accumulation:.4f}"
             validate = self._validates(done)
-            if done % flush_every == 0 or done == self.max_steps or validate:
+            save = self._checkpoints(done)
+            if done % flush_every == 0 or done == self.max_steps or validate or save:
                 for row in metrics.flush(float(_peak_memory(self.device))):
                     self._emit(row)
                     if rounds and row["train_loss"] == row["train_loss"]:  # sampled clients' mean
                         postfix["loss"] = f"{row['train_loss']:.4f}"
             if validate:
                 self._emit(self._validate(metrics))
+            if save:
+                self._checkpoint(done, batches, metrics)
             if rounds:
                 postfix["round"] = f"{-(-done // rounds)}/{-(-self.max_steps // rounds)}"
             if postfix:
@@ -195,6 +209,62 @@ class TrainNode:
             done == self.max_steps or bool(cfg.val_interval and done % cfg.val_interval == 0)
         )
 
+    def _checkpoints(self, done: int) -> bool:
+        """Whether the loop writes a checkpoint after ``done`` steps (the same on every node)."""
+        cfg = self.cfg
+        return cfg.checkpoint_dir is not None and (
+            done == self.max_steps or bool(cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
+        )
+
+    def _checkpoint(self, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
+        """Write this node's state after ``done`` steps; rank 0 completes the checkpoint once
+        every node has written. Collective (one uncharged barrier)."""
+        root = self.cfg.checkpoint_dir
+        assert root is not None
+        ledger = self.comm.ledger
+        state = {
+            "step": done,
+            "model": self.model.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "rng": ckpt.rng_state(self.device),
+            "data": batches.state_dict(),
+            "batches_drawn": self.batches_drawn,
+            "step_flops": self._step_flops,
+            "ledger": {k: getattr(ledger, k) for k in _LEDGER_TOTALS},
+            "metrics": metrics.state_dict(),
+            "history": self.history if self.rank == 0 else None,
+        }
+        ckpt.write_node(root, done, self.rank, state)
+        self.comm.all_reduce(torch.zeros(1), "sum", charge=False)  # every node's file is written
+        if self.rank == 0:
+            folder = ckpt.finalize(root, done, self.checkpoint_meta or {})
+            logger.info("checkpoint after step %d: %s", done, folder)
+
+    def _restore(self, folder: str, batches: D.BatchStream, metrics: MetricsBuffer) -> int:
+        """Load this node's state from a checkpoint folder; return the step it was taken at."""
+        state = torch.load(ckpt.node_file(folder, self.rank), map_location="cpu", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.strategy.load_state_dict(state["strategy"])
+        ckpt.set_rng_state(state["rng"], self.device)
+        batches.load_state_dict(state["data"])
+        self.batches_drawn, self._step_flops = state["batches_drawn"], state["step_flops"]
+        for k, v in state["ledger"].items():
+            setattr(self.comm.ledger, k, v)
+        metrics.load_state_dict(state["metrics"])
+        step = int(state["step"])
+        if self.rank == 0:
+            # Rows the stopped run wrote only because it ended at `step` (a validation or a
+            # train row off their intervals) are not rows of the continued run.
+            vi, li = self.cfg.val_interval, self.cfg.log_interval
+            self.history = [
+                r
+                for r in state["history"]
+                if r["step"] != step
+                or ("train_loss" in r and step % li == 0)
+                or ("train_loss" not in r and bool(vi) and step % vi == 0)
+            ]
+        return step
+
     def _may_sit_out(self, step: int) -> bool:
         """Whether this idle node may sit out the communication of ``step``: the strategy says a
         later communication replaces what it would receive, and nothing reads the node's state
@@ -215,6 +285,8 @@ class TrainNode:
         points = [self.max_steps, (step // flush_every + 1) * flush_every]
         if self.val_loader is not None and cfg.val_interval:
             points.append((step // cfg.val_interval + 1) * cfg.val_interval)
+        if cfg.checkpoint_dir is not None and cfg.checkpoint_interval:
+            points.append((step // cfg.checkpoint_interval + 1) * cfg.checkpoint_interval)
         return min(points)
 
     def _add_sample(

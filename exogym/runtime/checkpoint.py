@@ -1,0 +1,165 @@
+"""Checkpoints of a whole run, written atomically, and resuming from them.
+
+Layout of ``fit(checkpoint_dir=DIR)``::
+
+    DIR/step-00000120/node-00000.pt ... node-00003.pt   one per node (its whole state)
+    DIR/step-00000120/meta.pt                           the run's fingerprint and step
+    DIR/latest                                          "step-00000120"
+
+A checkpoint is written into ``DIR/.step-00000120.partial/``: every node saves its file (each
+through a temporary name and a rename), the nodes meet at an uncharged barrier, then rank 0
+writes ``meta.pt`` and renames the folder to ``step-00000120`` (one atomic rename), points
+``latest`` at it (temporary file and rename) and deletes older checkpoints. A run killed at any
+moment therefore leaves the previous complete checkpoint as it was; partial folders are never
+read and are replaced by the next write.
+
+A node's state (:func:`node_state`): model, strategy (inner optimizer, LR scheduler, step,
+communicator state: DiLoCo's global copy and outer optimizer, error-feedback residuals, DeMo's
+delta, ...), torch RNG streams, data position (epoch, batches taken, sampler generator), ledger
+totals, metric totals and, on rank 0, the metric history. With the network's ``compute``
+model deterministic, a resumed run is bit-identical to one that never stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+#: Files and folders of a checkpoint directory.
+LATEST = "latest"
+META = "meta.pt"
+_PREFIX = "step-"
+
+
+def step_dir(root: str, step: int) -> str:
+    """The folder of the checkpoint after ``step`` steps."""
+    return os.path.join(root, f"{_PREFIX}{step:08d}")
+
+
+def partial_dir(root: str, step: int) -> str:
+    """Where the checkpoint after ``step`` steps is written before it is complete."""
+    return os.path.join(root, f".{_PREFIX}{step:08d}.partial")
+
+
+def node_file(folder: str, rank: int) -> str:
+    """Node ``rank``'s file in a checkpoint folder."""
+    return os.path.join(folder, f"node-{rank:05d}.pt")
+
+
+def save_atomic(obj: Any, path: str) -> None:
+    """``torch.save`` to a temporary name beside ``path``, then rename: readers see the old file
+    or the whole new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_node(root: str, step: int, rank: int, state: dict[str, Any]) -> None:
+    """Node ``rank``'s part of the checkpoint after ``step`` steps (before the barrier)."""
+    folder = partial_dir(root, step)
+    os.makedirs(folder, exist_ok=True)
+    save_atomic(state, node_file(folder, rank))
+
+
+def finalize(root: str, step: int, meta: dict[str, Any]) -> str:
+    """Rank 0, after every node wrote its file: complete the checkpoint after ``step`` steps,
+    point ``latest`` at it and delete older ones; return its folder."""
+    folder, final = partial_dir(root, step), step_dir(root, step)
+    save_atomic({**meta, "step": step}, os.path.join(folder, META))
+    if os.path.exists(final):  # a run that wrote this step before (e.g. resumed from earlier)
+        shutil.rmtree(final)
+    os.replace(folder, final)
+    tmp = os.path.join(root, f".{LATEST}.tmp")
+    with open(tmp, "w") as f:
+        f.write(os.path.basename(final))
+    os.replace(tmp, os.path.join(root, LATEST))
+    for name in os.listdir(root):
+        old = os.path.join(root, name)
+        if name.startswith(_PREFIX) and old != final and os.path.isdir(old):
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve(path: str) -> str:
+    """The checkpoint folder ``fit(resume_from=path)`` means: ``path`` itself when it is one,
+    else the checkpoint ``path/latest`` names (or the newest complete one). Raises
+    ``FileNotFoundError`` naming ``resume_from``."""
+    if os.path.isfile(os.path.join(path, META)):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"resume_from={path!r}: no such checkpoint or checkpoint directory")
+    latest = os.path.join(path, LATEST)
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            folder = os.path.join(path, f.read().strip())
+        if os.path.isfile(os.path.join(folder, META)):
+            return folder
+    done = sorted(n for n in os.listdir(path) if n.startswith(_PREFIX) and os.path.isfile(os.path.join(path, n, META)))
+    if not done:
+        raise FileNotFoundError(
+            f"resume_from={path!r} holds no complete checkpoint (a run writes them with "
+            "fit(checkpoint_dir=..., checkpoint_interval=N))"
+        )
+    return os.path.join(path, done[-1])
+
+
+def load_meta(folder: str) -> dict[str, Any]:
+    """The fingerprint and step of a complete checkpoint folder."""
+    return torch.load(os.path.join(folder, META), weights_only=False)
+
+
+def fingerprint(model: torch.nn.Module, strategy: Any, num_nodes: int, batch_size: int, seed: int) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the checkpoint."""
+    config = {k: repr(v) for k, v in strategy.config().items()}
+    return {
+        "num_nodes": num_nodes,
+        "strategy": type(strategy).__name__,
+        "strategy_config": config,
+        "model": type(model).__name__,
+        "state_shapes": {k: (tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()},
+        "batch_size": batch_size,
+        "seed": seed,
+    }
+
+
+def check_compatible(meta: dict[str, Any], run: dict[str, Any], folder: str) -> None:
+    """Raise ``ValueError`` naming every way this run differs from the checkpoint's."""
+    diffs = []
+    for key, label in (
+        ("num_nodes", "num_nodes"),
+        ("strategy", "strategy"),
+        ("batch_size", "batch_size"),
+        ("seed", "seed"),
+    ):
+        if meta.get(key) != run[key]:
+            diffs.append(f"{label}: checkpoint {meta.get(key)!r}, this run {run[key]!r}")
+    if meta.get("state_shapes") != run["state_shapes"]:  # the class may be renamed; the state must fit
+        theirs, ours = meta.get("state_shapes", {}), run["state_shapes"]
+        changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        diffs.append(f"model state (shapes or dtypes) differs in {changed[:5]} ({meta.get('model')} -> {run['model']})")
+    if meta.get("strategy") == run["strategy"] and meta.get("strategy_config") != run["strategy_config"]:
+        theirs, ours = meta.get("strategy_config", {}), run["strategy_config"]
+        changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        diffs.append(
+            "strategy settings: " + ", ".join(f"{k} checkpoint {theirs.get(k)} this run {ours.get(k)}" for k in changed)
+        )
+    if diffs:
+        raise ValueError(f"cannot resume from {folder}: " + "; ".join(diffs))
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This thread's node's torch random streams (CPU, and the CUDA device's)."""
+    return {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -1,0 +1,208 @@
+"""Checkpoints: bit-exact resume, atomic writes, Ctrl-C, determinism."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+import torch
+
+from communicators.averaging import AveragingCommunicator
+from communicators.quantize import QuantizeCommunicator
+from exogym import Trainer
+from exogym.core.comm.network import Network
+from exogym.runtime import checkpoint as ckpt
+from exogym.strategy import (
+    CommunicateOptimizeStrategy,
+    DeMoStrategy,
+    DiLoCoStrategy,
+    FedAvgStrategy,
+    SimpleReduceStrategy,
+    SPARTAStrategy,
+)
+from tests.core.test_launch import _env, _tagged_pids, _wait_until
+from tests.helpers import TinyNet, regression_data
+
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(180)]
+
+STRATEGIES = {
+    "ddp": SimpleReduceStrategy,
+    "fedavg": lambda: FedAvgStrategy(H=3),
+    "diloco": lambda: DiLoCoStrategy(H=4),
+    "sparta": lambda: SPARTAStrategy(p_sparta=0.1),
+    "demo": DeMoStrategy,
+    # gradients all-reduced as int8 with error feedback (the residuals live in the checkpoint)
+    "int8_ef": lambda: CommunicateOptimizeStrategy(
+        [QuantizeCommunicator(AveragingCommunicator(target="grads"), "int8", error_feedback=True)]
+    ),
+}
+#: Columns measured on this machine (wall clock, memory); every other column is modelled.
+MEASURED = ("wall_time", "comm_time", "peak_memory")
+STEPS = 16
+
+
+def _fit(name: str, k: int, transport: str, steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict]]:
+    trainer = Trainer(TinyNet(), regression_data(1024), regression_data(64, seed=1))
+    model = trainer.fit(
+        STRATEGIES[name](),
+        num_nodes=k,
+        max_steps=steps,
+        batch_size=8,
+        transport=transport,
+        logger=False,
+        progress=False,
+        val_size=32,
+        val_interval=5,
+        log_interval=2,
+        network=Network(1e9, 1e-3, compute=0.01),  # deterministic simulated time
+        **kw,
+    )
+    rows = [{k: v for k, v in r.items() if k not in MEASURED} for r in trainer.history]
+    return [p.detach().clone() for p in model.parameters()], rows
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(("transport", "k"), [("shm", 2), ("gloo", 4)])
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_a_run_stopped_and_resumed_equals_one_that_never_stopped(name: str, transport: str, k: int, tmp_path) -> None:
+    whole, whole_rows = _fit(name, k, transport, STEPS)
+    _fit(name, k, transport, STEPS // 2, checkpoint_dir=str(tmp_path))  # ends with a checkpoint at 8
+    resumed, resumed_rows = _fit(name, k, transport, STEPS, resume_from=str(tmp_path))
+    assert _same(whole, resumed)
+    assert resumed_rows == whole_rows  # losses, bytes, simulated time, examples: every row
+
+
+def test_checkpoints_every_interval_keep_only_the_newest_complete_one(tmp_path) -> None:
+    _fit("diloco", 2, "shm", 12, checkpoint_dir=str(tmp_path), checkpoint_interval=5)
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-00000012"]  # 5 and 10 were replaced
+    assert ckpt.resolve(str(tmp_path)) == str(tmp_path / "step-00000012")
+    meta = ckpt.load_meta(str(tmp_path / "step-00000012"))
+    assert (meta["step"], meta["num_nodes"], meta["strategy"]) == (12, 2, "DiLoCoStrategy")
+    assert sorted(os.listdir(tmp_path / "step-00000012")) == ["meta.pt", "node-00000.pt", "node-00001.pt"]
+
+
+_KILLED_WRITER = """
+import os, signal, sys, torch
+from exogym.runtime import checkpoint as ckpt
+root = sys.argv[1]
+ckpt.write_node(root, 16, 0, {"model": torch.zeros(10)})         # node 0 finished its file
+folder = ckpt.partial_dir(root, 16)
+with open(os.path.join(folder, "node-00001.pt.tmp1"), "wb") as f:  # node 1 is half-way through
+    f.write(b"PK\\x03\\x04 half a zip")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_checkpoint_killed_mid_write_leaves_the_previous_one_usable(tmp_path) -> None:
+    whole, _ = _fit("diloco", 2, "shm", STEPS)
+    _fit("diloco", 2, "shm", STEPS // 2, checkpoint_dir=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], env=_env(), timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / ".step-00000016.partial").is_dir()  # the interrupted write is left behind...
+    assert ckpt.resolve(str(tmp_path)) == str(tmp_path / "step-00000008")  # ...and never read
+    resumed, _ = _fit("diloco", 2, "shm", STEPS, resume_from=str(tmp_path))
+    assert _same(whole, resumed)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"name": "ddp"}, "strategy: checkpoint 'DiLoCoStrategy', this run 'SimpleReduceStrategy'"),
+        ({"k": 3}, "num_nodes: checkpoint 2, this run 3"),
+        ({"steps": 8}, "is at step 8, and this run has max_steps=8"),
+    ],
+)
+def test_resuming_a_different_run_names_the_mismatch(change: dict, match: str, tmp_path) -> None:
+    _fit("diloco", 2, "shm", 8, checkpoint_dir=str(tmp_path))
+    args = {"name": "diloco", "k": 2, "transport": "shm", "steps": 16, **change}
+    with pytest.raises(ValueError, match=match):
+        _fit(args.pop("name"), args.pop("k"), args.pop("transport"), args.pop("steps"), resume_from=str(tmp_path))
+
+
+def test_resuming_a_different_model_or_a_missing_checkpoint_is_refused(tmp_path) -> None:
+    _fit("ddp", 2, "shm", 8, checkpoint_dir=str(tmp_path))
+    trainer = Trainer(TinyNet(hidden=32), regression_data(1024))
+    with pytest.raises(ValueError, match=r"model state \(shapes or dtypes\) differs in \['fc1.bias', 'fc1.weight'"):
+        trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, resume_from=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="resume_from='/nonexistent'"):
+        trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, resume_from="/nonexistent")
+    with pytest.raises(ValueError, match="checkpoint_interval needs checkpoint_dir"):
+        trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, checkpoint_interval=4)
+
+
+def test_the_same_seed_gives_the_same_run(tmp_path) -> None:
+    first, first_rows = _fit("diloco", 2, "shm", 12)
+    second, second_rows = _fit("diloco", 2, "shm", 12)
+    assert _same(first, second) and first_rows == second_rows
+
+
+_LONG_RUN = """
+import sys, time
+from exogym import Trainer
+from exogym.strategy import SimpleReduceStrategy
+from tests.helpers import TinyNet, regression_data
+
+class Slow(TinyNet):
+    def forward(self, batch):
+        time.sleep(0.01)
+        return super().forward(batch)
+
+if __name__ == "__main__":
+    Trainer(Slow(), regression_data(4096)).fit(
+        SimpleReduceStrategy(), num_nodes=2, max_steps=100000, batch_size=8, logger=False, progress=False,
+        val_size=0, checkpoint_dir=sys.argv[1], checkpoint_interval=10)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the run's processes")
+def test_ctrl_c_raises_keyboard_interrupt_within_5s_and_leaves_a_usable_checkpoint(tmp_path) -> None:
+    tag = uuid.uuid4().hex
+    script = tmp_path / "long_run.py"
+    script.write_text(_LONG_RUN)
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(root)],
+        env={**_env(), "EXOGYM_TEST_RUN": tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a shell may have ignored it
+    )
+    try:
+        assert _wait_until(lambda: (root / "latest").exists(), 90), "no checkpoint was written"
+        os.kill(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 5.0
+        assert "KeyboardInterrupt" in err and proc.returncode != 0
+        assert _wait_until(lambda: _tagged_pids(tag) == [], 5.0), f"left: {_tagged_pids(tag)}"
+    finally:
+        for pid in _tagged_pids(tag):  # only this test's processes, by their tag
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    folder = ckpt.resolve(str(root))
+    step = ckpt.load_meta(folder)["step"]
+    assert step % 10 == 0 and step >= 10
+    trainer = Trainer(TinyNet(), regression_data(4096))  # the same state shapes as Slow
+    model = trainer.fit(
+        SimpleReduceStrategy(),
+        num_nodes=2,
+        max_steps=step + 2,
+        batch_size=8,
+        logger=False,
+        progress=False,
+        val_size=0,
+        resume_from=str(root),
+    )
+    assert trainer.history[-1]["step"] == step + 2 and all(torch.isfinite(p).all() for p in model.parameters())
