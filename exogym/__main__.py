@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from exogym.tasks import load_task
 
     try:
-        load_task(args.task, args.data_dir)  # downloads once; offline, say so before anything starts
+        task = load_task(args.task, args.data_dir)  # downloads once; offline, say so before anything starts
     except OSError as e:
         parser.error(
             f"--task {args.task}: its data is not in --data-dir {args.data_dir} and could not be downloaded "
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     network = replace(resolve_network(args.network), flops_per_second=args.flops_per_second)
     result = compare(
-        args.task,
+        task,
         names,
         nodes=args.nodes,
         steps=args.steps,

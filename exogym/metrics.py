@@ -206,7 +206,7 @@ class MetricsBuffer:
         if self.pending:
             raise RuntimeError("MetricsBuffer.state_dict() with pending samples: flush first")
         state: dict[str, Any] = {k: getattr(self, k) for k in self._STATE}
-        interval = self._partial if self._partial is not None and self.step == self.max_steps else self._interval
+        interval = self._partial if self._partial is not None else self._interval
         state["peak_memory"], state["interval"] = self.peak_memory, list(interval)
         return state
 

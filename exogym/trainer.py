@@ -196,13 +196,11 @@ class Trainer:
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
 
-        cpus = usable_cpus()
         # A worker waits for its peers while each of them runs all its nodes in turn.
         timeout_s = collective_timeout * -(-num_nodes // n_workers)
         if launch is not None:
             plan = TransportPlan.for_launcher(kind, n_workers, timeout_s)
             devices = cluster.worker_device(dev, tuple(devices) if devices else None, launch)
-            cpus = max(1, cpus // launch.local_world_size) * n_workers  # this machine's share per rank
         else:
             plan = TransportPlan.create(transport, dev, n_workers, state_bytes, ndev, timeout_s, shm_slot_mb)
         cfg = FitConfig(
@@ -223,7 +221,9 @@ class Trainer:
             log_interval=log_interval,
             shuffle=shuffle,
             progress=progress,
-            threads_per_worker=max(1, cpus // n_workers),
+            # The workers on this machine share its cores: all of them locally, this machine's
+            # processes under torchrun.
+            threads_per_worker=max(1, usable_cpus() // (n_workers if launch is None else launch.local_world_size)),
             log_level=logging.getLogger("exogym").getEffectiveLevel(),
             network=net,
             stop_on_nonfinite_loss=stop_on_nonfinite_loss,
@@ -233,9 +233,11 @@ class Trainer:
             resume_from=resume_folder,
         )
         name = run_name or default_run_name(type(strategy).__name__)
-        meta = {**ckpt.fingerprint(self.model, strategy, num_nodes, batch_size, seed), "max_steps": cfg.max_steps}
-        if resume_folder is not None:
-            _check_resume(resume_folder, meta, strategy)
+        meta = None
+        if checkpoint_dir is not None or resume_folder is not None:
+            meta = {**ckpt.fingerprint(self.model, strategy, num_nodes, batch_size, seed), "max_steps": cfg.max_steps}
+            if resume_folder is not None:
+                _check_resume(resume_folder, meta, strategy)
         job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger, meta)
         if launch is not None:
             out = _run_under_torchrun(job, plan, launch, mode)

@@ -18,7 +18,7 @@ from exogym.logger import CSVLogger
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
 from exogym.strategy.registry import build
-from exogym.tasks import load_task
+from exogym.tasks import Task, load_task
 from exogym.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def settings_caption(
 
 
 def compare(
-    task: str,
+    task: str | Task,
     strategies: Sequence[str],
     nodes: int = 4,
     steps: int = 200,
@@ -88,6 +88,7 @@ def compare(
     they are written, then ``KeyboardInterrupt`` propagates).
 
     Args:
+        task: a built-in task's name (loaded from ``data_dir``) or a loaded :class:`~exogym.tasks.Task`.
         lr: the inner learning rate (``None``: the task's); must be > 0.
         compute: the compute model of the simulated time (:class:`exogym.core.comm.network.Network`):
             ``"flops"`` (default) and a number of seconds per step make the table identical run
@@ -97,13 +98,13 @@ def compare(
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
     t0 = time.perf_counter()
-    spec = load_task(task, data_dir)
+    spec = task if isinstance(task, Task) else load_task(task, data_dir)
     net = resolve_network(network, compute)
     lr = spec.lr if lr is None else lr
     built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
-    caption = settings_caption(task, nodes, steps, batch_size, lr, H, net, seed)
+    caption = settings_caption(spec.name, nodes, steps, batch_size, lr, H, net, seed)
     logger.info("%s\nstart-up %.1f s (task data, process server with torch imported; not in wall s)", caption, startup)
     result = Comparison([], startup_time=startup, caption=caption)
     histories: dict[str, list[dict[str, Any]]] = {}
@@ -138,7 +139,7 @@ def compare(
     finally:
         if result.summary:
             _write_summary(result.summary, out_dir)
-            result.plots = plot_comparison(histories, out_dir, title=f"{task}, {nodes} nodes", caption=caption)
+            result.plots = plot_comparison(histories, out_dir, title=f"{spec.name}, {nodes} nodes", caption=caption)
     return result
 
 

@@ -202,19 +202,18 @@ class TrainNode:
             "peak_memory": metrics.peak_memory,
         }
 
+    def _due(self, done: int, interval: int | None) -> bool:
+        """Whether something done every ``interval`` steps and after the last one (a train
+        row, a validation, a checkpoint) is due after ``done`` steps."""
+        return done == self.max_steps or bool(interval and done % interval == 0)
+
     def _validates(self, done: int) -> bool:
         """Whether the loop validates after ``done`` steps (the same on every node)."""
-        cfg = self.cfg
-        return self.val_loader is not None and (
-            done == self.max_steps or bool(cfg.val_interval and done % cfg.val_interval == 0)
-        )
+        return self.val_loader is not None and self._due(done, self.cfg.val_interval)
 
     def _checkpoints(self, done: int) -> bool:
         """Whether the loop writes a checkpoint after ``done`` steps (the same on every node)."""
-        cfg = self.cfg
-        return cfg.checkpoint_dir is not None and (
-            done == self.max_steps or bool(cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
-        )
+        return self.cfg.checkpoint_dir is not None and self._due(done, self.cfg.checkpoint_interval)
 
     def _checkpoint(self, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
         """Write this node's state after ``done`` steps; rank 0 completes the checkpoint once
@@ -235,7 +234,7 @@ class TrainNode:
             "history": self.history if self.rank == 0 else None,
         }
         ckpt.write_node(root, done, self.rank, state)
-        self.comm.all_reduce(torch.zeros(1), "sum", charge=False)  # every node's file is written
+        self.comm.barrier()  # every node's file is written
         if self.rank == 0:
             folder = ckpt.finalize(root, done, self.checkpoint_meta or {})
             logger.info("checkpoint after step %d: %s", done, folder)
@@ -254,14 +253,12 @@ class TrainNode:
         step = int(state["step"])
         if self.rank == 0:
             # Rows the stopped run wrote only because it ended at `step` (a validation or a
-            # train row off their intervals) are not rows of the continued run.
-            vi, li = self.cfg.val_interval, self.cfg.log_interval
+            # train row off their intervals) are not rows of this longer run.
             self.history = [
                 r
                 for r in state["history"]
                 if r["step"] != step
-                or ("train_loss" in r and step % li == 0)
-                or ("train_loss" not in r and bool(vi) and step % vi == 0)
+                or self._due(step, self.cfg.log_interval if "train_loss" in r else self.cfg.val_interval)
             ]
         return step
 
