@@ -77,6 +77,10 @@ class AveragingCommunicator(Communicator):
         i = drawn.island_of[self.ctx.rank]
         return drawn.islands, drawn.groups[i], drawn.participants[i]
 
+    def supports_dropout(self) -> bool:
+        """Every form of averaging can leave missing nodes out."""
+        return True
+
     def idle_steps(self, step: int) -> int:
         """With ``client_sampling`` on parameters, a node not sampled for the round of ``step``
         sits the rest of the round out and receives the participants' mean at its end."""
@@ -112,14 +116,22 @@ class AveragingCommunicator(Communicator):
     ) -> None:
         comm, tag = self.ctx.comm, f"average_{self.target}"
         if len(participants) == len(members):
-            comm.all_reduce(flat, op="mean", groups=islands, tag=tag)
+            comm.all_reduce(flat, op="mean", groups=islands, tag=tag)  # among the present nodes
             return
         rank = self.ctx.rank
+        present = comm.present(islands)
+        if len(present) < len(members):  # nodes missing from the round (fault injection)
+            participants = [r for r in participants if r in present]
+            if rank not in present:
+                comm.all_reduce(flat, op="sum", groups=islands, charge=False)  # leaves it out, charges nothing
+                return
         if rank not in participants:
             flat.zero_()
         comm.all_reduce(flat, op="sum", groups=islands, charge=False)
-        flat.div_(len(participants))
+        flat.div_(max(1, len(participants)))
         nbytes = flat.numel() * flat.element_size()
+        if not participants:
+            return
         if rank in participants:
             comm.charge("all_reduce", len(participants), nbytes, tag)
         if rank not in participants or rank == participants[0]:

@@ -77,6 +77,10 @@ class DiLoCoCommunicator(Communicator):
         self.global_params = [p.detach().clone() for p in self.params]
         self.outer = self.outer_spec.build(self.params)
 
+    def supports_dropout(self) -> bool:
+        """The exact outer step averages among the present nodes; a custom reducer may not."""
+        return self.reducer is None
+
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         islands = None

@@ -136,6 +136,9 @@ class QuantizedComm:
     def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
         self.base.charge(kind, group_size, payload, tag, is_root)
 
+    def present(self, groups: Groups | None = None) -> list[int]:
+        return self.base.present(groups)
+
 
 class QuantizeCommunicator(Communicator):
     """Wrap ``inner`` so that its float payloads travel as ``fmt`` (``int8``, ``fp16``, ``bf16``).

@@ -133,11 +133,16 @@ class SparseCommunicator(Communicator):
         else:
             self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
 
+    def supports_dropout(self) -> bool:
+        """The shared-index selectors average among the present nodes; ``topk`` all-gathers."""
+        return self.selector != "topk"
+
     def _islands(self, step: int) -> tuple[list[list[int]] | None, int]:
-        if not self.island_size:
-            return None, self.ctx.num_nodes
-        islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
-        return islands, len(next(g for g in islands if self.ctx.rank in g))
+        """(islands or None, how many present nodes this rank's average is over)."""
+        islands = None
+        if self.island_size:
+            islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
+        return islands, max(1, len(self.ctx.comm.present(islands)))
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:

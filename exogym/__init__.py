@@ -5,9 +5,10 @@ collectives; strategies live in :mod:`exogym.strategy`, communicator modules in 
 ``communicators`` package.
 """
 
+from exogym.runtime.faults import Faults
 from exogym.runtime.launch import NodeFailedError
 from exogym.trainer import LocalTrainer, Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["LocalTrainer", "NodeFailedError", "Trainer", "__version__"]
+__all__ = ["Faults", "LocalTrainer", "NodeFailedError", "Trainer", "__version__"]

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from exogym.core.comm.network import Network
+from exogym.runtime.faults import Faults
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class FitConfig:
         checkpoint_dir: where checkpoints go (``None``: none are written).
         checkpoint_interval: a checkpoint every this many steps (and after the last step).
         resume_from: the complete checkpoint folder the run continues from, or ``None``.
+        faults: injected dropouts and stragglers (:class:`exogym.runtime.faults.Faults`), or
+            ``None``.
+        fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
     """
 
     num_nodes: int
@@ -76,6 +80,8 @@ class FitConfig:
     checkpoint_dir: str | None = None
     checkpoint_interval: int | None = None
     resume_from: str | None = None
+    faults: Faults | None = None
+    fault_round_steps: int = 1
 
     @property
     def accumulation(self) -> int:
@@ -97,6 +103,7 @@ class FitConfig:
         d["network"] = {"name": n.name, "bandwidth": n.bandwidth, "latency": n.latency, "compute": n.compute}
         if n.counts_flops:
             d["network"]["flops_per_second"] = n.flops_per_second
+        d["faults"] = None if self.faults is None else self.faults.to_dict()
         return d
 
 

@@ -33,7 +33,9 @@ class Logger(Protocol):
 
 
 class CSVLogger:
-    """Writes ``<save_dir>/<run_name>/metrics.csv`` and ``config.json``.
+    """Writes ``<save_dir>/<run_name>/metrics.csv`` (the columns of
+    :data:`exogym.metrics.COLUMNS`; ``nodes_alive`` only for runs whose faults drop nodes) and
+    ``config.json``.
 
     Args:
         save_dir: parent folder of the run folders.
@@ -51,14 +53,17 @@ class CSVLogger:
             json.dump(config, f, indent=2, default=str)
         self.path = os.path.join(run_dir, "metrics.csv")
         self._file = open(self.path, "w", newline="")  # noqa: SIM115 - closed in finish()
-        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
+        faults = config.get("faults") or {}
+        drops = bool(faults.get("drop_probability") or any(faults.get("drop", {}).values()))
+        self._columns = [c for c in COLUMNS if c != "nodes_alive" or drops]  # only runs that drop nodes
+        self._writer = csv.DictWriter(self._file, fieldnames=self._columns)
         self._writer.writeheader()
         logger.debug("writing metrics to %s", self.path)
 
     def log(self, metrics: dict[str, Any]) -> None:
-        unknown = set(metrics) - set(COLUMNS)
+        unknown = set(metrics) - set(self._columns)
         if unknown:
-            raise KeyError(f"CSVLogger got metrics {sorted(unknown)} that are not in COLUMNS")
+            raise KeyError(f"CSVLogger got metrics {sorted(unknown)} that are not among its columns {self._columns}")
         self._writer.writerow(metrics)
         self._file.flush()
 

@@ -23,7 +23,9 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
   ``sim_time = compute_time + sim_comm_time``: what the run would take on the network;
 * ``comm_time``: cumulative wall seconds the slowest node spent inside the simulator's transport;
 * ``wall_time``: seconds since training started (slowest node); ``peak_memory``: bytes, the
-  largest node's peak (CUDA allocator peak, else peak resident set).
+  largest node's peak (CUDA allocator peak, else peak resident set);
+* ``nodes_alive``: with faults that drop nodes (:mod:`exogym.runtime.faults`), the fewest
+  nodes present at any step since the previous train row (added by the node loop).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ COLUMNS = (
     "comm_time",
     "wall_time",
     "peak_memory",
+    "nodes_alive",
 )
 
 

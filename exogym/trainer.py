@@ -18,6 +18,7 @@ from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name, resolve_logger
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster
+from exogym.runtime.faults import FaultPlan, Faults, check_supported, round_steps
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
@@ -82,6 +83,8 @@ class Trainer:
         checkpoint_dir: str | None = None,
         checkpoint_interval: int | None = None,
         resume_from: str | None = None,
+        resume: bool = False,
+        faults: Faults | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -146,6 +149,14 @@ class Trainer:
                 and seed must match the checkpoint's; ``max_steps`` may be larger. With a
                 deterministic compute model the result is bit-identical to a run that never
                 stopped.
+            resume: continue from the newest checkpoint in ``checkpoint_dir`` when it holds
+                one, else start at step 0: one script for the first start and every restart
+                (e.g. after a pre-emption, or under ``torchrun --max-restarts``).
+            faults: inject failures (:class:`~exogym.runtime.faults.Faults`): nodes that drop
+                out of rounds (the survivors average among themselves; a dropped node rejoins
+                with a survivor's state) and stragglers whose compute time varies per step.
+                Train rows then carry ``nodes_alive``; ``result["faults"]`` lists each round's
+                dropped nodes and participants.
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers
@@ -174,7 +185,17 @@ class Trainer:
         positive_int(checkpoint_interval, "checkpoint_interval", allow_none=True)
         if checkpoint_interval is not None and checkpoint_dir is None:
             raise ValueError("checkpoint_interval needs checkpoint_dir (the folder the checkpoints go to)")
+        if resume:
+            if checkpoint_dir is None:
+                raise ValueError("resume=True continues from checkpoint_dir's newest checkpoint: give checkpoint_dir")
+            if resume_from is not None:
+                raise ValueError("give resume=True (the newest checkpoint in checkpoint_dir) or resume_from, not both")
+            resume_from = ckpt.newest(checkpoint_dir)
+            if resume_from is None:
+                _log = logging.getLogger(__name__)  # (`logger` is an argument here)
+                _log.info("resume=True: no checkpoint in %s yet; starting at step 0", checkpoint_dir)
         resume_folder = ckpt.resolve(resume_from) if resume_from is not None else None
+        fault_round = _check_faults(faults, strategy)
         launch = cluster.detect()
         if launch is None and torchrun_mode is not None:
             raise ValueError(
@@ -192,6 +213,8 @@ class Trainer:
         steps, per_epoch = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         _check_strategy_builds(strategy, self.model, state_bytes, num_nodes, steps, seed, per_epoch)
+        if faults is not None and steps is not None:
+            FaultPlan(faults, num_nodes, fault_round, steps, seed).check()
         mb = self._minibatch(
             batch_size, minibatch_size, gradient_accumulation, dev, devices, num_nodes, max_memory_usage
         )
@@ -231,6 +254,8 @@ class Trainer:
             checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir is not None else None,
             checkpoint_interval=checkpoint_interval,
             resume_from=resume_folder,
+            faults=faults,
+            fault_round_steps=fault_round,
         )
         name = run_name or default_run_name(type(strategy).__name__)
         meta = None
@@ -256,6 +281,9 @@ class Trainer:
             "run_name": name,
             "config": cfg,
         }
+        if faults is not None:
+            plan = FaultPlan(faults, num_nodes, fault_round, self.result["max_steps"], seed)
+            self.result["faults"] = plan.events()
         final = copy.deepcopy(self.model).cpu()
         final.load_state_dict(out["state_dict"])
         return final
@@ -411,6 +439,16 @@ class _DryTransport:
 
     def close(self) -> None:
         pass
+
+
+def _check_faults(faults: Faults | None, strategy: Strategy) -> int:
+    """Check ``fit(faults=...)`` against the strategy; return the steps per fault round."""
+    if faults is None:
+        return 1
+    if not isinstance(faults, Faults):
+        raise TypeError(f"faults must be an exogym.Faults (e.g. Faults(drop={{1: [2]}})), got {type(faults).__name__}")
+    check_supported(faults, strategy)
+    return round_steps(strategy)
 
 
 def _check_strategy_builds(

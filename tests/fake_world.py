@@ -83,7 +83,16 @@ def run_ranks(k: int, fn: Callable[[int, NodeComm], Any]) -> list[Any]:
     return results
 
 
-def _config(k: int, steps: int, batch_size: int, seed: int, workers: int, network: Any = None) -> Any:
+def _config(
+    k: int,
+    steps: int,
+    batch_size: int,
+    seed: int,
+    workers: int,
+    network: Any = None,
+    faults: Any = None,
+    rounds: int = 1,
+) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
 
@@ -108,6 +117,8 @@ def _config(k: int, steps: int, batch_size: int, seed: int, workers: int, networ
         threads_per_worker=1,
         log_level=30,
         network=resolve_network(network),
+        faults=faults,
+        fault_round_steps=rounds,
     )
 
 
@@ -146,6 +157,7 @@ def train_ranks(
     seed: int = 0,
     workers: int | None = None,
     network: Any = None,
+    faults: Any = None,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
@@ -153,7 +165,8 @@ def train_ranks(
     :class:`exogym.runtime.virtual.VirtualHub` whose nodes take turns; the workers talk over
     :class:`ThreadTransport`); otherwise the ranks run concurrently over :class:`ThreadTransport`.
 
-    ``network``: what ``fit(network=...)`` takes (default ``ethernet``).
+    ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
+    ``fit(faults=...)`` takes.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
@@ -163,7 +176,10 @@ def train_ranks(
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    body = _node_body(base, make_strategy, ds, _config(k, steps, batch_size, seed, workers or k, network))
+    from exogym.runtime.faults import round_steps
+
+    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, round_steps(make_strategy()))
+    body = _node_body(base, make_strategy, ds, cfg)
     if workers is None:
         return run_ranks(k, body)
     hubs = [

@@ -15,7 +15,7 @@ import torch
 
 from communicators.averaging import AveragingCommunicator
 from communicators.quantize import QuantizeCommunicator
-from exogym import Trainer
+from exogym import Faults, Trainer
 from exogym.core.comm.network import Network
 from exogym.runtime import checkpoint as ckpt
 from exogym.strategy import (
@@ -79,6 +79,37 @@ def test_a_run_stopped_and_resumed_equals_one_that_never_stopped(name: str, tran
     resumed, resumed_rows = _fit(name, k, transport, STEPS, resume_from=str(tmp_path))
     assert _same(whole, resumed)
     assert resumed_rows == whole_rows  # losses, bytes, simulated time, examples: every row
+
+
+def test_a_run_with_faults_resumes_bit_identically(tmp_path) -> None:
+    faults = Faults(drop_probability=0.3, slowdown=torch.distributions.LogNormal(0.0, 0.5))
+    whole, whole_rows = _fit("diloco", 4, "shm", STEPS, faults=faults)
+    assert any(r.get("nodes_alive", 4) < 4 for r in whole_rows)  # someone did drop out
+    _fit("diloco", 4, "shm", STEPS // 2, checkpoint_dir=str(tmp_path), faults=faults)
+    resumed, resumed_rows = _fit("diloco", 4, "shm", STEPS, resume_from=str(tmp_path), faults=faults)
+    assert _same(whole, resumed)
+    assert resumed_rows == whole_rows
+
+
+def test_resume_true_starts_fresh_without_a_checkpoint_and_continues_from_one(tmp_path) -> None:
+    whole, whole_rows = _fit("fedavg", 2, "shm", STEPS)
+    first, _ = _fit("fedavg", 2, "shm", STEPS // 2, checkpoint_dir=str(tmp_path), resume=True)  # nothing there yet
+    short, _ = _fit("fedavg", 2, "shm", STEPS // 2)
+    assert _same(first, short)
+    resumed, resumed_rows = _fit("fedavg", 2, "shm", STEPS, checkpoint_dir=str(tmp_path), resume=True)
+    assert _same(whole, resumed)
+    assert resumed_rows == whole_rows
+
+
+def test_resume_true_needs_checkpoint_dir_and_excludes_resume_from(tmp_path) -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match="resume=True continues from checkpoint_dir's newest checkpoint"):
+        trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=4, batch_size=8, resume=True)
+    with pytest.raises(ValueError, match="give resume=True .* or resume_from, not both"):
+        trainer.fit(
+            SimpleReduceStrategy(), 2, max_steps=4, batch_size=8, checkpoint_dir=str(tmp_path), resume=True,
+            resume_from=str(tmp_path),
+        )  # fmt: skip
 
 
 def test_checkpoints_every_interval_keep_only_the_newest_complete_one(tmp_path) -> None:
@@ -148,7 +179,7 @@ def test_the_same_seed_gives_the_same_run(tmp_path) -> None:
 
 _LONG_RUN = """
 import sys, time
-from exogym import Trainer
+from exogym import Faults, Trainer
 from exogym.strategy import SimpleReduceStrategy
 from tests.helpers import TinyNet, regression_data
 

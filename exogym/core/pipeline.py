@@ -102,6 +102,14 @@ class Communicator:
         it. The default communicates. Collective."""
         self.communicate(step)
 
+    def supports_dropout(self) -> bool:
+        """Whether this module can run a round with nodes missing (fault injection, see
+        :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
+        :class:`~exogym.core.comm.comm.NodeComm` takes among the present nodes, and any count it
+        divides by comes from :meth:`~exogym.core.comm.comm.NodeComm.present`. ``False`` (the
+        default) makes ``fit(faults=...)`` with dropouts refuse the strategy before it starts."""
+        return False
+
     def before_optim(self, step: int) -> None:
         """Hook before the optimizer step: runs :meth:`communicate` for gradient-space modules."""
         if self.space == "grad" and self.is_due(step):
@@ -173,6 +181,9 @@ class Pipeline(Communicator):
             if due:
                 return s - step + 1
         return n
+
+    def supports_dropout(self) -> bool:
+        return all(m.supports_dropout() for m in self.modules)
 
     def overwritten_at(self, step: int) -> int | None:
         """Where every module due at ``step`` is overwritten at the same later step and the

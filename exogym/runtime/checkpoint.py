@@ -91,19 +91,28 @@ def resolve(path: str) -> str:
         return path
     if not os.path.isdir(path):
         raise FileNotFoundError(f"resume_from={path!r}: no such checkpoint or checkpoint directory")
-    latest = os.path.join(path, LATEST)
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            folder = os.path.join(path, f.read().strip())
-        if os.path.isfile(os.path.join(folder, META)):
-            return folder
-    done = sorted(n for n in os.listdir(path) if n.startswith(_PREFIX) and os.path.isfile(os.path.join(path, n, META)))
-    if not done:
+    folder = newest(path)
+    if folder is None:
         raise FileNotFoundError(
             f"resume_from={path!r} holds no complete checkpoint (a run writes them with "
             "fit(checkpoint_dir=..., checkpoint_interval=N))"
         )
-    return os.path.join(path, done[-1])
+    return folder
+
+
+def newest(root: str) -> str | None:
+    """The newest complete checkpoint in the checkpoint directory ``root`` (the one ``latest``
+    names, else the highest step), or ``None`` when it holds none or does not exist."""
+    if not os.path.isdir(root):
+        return None
+    latest = os.path.join(root, LATEST)
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            folder = os.path.join(root, f.read().strip())
+        if os.path.isfile(os.path.join(folder, META)):
+            return folder
+    done = sorted(n for n in os.listdir(root) if n.startswith(_PREFIX) and os.path.isfile(os.path.join(root, n, META)))
+    return os.path.join(root, done[-1]) if done else None
 
 
 def load_meta(folder: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from exogym.core.comm.flat import dtype_buckets
 from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
+from exogym.runtime import faults as F
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,10 @@ class TrainNode:
         self.batches_drawn = 0
         self._step_flops: float | None = None  # FLOPs of a training step, for Network(compute="flops")
         self._avg_model: torch.nn.Module | None = None
+        self.faults = None
+        if cfg.faults is not None:
+            self.faults = F.FaultPlan(cfg.faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
+            self.faults.check()  # again: a dataset factory's length is known only here
 
     def _agree_on_steps_per_epoch(self, n: int, shared: bool) -> int:
         """Full batches per epoch. Factory datasets may differ in size, but every node must run
@@ -146,19 +151,30 @@ class TrainNode:
         while step < self.max_steps:
             t0 = time.perf_counter()
             transport0 = self.comm.transport_seconds
+            absent = self._absent(step)
             idle = min(self.strategy.idle_steps(step), self.max_steps - step)
-            if idle:
+            if self.rank in absent:
+                # Dropped from this round (fault injection): no data, no compute; the strategy's
+                # collectives leave this node out, and it rejoins at the round's end.
+                self._missing_step(absent)
+                self._rejoin(step)
+                self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start, step)
+                done = step + 1
+            elif idle:
                 # Sit the steps out (no data, no compute); stop at the loop's own collectives.
                 n = min(idle, self._next_sync(step, flush_every) - step)
                 quiet = n if n < idle else n - 1
                 self.strategy.skip_steps(quiet)
                 metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
                 if n == idle:
-                    self.strategy.idle_step(sit_out=self._may_sit_out(step + n - 1))
-                    self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start)
+                    with self.comm.leaving_out(absent):
+                        self.strategy.idle_step(sit_out=self._may_sit_out(step + n - 1))
+                    self._rejoin(step + n - 1)  # idle spans end at communications, so at round ends
+                    self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start, step + n - 1)
                 done = step + n
             else:
-                loss_sum = self._train_step(next(batches))
+                loss_sum = self._train_step(next(batches), absent)
+                self._rejoin(step)
                 if not math.isfinite(loss_sum) and cfg.stop_on_nonfinite_loss:
                     raise FloatingPointError(
                         f"node {self.rank}: the training loss is {loss_sum / cfg.accumulation} at step {step} "
@@ -167,7 +183,7 @@ class TrainNode:
                     )
                 self.batches_drawn += 1
                 self._add_sample(
-                    metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start
+                    metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start, step
                 )
                 done = step + 1
                 if done % cfg.log_interval == 0 and not rounds:
@@ -176,6 +192,9 @@ class TrainNode:
             save = self._checkpoints(done)
             if done % flush_every == 0 or done == self.max_steps or validate or save:
                 for row in metrics.flush(float(_peak_memory(self.device))):
+                    if self.faults is not None and self.faults.drops:
+                        L = cfg.log_interval
+                        row["nodes_alive"] = self.faults.min_alive((row["step"] - 1) // L * L, row["step"] - 1)
                     self._emit(row)
                     if rounds and row["train_loss"] == row["train_loss"]:  # sampled clients' mean
                         postfix["loss"] = f"{row['train_loss']:.4f}"
@@ -262,10 +281,66 @@ class TrainNode:
             ]
         return step
 
+    def _absent(self, step: int) -> frozenset[int]:
+        """The nodes dropped from ``step``'s round (the same on every node); rank 0 logs each
+        such round as it begins."""
+        if self.faults is None or not self.faults.drops:
+            return frozenset()
+        absent = self.faults.absent(step)
+        if absent and self.rank == 0 and step % self.faults.round_steps == 0:
+            logger.log(
+                self._fault_log_level,
+                "faults: round %d (steps %d-%d): node(s) %s dropped, %d of %d nodes take part",
+                step // self.faults.round_steps,
+                step,
+                min(self.max_steps, step + self.faults.round_steps) - 1,
+                sorted(absent),
+                self.cfg.num_nodes - len(absent),
+                self.cfg.num_nodes,
+            )
+        return absent
+
+    def _missing_step(self, absent: frozenset[int]) -> None:
+        """A step of a node dropped from the round: zero gradients, and the strategy's step run
+        with this node left out of every collective (so the calls line up with its peers');
+        its state is replaced when it rejoins."""
+        self.strategy.zero_grad()
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        with self.comm.leaving_out(absent):
+            self.strategy.step()
+
+    def _rejoin(self, step: int) -> None:
+        """After ``step``: nodes back from a round they missed load a survivor's state.
+        Collective when it happens (the same steps on every node)."""
+        back = self.faults.rejoining(step) if self.faults is not None else None
+        if back is None:
+            return
+        nodes, source = back
+        F.rejoin(self.comm, self.model, self.strategy, nodes, source)
+        if self.rank == 0:
+            logger.log(
+                self._fault_log_level,
+                "faults: after step %d node(s) %s rejoin with node %d's state",
+                step,
+                nodes,
+                source,
+            )
+
+    @property
+    def _fault_log_level(self) -> int:
+        """Faulty rounds are logged at INFO, or at DEBUG where a round is one step (DDP, SPARTA:
+        a line per step would drown the log; ``trainer.result["faults"]`` lists them all)."""
+        return logging.INFO if self.faults is not None and self.faults.round_steps > 1 else logging.DEBUG
+
     def _may_sit_out(self, step: int) -> bool:
         """Whether this idle node may sit out the communication of ``step``: the strategy says a
         later communication replaces what it would receive, and nothing reads the node's state
-        in between (validation reads it)."""
+        in between (validation reads it). Never when faults drop nodes (a survivor that sat a
+        round out could not hand its state to a node that rejoins)."""
+        if self.faults is not None and self.faults.drops:
+            return False
         until = self.strategy.overwritten_at(step)
         if until is None:
             return False
@@ -295,11 +370,18 @@ class TrainNode:
         t0: float,
         transport0: float,
         start: float,
+        step: int,
     ) -> None:
-        """Close the step begun at ``t0``: its ledger records and timings become a sample."""
+        """Close the step begun at ``t0`` (its last step is ``step``): its ledger records and
+        timings become a sample."""
         t1 = time.perf_counter()
         records = self.comm.ledger.end_step()
         comm_wall = self.comm.transport_seconds - transport0
+        compute = 0.0
+        if count:
+            compute = self.cfg.network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0)
+            if self.faults is not None:
+                compute *= self.faults.slowdown(self.rank, step)
         metrics.add(
             StepSample(
                 loss_sum,
@@ -307,7 +389,7 @@ class TrainNode:
                 examples,
                 sum(r.sent for r in records),
                 sum(r.received for r in records),
-                self.cfg.network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0) if count else 0.0,
+                compute,
                 self.cfg.network.records_time(records),
                 comm_wall,
                 t1 - start,
@@ -316,8 +398,9 @@ class TrainNode:
             )
         )
 
-    def _train_step(self, batch: Any) -> float:
-        """Forward/backward over the minibatches, then ``strategy.step()``; the summed loss."""
+    def _train_step(self, batch: Any, absent: frozenset[int] = frozenset()) -> float:
+        """Forward/backward over the minibatches, then ``strategy.step()`` (leaving out the
+        ``absent`` nodes); the summed loss."""
         cfg = self.cfg
         self.strategy.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)
@@ -331,7 +414,8 @@ class TrainNode:
                 loss_sum += loss.detach().double().cpu()
         if counter is not None:
             self._step_flops = float(counter.get_total_flops())
-        self.strategy.step()
+        with self.comm.leaving_out(absent):
+            self.strategy.step()
         return loss_sum.item()
 
     @torch.no_grad()

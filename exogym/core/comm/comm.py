@@ -62,6 +62,11 @@ class Comm(Protocol):
         """Record a logical collective in the ledger without moving data. Not a collective."""
         ...
 
+    def present(self, groups: Groups | None = None) -> list[int]:
+        """The members of this rank's group taking part now (all of them unless faults drop
+        nodes, see :mod:`exogym.runtime.faults`). Not a collective."""
+        ...
+
 
 # Per thread: a process runs one node, the thread-world tests and virtual nodes run several.
 _LOCAL = threading.local()
@@ -103,6 +108,35 @@ class NodeComm:
         self.ledger = ledger if ledger is not None else Ledger()
         #: Wall seconds spent inside the transport (the simulator's own communication cost).
         self.transport_seconds = 0.0
+        #: Ranks missing from the current step (fault injection; see :meth:`leaving_out`).
+        self.absent: frozenset[int] = frozenset()
+
+    @contextlib.contextmanager
+    def leaving_out(self, absent: frozenset[int]) -> Iterator[None]:
+        """Within the block, ``absent`` ranks are missing (the same set on every rank): a ``sum``
+        or ``mean`` all-reduce takes their share as zeros, ``mean`` divides by the present
+        members, and only present members are charged (an all-reduce among them). An absent
+        rank still calls every collective, so the calls line up; what it receives is not
+        meaningful (it rejoins afterwards, see :mod:`exogym.runtime.faults`). Other
+        collectives raise while a rank is missing. The node loop wraps the strategy's step in
+        this; its own measurement collectives run outside."""
+        previous, self.absent = self.absent, frozenset(absent)
+        try:
+            yield
+        finally:
+            self.absent = previous
+
+    def present(self, groups: Groups | None = None) -> list[int]:
+        """The members of this rank's group that are not :attr:`absent`. Not a collective."""
+        _, members = self._my_group(groups)
+        return [r for r in members if r not in self.absent] if self.absent else members
+
+    def _refuse_absent(self, what: str) -> None:
+        if self.absent:
+            raise RuntimeError(
+                f"{what} with node(s) {sorted(self.absent)} missing from the round: only sum and mean all-reduces "
+                "can leave a node out (Communicator.supports_dropout)"
+            )
 
     @contextlib.contextmanager
     def _timed(self) -> Iterator[None]:
@@ -153,12 +187,20 @@ class NodeComm:
         if op not in ("sum", "mean", "max", "min", "product"):
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
         _, members = self._my_group(groups)
+        n = len(members)
+        if self.absent:
+            if op not in ("sum", "mean"):
+                self._refuse_absent(f"all_reduce(op={op!r})")
+            n = sum(r not in self.absent for r in members)
+            if self.rank in self.absent:
+                tensor.zero_()
+                charge = False
         with _staged(tensor) as t, self._timed():
             self.transport.all_reduce(t, "sum" if op == "mean" else op, _subset(groups, members))
             if op == "mean":
-                t.div_(len(members))
-        if charge:
-            self.ledger.record("all_reduce", len(members), _nbytes(tensor), tag)
+                t.div_(max(1, n))
+        if charge and n:
+            self.ledger.record("all_reduce", n, _nbytes(tensor), tag)
         return tensor
 
     def all_reduce_absent(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
@@ -190,6 +232,7 @@ class NodeComm:
 
         Charged as one all_gather of ``tensor``'s bytes over this rank's group. Collective.
         """
+        self._refuse_absent("all_gather")
         _, members = self._my_group(groups)
         with _staged(tensor) as t, self._timed():
             gathered = self.transport.all_gather(t, _subset(groups, members))
@@ -201,6 +244,7 @@ class NodeComm:
         """Overwrite ``tensor`` in place with rank ``src``'s and return it. Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
+        self._refuse_absent("broadcast")
         with _staged(tensor) as t, self._timed():
             self.transport.broadcast(t, src)
         if charge:

@@ -1,0 +1,323 @@
+"""Fault injection: nodes that drop out of rounds, and stragglers whose speed varies per step.
+
+A :class:`Faults` object describes what goes wrong; ``Trainer.fit(faults=...)`` binds it to the
+run as a :class:`FaultPlan`. Everything is drawn from a seed every rank shares (counter-based:
+``(seed, round)`` for dropouts, ``(seed, rank, step)`` for slowdowns), so every rank knows
+without a message who is missing, a resumed run sees the same faults, and two runs with the
+same seeds see the same faults.
+
+**Dropouts.** A *round* is the period of the strategy's slowest communication: ``H`` steps for
+DiLoCo and FedAvg, one step for DDP and SPARTA (:func:`round_steps`). A node dropped for a round
+
+- trains nothing in it: it draws no batches and its step time is not counted;
+- sends nothing: its share is left out of every average of the round, which the survivors take
+  among themselves (each ``mean`` divides by the number of survivors, as torchft's quorum and
+  Flower's ``accept_failures`` do), and the ledger charges an all-reduce among the survivors;
+- rejoins at the round's end by loading the state of the lowest-ranked survivor: its model and
+  its whole strategy state (inner optimizer, LR schedule, communicator state such as DiLoCo's
+  global copy and outer optimizer), which is what torchft's recovering replicas receive. The
+  ledger charges a broadcast of those bytes from that survivor to the nodes that rejoin.
+
+Strategies whose communicators can leave a node out say so (:meth:`Communicator.supports_dropout
+<exogym.core.pipeline.Communicator.supports_dropout>`): averaging (DDP, FedAvg, islands, client
+sampling), DiLoCo's exact outer step, SPARTA's random and sequential selectors. Others (DeMo, DCT
+or quantised payloads, which all-gather) are refused before the run starts.
+
+**Stragglers.** ``slowdown`` is a ``torch.distributions.Distribution``; every node draws a factor
+from it at every step, which multiplies that step's compute time (on top of the fixed
+``Network(compute_slowdown=...)``). Simulated time takes the slowest node per step, so the tail
+of the distribution shows in ``compute_time`` and ``sim_time``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: Held while a slowdown is drawn through torch's global generator (nodes on threads).
+_GLOBAL_RNG = threading.Lock()
+#: Domain separators of the counter-based draws (dropouts and slowdowns use separate streams).
+_DROP_STREAM, _SLOW_STREAM = 0xD50, 0x510
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What goes wrong in a run (``Trainer.fit(faults=...)``).
+
+    Args:
+        drop: ``{round: nodes}``: the nodes that drop out of that round (0-based rounds; one
+            node or a list), e.g. ``{1: [2]}`` drops node 2 for round 1.
+        drop_probability: each node drops out of each round with this probability,
+            independently (in ``[0, 1)``). If the draws (with ``drop``) would take every node,
+            the node with the largest draw among those ``drop`` does not name stays.
+        slowdown: a ``torch.distributions.Distribution`` of positive scalars: the factor each
+            node's compute time is multiplied by, drawn per node and step, e.g.
+            ``torch.distributions.LogNormal(0.0, 0.5)``.
+        seed: the seed of the draws; ``None`` uses the run's ``seed``.
+
+    Example::
+
+        faults = Faults(drop={3: [2]}, drop_probability=0.05, slowdown=LogNormal(0.0, 0.5))
+        trainer.fit(DiLoCoStrategy(H=50), num_nodes=8, faults=faults)
+    """
+
+    drop: Mapping[int, int | Sequence[int]] = field(default_factory=dict)
+    drop_probability: float = 0.0
+    slowdown: torch.distributions.Distribution | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.drop, Mapping):
+            raise TypeError(f"Faults(drop=...) must be a mapping {{round: nodes}}, e.g. {{1: [2]}}; got {self.drop!r}")
+        for r, nodes in self.drop.items():
+            if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+                raise ValueError(f"Faults(drop=...) keys are rounds (ints >= 0), got {r!r}")
+            for n in _as_list(nodes):
+                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                    raise ValueError(f"Faults(drop={{{r}: ...}}) must name nodes as ints >= 0, got {nodes!r}")
+        p = self.drop_probability
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"Faults(drop_probability=...) must be in [0, 1), got {p!r}")
+        d = self.slowdown
+        if d is not None:
+            if not isinstance(d, torch.distributions.Distribution):
+                raise TypeError(
+                    "Faults(slowdown=...) must be a torch.distributions.Distribution (e.g. "
+                    f"torch.distributions.LogNormal(0.0, 0.5)), got {type(d).__name__}"
+                )
+            if tuple(d.batch_shape) or tuple(d.event_shape):
+                raise ValueError(
+                    f"Faults(slowdown=...) must draw scalars, got batch_shape={tuple(d.batch_shape)} "
+                    f"event_shape={tuple(d.event_shape)}"
+                )
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise TypeError(f"Faults(seed=...) must be an int or None, got {self.seed!r}")
+
+    @property
+    def drops(self) -> bool:
+        """Whether any node can drop out."""
+        return self.drop_probability > 0 or any(_as_list(n) for n in self.drop.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for logs and run configs."""
+        return {
+            "drop": {int(r): _as_list(n) for r, n in self.drop.items()},
+            "drop_probability": float(self.drop_probability),
+            "slowdown": None if self.slowdown is None else repr(self.slowdown),
+            "seed": self.seed,
+        }
+
+
+def _as_list(nodes: int | Sequence[int]) -> list[int]:
+    return [nodes] if isinstance(nodes, int) and not isinstance(nodes, bool) else list(nodes)
+
+
+def round_steps(strategy: Any) -> int:
+    """Steps per round for dropouts: the largest ``H`` among the strategy's communicators
+    (1 for a strategy without a communicator pipeline)."""
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+
+    if isinstance(strategy, CommunicateOptimizeStrategy):
+        return max((m.H for m in strategy.pipeline.leaves()), default=1)
+    return 1
+
+
+def check_supported(faults: Faults, strategy: Any) -> None:
+    """Raise ``ValueError`` naming what cannot leave a node out when ``faults`` drop nodes and
+    ``strategy`` cannot take it. Slowdowns work with every strategy."""
+    if not faults.drops:
+        return
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+
+    if not isinstance(strategy, CommunicateOptimizeStrategy):
+        raise ValueError(
+            f"Faults that drop nodes need a strategy built from communicators that can leave a node out "
+            f"(CommunicateOptimizeStrategy); {type(strategy).__name__} communicates by itself. Use slowdown "
+            "only, or compose the strategy from communicators"
+        )
+    bad = [m.describe() for m in strategy.pipeline.leaves() if not m.supports_dropout()]
+    if bad:
+        raise ValueError(
+            f"Faults that drop nodes: {type(strategy).__name__} has communicators that cannot leave a node out "
+            f"of a round ({', '.join(bad)}: they all-gather every node's payload). Dropouts work with averaging "
+            "(DDP, FedAvg), DiLoCo's exact outer step and SPARTA; use slowdown only with this strategy"
+        )
+
+
+class FaultPlan:
+    """:class:`Faults` bound to a run: who is missing at each step, who rejoins, how slow each
+    node is. Every method depends only on shared values (seed, round, step, rank).
+
+    Args:
+        faults: the run's faults.
+        num_nodes: K.
+        round_steps: steps per round (:func:`round_steps`).
+        max_steps: the run's length.
+        seed: the run's seed (used when ``faults.seed`` is ``None``).
+    """
+
+    def __init__(self, faults: Faults, num_nodes: int, round_steps: int, max_steps: int, seed: int) -> None:
+        self.faults, self.num_nodes, self.round_steps, self.max_steps = faults, num_nodes, round_steps, max_steps
+        self.seed = faults.seed if faults.seed is not None else seed
+        self.drops = faults.drops
+        self._dropped: dict[int, frozenset[int]] = {}
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for dropouts that name nodes or rounds outside the run, or drop
+        every node of a round."""
+        rounds = self.num_rounds
+        for r, nodes in sorted(self.faults.drop.items()):
+            nodes = _as_list(nodes)
+            if r >= rounds:
+                raise ValueError(
+                    f"Faults(drop={{{r}: {nodes}}}): the run has {rounds} round(s) of {self.round_steps} step(s) "
+                    f"(rounds 0..{rounds - 1}); name a round in that range"
+                )
+            out = [n for n in nodes if n >= self.num_nodes]
+            if out:
+                raise ValueError(
+                    f"Faults(drop={{{r}: {nodes}}}) names node(s) {out}, but num_nodes={self.num_nodes} "
+                    f"(nodes 0..{self.num_nodes - 1})"
+                )
+            if len(set(nodes)) >= self.num_nodes:
+                raise ValueError(
+                    f"Faults(drop={{{r}: {nodes}}}) drops every node of round {r}: at least one must survive"
+                )
+
+    @property
+    def num_rounds(self) -> int:
+        """Rounds in the run (the last may be partial)."""
+        return -(-self.max_steps // self.round_steps)
+
+    def dropped(self, round_: int) -> frozenset[int]:
+        """The nodes missing from round ``round_`` (the same on every rank)."""
+        if not self.drops:
+            return frozenset()
+        got = self._dropped.get(round_)
+        if got is None:
+            explicit = {n for n in _as_list(self.faults.drop.get(round_, [])) if n < self.num_nodes}
+            nodes = set(explicit)
+            p = self.faults.drop_probability
+            if p > 0:
+                u = np.random.default_rng([self.seed, _DROP_STREAM, round_]).random(self.num_nodes)
+                nodes |= set(np.flatnonzero(u < p).tolist())
+                if len(nodes) == self.num_nodes:  # someone survives: the largest draw not named in drop
+                    nodes.discard(max(set(range(self.num_nodes)) - explicit, key=lambda n: u[n]))
+            got = frozenset(nodes)
+            if len(self._dropped) > 4:
+                self._dropped.clear()
+            self._dropped[round_] = got
+        return got
+
+    def absent(self, step: int) -> frozenset[int]:
+        """The nodes missing at ``step`` (those dropped from its round)."""
+        return self.dropped(step // self.round_steps)
+
+    def rejoining(self, step: int) -> tuple[list[int], int] | None:
+        """``(nodes, source)`` when ``step`` ends a round some nodes missed and they rejoin now,
+        loading the state of ``source`` (the lowest-ranked survivor); else ``None``. Nodes
+        missing the next round too rejoin only after it (at the run's end, all rejoin)."""
+        if not self.drops:
+            return None
+        r, last = step // self.round_steps, step == self.max_steps - 1
+        if (step + 1) % self.round_steps and not last:
+            return None
+        gone = self.dropped(r)
+        if not gone:
+            return None
+        back = sorted(gone if last else gone - self.dropped(r + 1))
+        if not back:
+            return None
+        return back, min(set(range(self.num_nodes)) - gone)
+
+    def alive(self, step: int) -> int:
+        """How many nodes take part at ``step``."""
+        return self.num_nodes - len(self.absent(step))
+
+    def min_alive(self, first: int, last: int) -> int:
+        """The fewest nodes taking part at any step in ``[first, last]``."""
+        r0, r1 = first // self.round_steps, last // self.round_steps
+        return self.num_nodes - max(len(self.dropped(r)) for r in range(r0, r1 + 1))
+
+    def slowdown(self, rank: int, step: int) -> float:
+        """The factor node ``rank``'s compute time at ``step`` is multiplied by (1 without a
+        ``slowdown`` distribution). Draws from a stream of its own: the node's RNG is untouched."""
+        dist = self.faults.slowdown
+        if dist is None:
+            return 1.0
+        state = np.random.SeedSequence([self.seed, _SLOW_STREAM, rank, step]).generate_state(2, np.uint32)
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(state[0]) << 32 | int(state[1]))
+            factor = float(dist.sample())
+        if not factor > 0 or factor == float("inf"):
+            raise ValueError(
+                f"Faults(slowdown={dist!r}) drew {factor} for node {rank} at step {step}: factors must be finite "
+                "and > 0 (e.g. LogNormal, or 1 + Exponential through a TransformedDistribution)"
+            )
+        return factor
+
+    def events(self) -> list[dict[str, Any]]:
+        """One entry per round that some node missed: ``round``, ``steps`` (first, last),
+        ``dropped`` and ``participants`` (node lists)."""
+        out = []
+        for r in range(self.num_rounds):
+            gone = self.dropped(r)
+            if gone:
+                first, last = r * self.round_steps, min(self.max_steps, (r + 1) * self.round_steps) - 1
+                participants = sorted(set(range(self.num_nodes)) - gone)
+                out.append({"round": r, "steps": (first, last), "dropped": sorted(gone), "participants": participants})
+        return out
+
+
+def state_tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested structure of dicts, lists and tuples, in traversal order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in state_tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in state_tensors(v)]
+    return []
+
+
+@torch.no_grad()
+def rejoin(comm: Any, model: torch.nn.Module, strategy: Any, nodes: Sequence[int], source: int) -> None:
+    """``nodes`` load ``source``'s model and strategy state (everything its ``state_dict``
+    holds), sent as one byte buffer; the ledger charges a broadcast from ``source`` to ``nodes``
+    (tag ``rejoin``). Collective: every rank calls it with the same arguments."""
+    model_state, strategy_state = model.state_dict(), strategy.state_dict()
+    tensors = state_tensors((model_state, strategy_state))
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    nbytes = sum(sizes)
+    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+    layout = torch.tensor([len(tensors), nbytes, -len(tensors), -nbytes], dtype=torch.float64)
+    comm.all_reduce(layout, op="max", charge=False)
+    if layout[0] != -layout[2] or layout[1] != -layout[3]:
+        raise RuntimeError(
+            f"node {comm.rank} cannot rejoin from node {source}: the nodes' states differ in layout "
+            f"({len(tensors)} tensors, {nbytes} bytes here)"
+        )
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    offsets = np.cumsum([0, *sizes]).tolist()
+    if comm.rank == source:
+        for t, a, b in zip(tensors, offsets, offsets[1:], strict=False):
+            buf[a:b].copy_(t.detach().reshape(-1).view(torch.uint8))
+    comm.broadcast(buf, src=source, charge=False)
+    if comm.rank in nodes:
+        for t, a, b in zip(tensors, offsets, offsets[1:], strict=False):
+            t.copy_(buf[a:b].clone().view(t.dtype).view(t.shape))
+        model.load_state_dict(model_state)
+        strategy.load_state_dict(strategy_state)
+    if comm.rank == source or comm.rank in nodes:
+        comm.charge("broadcast", len(nodes) + 1, nbytes, "rejoin", is_root=comm.rank == source)
+
+
+__all__ = ["FaultPlan", "Faults", "check_supported", "rejoin", "round_steps", "state_tensors"]
