@@ -6,6 +6,7 @@ the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
 * :class:`AveragingCommunicator`: mean of params or grads, optionally in islands / over sampled clients;
 * :class:`SparseCommunicator`: SPARTA sparse averaging with shared-seed (or top-k) selectors;
 * :class:`DiLoCoCommunicator`: DiLoCo's outer step on the averaged pseudo-gradient;
+* :class:`StreamingDiLoCoCommunicator`: Streaming DiLoCo, the outer step on staggered fragments;
 * :class:`QuantizeCommunicator`: another module's payload in int8 / fp16 / bf16;
 * :class:`DCTCompressCommunicator`: DeMo's decoupled momentum with DCT top-k and sign-SGD
   (:class:`DCTTopKReducer` compresses DiLoCo's pseudo-gradient the same way).
@@ -17,6 +18,7 @@ from communicators.diloco import DiLoCoCommunicator
 from communicators.islands import draw_islands, draw_participants
 from communicators.quantize import QuantizeCommunicator
 from communicators.sparse import SparseCommunicator
+from communicators.streaming import StreamingDiLoCoCommunicator
 from exogym.core.pipeline import Communicator, NodeContext, Pipeline
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "Pipeline",
     "QuantizeCommunicator",
     "SparseCommunicator",
+    "StreamingDiLoCoCommunicator",
     "draw_islands",
     "draw_participants",
 ]

@@ -93,6 +93,11 @@ class SparseCommunicator(Communicator):
         selector: one of :data:`SELECTORS` (see the module docstring).
         H: communicate every ``H`` steps.
         island_size: average within random islands of this many nodes instead of the world.
+        delay: apply each round's average ``delay`` rounds later (asynchronous SPARTA: the
+            averages travel while training goes on; the values written are those of the round
+            they were taken in, replacing the local progress on those entries since). ``0``:
+            at once. Averages still in flight when the run ends are not applied. Not with
+            ``topk``.
     """
 
     space: ClassVar[str] = "param"
@@ -107,6 +112,7 @@ class SparseCommunicator(Communicator):
         island_size: int | None = None,
         *,
         sparsification_rate: float | None = None,
+        delay: int = 0,
     ) -> None:
         super().__init__(H)
         if p is not None and sparsification_rate is not None:
@@ -120,7 +126,11 @@ class SparseCommunicator(Communicator):
             raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
         if island_size is not None and island_size < 1:
             raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
-        self.p, self.selector, self.island_size = float(p), selector, island_size
+        if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+            raise ValueError(f"delay (rounds before an average is applied) must be an int >= 0, got {delay!r}")
+        if delay and selector == "topk":
+            raise ValueError("delay is not available with selector='topk' (its snapshots follow each average)")
+        self.p, self.selector, self.island_size, self.delay = float(p), selector, island_size, delay
 
     def _init_node(self, ctx: NodeContext) -> None:
         super()._init_node(ctx)
@@ -132,6 +142,8 @@ class SparseCommunicator(Communicator):
             self.snapshots = [b.buffer.pack(b.tensors).clone() for b in self.buckets]
         else:
             self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
+        #: Averages in flight (``delay > 0``), oldest first: (scale, [(dtype group, indices, sums)]).
+        self.pending: list[tuple[float, list[tuple[int, list[torch.Tensor], torch.Tensor]]]] = []
 
     def supports_dropout(self) -> bool:
         """The shared-index selectors average among the present nodes; ``topk`` all-gathers."""
@@ -153,14 +165,24 @@ class SparseCommunicator(Communicator):
             return
         islands, size = self._islands(step)
         indices = self.shared.select(step)
-        for group in self.dtype_groups:
+        sent = []
+        for g, group in enumerate(self.dtype_groups):
             params = [self.params[i] for i in group]
             idx = [indices[i] for i in group]
             if sum(t.numel() for t in idx) == 0:
                 continue
             buf = ops.sparse_gather(params, idx)
             self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse")
-            ops.sparse_scatter_(params, idx, buf, 1.0 / size)
+            if self.delay:
+                sent.append((g, idx, buf))
+            else:
+                ops.sparse_scatter_(params, idx, buf, 1.0 / size)
+        if self.delay:
+            self.pending.append((1.0 / size, sent))
+            if len(self.pending) > self.delay:
+                scale, arrived = self.pending.pop(0)
+                for g, idx, buf in arrived:
+                    ops.sparse_scatter_([self.params[i] for i in self.dtype_groups[g]], idx, buf, scale)
 
     def _communicate_topk(self, step: int) -> None:
         islands, _ = self._islands(step)
@@ -179,15 +201,26 @@ class SparseCommunicator(Communicator):
             bucket.buffer.unpack(bucket.tensors)
 
     def state_dict(self) -> dict:
-        return {"snapshots": list(self.snapshots)} if self.selector == "topk" else {}
+        if self.selector == "topk":
+            return {"snapshots": list(self.snapshots)}
+        return (
+            {"pending": [(s, [(g, list(i), b) for g, i, b in items]) for s, items in self.pending]}
+            if self.delay
+            else {}
+        )
 
     def load_state_dict(self, state: dict) -> None:
         if self.selector == "topk":
             for s, t in zip(self.snapshots, state["snapshots"], strict=True):
                 s.copy_(t)
+        elif self.delay:
+            self.pending = [
+                (float(s), [(int(g), list(i), b.clone()) for g, i, b in items]) for s, items in state["pending"]
+            ]
         else:
             super().load_state_dict(state)
 
     def describe(self) -> str:
         isl = f", island_size={self.island_size}" if self.island_size else ""
-        return f"Sparse(p={self.p}, {self.selector}, H={self.H}{isl})"
+        delay = f", delay={self.delay}" if self.delay else ""
+        return f"Sparse(p={self.p}, {self.selector}, H={self.H}{isl}{delay})"

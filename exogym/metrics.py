@@ -15,6 +15,10 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
   ``val_loss_global`` (the all-node average model), ``val_accuracy_local`` /
   ``val_accuracy_global`` when the model has a ``logits(inputs)`` method and batches are
   ``(inputs, integer labels)``: ``argmax(logits, -1) == labels`` over all label entries;
+* ``param_distance`` (validation rows): mean over nodes of the L2 distance of a node's
+  floating-point state to the all-node average; ``model_correlation``: the mean pairwise
+  Pearson correlation of the nodes' flattened models (the original exo gym's
+  ``avg_model_correlation``; 1 when all nodes agree), with two nodes or more;
 * ``bytes_sent``, ``bytes_received``: cumulative, mean per node; ``bytes_sent_per_step``: mean
   per node and step since the previous train row;
 * ``compute_time``: cumulative seconds of the slowest node's local work per step (measured step
@@ -56,6 +60,8 @@ COLUMNS = (
     "comm_time",
     "wall_time",
     "peak_memory",
+    "param_distance",
+    "model_correlation",
     "nodes_alive",
 )
 

@@ -92,6 +92,7 @@ def _config(
     network: Any = None,
     faults: Any = None,
     rounds: int = 1,
+    val_interval: int | None = None,
 ) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
@@ -107,8 +108,8 @@ def _config(
         devices=None,
         transport="threads",
         collective_timeout=30.0,
-        val_size=0,
-        val_interval=None,
+        val_size=0 if val_interval is None else 10**9,
+        val_interval=val_interval,
         autocast=None,
         seed=seed,
         log_interval=1,
@@ -122,7 +123,9 @@ def _config(
     )
 
 
-def _node_body(base: Any, make_strategy: Callable[[], Any], ds: Any, cfg: Any) -> Callable[[int, Any], Any]:
+def _node_body(
+    base: Any, make_strategy: Callable[[], Any], ds: Any, cfg: Any, val: Any = None
+) -> Callable[[int, Any], Any]:
     """``body(rank, comm)``: train the real node loop, return params, per-step records, node."""
     from exogym.runtime.node import NodeJob, TrainNode
 
@@ -130,7 +133,7 @@ def _node_body(base: Any, make_strategy: Callable[[], Any], ds: Any, cfg: Any) -
         from exogym.core.comm.comm import set_current
 
         set_current(comm)  # for strategies that call exogym.strategy.communicate inline
-        job = NodeJob(base, make_strategy(), ds, None, cfg, "threads")
+        job = NodeJob(base, make_strategy(), ds, val, cfg, "threads")
         node = TrainNode(job, rank, comm, torch.device("cpu"))
         records: list[Any] = []
         end_step = comm.ledger.end_step
@@ -158,6 +161,8 @@ def train_ranks(
     workers: int | None = None,
     network: Any = None,
     faults: Any = None,
+    val_dataset: Any = None,
+    val_interval: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
@@ -166,7 +171,8 @@ def train_ranks(
     :class:`ThreadTransport`); otherwise the ranks run concurrently over :class:`ThreadTransport`.
 
     ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
-    ``fit(faults=...)`` takes.
+    ``fit(faults=...)`` takes; ``val_dataset`` is validated (all of it, split over the nodes)
+    every ``val_interval`` steps and after the last.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
@@ -178,8 +184,9 @@ def train_ranks(
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
     from exogym.runtime.faults import round_steps
 
-    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, round_steps(make_strategy()))
-    body = _node_body(base, make_strategy, ds, cfg)
+    interval = (val_interval or steps) if val_dataset is not None else None
+    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, round_steps(make_strategy()), interval)
+    body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)
     hubs = [

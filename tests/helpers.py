@@ -34,6 +34,18 @@ def regression_data(n: int = 256, d: int = 8, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=g))
 
 
+def node_batches(ds: TensorDataset, k: int, rank: int, batch_size: int = 8, seed: int = 0) -> Any:
+    """Node ``rank``'s training batches in order, as a plain loop would draw them: its
+    ``DistributedSampler`` shard (shuffled with ``seed``, epoch 0) in batches of ``batch_size``."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(ds, num_replicas=k, rank=rank, shuffle=True, seed=seed)
+    sampler.set_epoch(0)
+    idx = list(sampler)
+    for i in range(0, len(idx) - batch_size + 1, batch_size):
+        yield ds[idx[i : i + batch_size]]
+
+
 class TinyNet(nn.Module):
     """A two-layer MLP returning the batch-mean MSE: ``forward((x, y)) -> scalar``."""
 

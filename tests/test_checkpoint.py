@@ -25,6 +25,7 @@ from exogym.strategy import (
     FedAvgStrategy,
     SimpleReduceStrategy,
     SPARTAStrategy,
+    StreamingDiLoCoStrategy,
 )
 from tests.core.test_launch import _env, _tagged_pids, _wait_until
 from tests.helpers import TinyNet, regression_data
@@ -36,7 +37,10 @@ STRATEGIES = {
     "fedavg": lambda: FedAvgStrategy(H=3),
     "diloco": lambda: DiLoCoStrategy(H=4),
     "sparta": lambda: SPARTAStrategy(p_sparta=0.1),
+    "sparta_async": lambda: SPARTAStrategy(p_sparta=0.1, async_sparta_delay=2),  # averages in flight
     "demo": DeMoStrategy,
+    # an update in flight (sent after step 7, applied after step 8) lives in the checkpoint at 8
+    "streaming_diloco": lambda: StreamingDiLoCoStrategy(H=4, num_fragments=2, overlap_steps=1, alpha=0.5),
     # gradients all-reduced as int8 with error feedback (the residuals live in the checkpoint)
     "int8_ef": lambda: CommunicateOptimizeStrategy(
         [QuantizeCommunicator(AveragingCommunicator(target="grads"), "int8", error_feedback=True)]

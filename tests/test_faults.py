@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 
 from exogym import Faults, Trainer
 from exogym.core.comm.network import Network
@@ -29,19 +28,9 @@ from exogym.strategy import (
     SPARTAStrategy,
 )
 from tests.fake_world import train_ranks
-from tests.helpers import TinyNet, regression_data
+from tests.helpers import TinyNet, node_batches, regression_data
 
 K, B = 4, 8
-
-
-def _batches(ds, k: int, rank: int, seed: int = 0):
-    """Node ``rank``'s batches in order: its DistributedSampler shard, epoch 0, batches of B."""
-    sampler = DistributedSampler(ds, num_replicas=k, rank=rank, shuffle=True, seed=seed)
-    sampler.set_epoch(0)
-    idx = list(sampler)
-    for i in range(0, len(idx) - B + 1, B):
-        x, y = ds[idx[i : i + B]]
-        yield x, y
 
 
 def _loss(model: torch.nn.Module, batch) -> torch.Tensor:
@@ -60,7 +49,7 @@ def _diloco_reference(ds, steps: int, h: int, dropped: dict[int, list[int]]) -> 
     inner = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in models]
     glob = [p.detach().clone().requires_grad_(False) for p in base.parameters()]
     outer = torch.optim.SGD(glob, lr=0.7, momentum=0.9, nesterov=True)
-    data = [_batches(ds, K, r) for r in range(K)]
+    data = [node_batches(ds, K, r) for r in range(K)]
     for r in range(steps // h):
         gone = dropped.get(r, [])
         alive = [n for n in range(K) if n not in gone]
@@ -134,7 +123,7 @@ def _ddp_reference(ds, k: int, steps: int, dropped: dict[int, list[int]]) -> lis
     """Data-parallel SGD where a step's gradient is the mean over the nodes present at it."""
     model = TinyNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = [_batches(ds, k, r) for r in range(k)]
+    data = [node_batches(ds, k, r) for r in range(k)]
     for s in range(steps):
         alive = [n for n in range(k) if n not in dropped.get(s, [])]
         grads = []

@@ -448,13 +448,41 @@ class TrainNode:
         return total, count, correct, labelled
 
     def _validate(self, metrics: MetricsBuffer) -> dict[str, Any]:
-        """Validation of the local models (mean over nodes) and of the all-node average. Collective."""
+        """Validation of the local models (mean over nodes) and of the all-node average, and how
+        far the nodes' models have drifted apart (:meth:`_divergence`). Collective."""
         local = self._evaluate(self.model)
-        glob = self._evaluate(self._average_model())
-        stats = torch.tensor([*local, *glob], dtype=torch.float64)
+        avg = self._average_model()
+        glob = self._evaluate(avg)
+        distance, correlation = self._divergence(avg)
+        stats = torch.tensor([*local, *glob, distance], dtype=torch.float64)
         self.comm.all_reduce(stats, op="sum", charge=False)
         v = stats.tolist()
-        return metrics.validation_row(tuple(v[:4]), tuple(v[4:]))
+        row = metrics.validation_row(tuple(v[:4]), tuple(v[4:8]))
+        row["param_distance"] = v[8] / self.cfg.num_nodes
+        if correlation is not None:
+            row["model_correlation"] = correlation
+        return row
+
+    @torch.no_grad()
+    def _divergence(self, avg: torch.nn.Module) -> tuple[float, float | None]:
+        """``(this node's L2 distance to the all-node average, the mean pairwise Pearson
+        correlation of the nodes' models)`` over the floating-point state, flattened in
+        ``state_dict`` order. The correlation costs one uncharged all-reduce of the model's
+        size, whatever the number of nodes: with ``z_i`` node ``i``'s standardised vector (zero
+        mean, unit norm), ``corr(i, j) = z_i . z_j``, so the mean over pairs is
+        ``(|sum_i z_i|^2 - K) / (K (K - 1))``. ``None`` with one node. Collective."""
+        mine = [t for t in self.model.state_dict().values() if t.is_floating_point()]
+        theirs = [t for t in avg.state_dict().values() if t.is_floating_point()]
+        x = torch.cat([t.reshape(-1).float() for t in mine])
+        distance = float(torch.linalg.vector_norm(x - torch.cat([t.reshape(-1).float() for t in theirs])))
+        k = self.cfg.num_nodes
+        if k < 2:
+            return distance, None
+        z = x - x.mean()
+        norm = torch.linalg.vector_norm(z)
+        z = z / norm if norm > 0 else torch.full_like(z, float("nan"))  # a constant model has no correlation
+        self.comm.all_reduce(z, op="sum", charge=False)
+        return distance, (float(z.double().square().sum()) - k) / (k * (k - 1))
 
     @torch.no_grad()
     def _average_model(self) -> torch.nn.Module:

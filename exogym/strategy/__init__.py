@@ -13,6 +13,7 @@ from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
 from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
+from exogym.strategy.streaming_diloco import StreamingDiLoCoStrategy
 
 __all__ = [
     "CommunicateOptimizeStrategy",
@@ -26,4 +27,5 @@ __all__ = [
     "SPARTAStrategy",
     "SimpleReduceStrategy",
     "Strategy",
+    "StreamingDiLoCoStrategy",
 ]

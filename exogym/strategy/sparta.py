@@ -16,10 +16,16 @@ _BITS = {8: "int8", 16: "fp16"}
 
 
 def sparse_module(
-    p_sparta: float, sparsification_mode: str | None, compression_method: str | None, quantization_bits: int | None
+    p_sparta: float,
+    sparsification_mode: str | None,
+    compression_method: str | None,
+    quantization_bits: int | None,
+    sparta_interval: int = 1,
+    async_sparta_delay: int = 0,
 ) -> Communicator:
     """The SPARTA communicator from the preset spellings (``compression_method`` is an alias of
-    ``sparsification_mode``; ``quantization_bits`` 8 or 16 wraps it in a quantizer)."""
+    ``sparsification_mode``; ``quantization_bits`` 8 or 16 wraps it in a quantizer;
+    ``sparta_interval`` is its ``H``, ``async_sparta_delay`` its ``delay``)."""
     if sparsification_mode is not None and compression_method is not None and sparsification_mode != compression_method:
         raise TypeError(
             f"sparsification_mode={sparsification_mode!r} and its alias "
@@ -31,7 +37,13 @@ def sparse_module(
     if mode not in SELECTORS:
         name = "sparsification_mode" if sparsification_mode is not None else "compression_method"
         raise ValueError(f"{name} must be one of {SELECTORS}, got {mode!r}")
-    module: Communicator = SparseCommunicator(p_sparta, mode)
+    if not isinstance(sparta_interval, int) or isinstance(sparta_interval, bool) or sparta_interval < 1:
+        raise ValueError(f"sparta_interval (steps between SPARTA rounds) must be an int >= 1, got {sparta_interval!r}")
+    if not isinstance(async_sparta_delay, int) or isinstance(async_sparta_delay, bool) or async_sparta_delay < 0:
+        raise ValueError(
+            f"async_sparta_delay (rounds before an average is applied) must be an int >= 0, got {async_sparta_delay!r}"
+        )
+    module: Communicator = SparseCommunicator(p_sparta, mode, H=sparta_interval, delay=async_sparta_delay)
     if quantization_bits is not None and quantization_bits != 32:
         if quantization_bits not in _BITS:
             raise ValueError(f"quantization_bits must be 8, 16, 32 or None, got {quantization_bits!r}")
@@ -51,6 +63,9 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         sparsification_mode: ``random`` (default), ``sequential``, ``partitioned``, ``blockwise``
             or ``topk`` (see :mod:`communicators.sparse`). ``compression_method`` is an alias.
         quantization_bits: 8 (int8 with per-chunk scales), 16 (fp16), or 32/``None`` (none).
+        sparta_interval: average every this many steps (default 1).
+        async_sparta_delay: apply each round's average this many rounds later (default 0: at
+            once), as the original exo gym's asynchronous SPARTA.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
@@ -61,12 +76,15 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         sparsification_mode: str | None = None,
         compression_method: str | None = None,
         quantization_bits: int | None = None,
+        sparta_interval: int = 1,
+        async_sparta_delay: int = 0,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        super().__init__(
-            [sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits)], **strategy_kwargs
+        module = sparse_module(
+            p_sparta, sparsification_mode, compression_method, quantization_bits, sparta_interval, async_sparta_delay
         )
+        super().__init__([module], **strategy_kwargs)
 
 
 class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
@@ -88,12 +106,21 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
         inner_lr: float | None = None,
         compression_method: str | None = None,
         quantization_bits: int | None = None,
+        sparta_interval: int = 1,
+        async_sparta_delay: int = 0,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         modules = [
-            sparse_module(p_sparta, sparsification_mode, compression_method, quantization_bits),
+            sparse_module(
+                p_sparta,
+                sparsification_mode,
+                compression_method,
+                quantization_bits,
+                sparta_interval,
+                async_sparta_delay,
+            ),
             DiLoCoCommunicator(H, spec, normalize),
         ]
         super().__init__(modules, **inner_lr_alias(strategy_kwargs, inner_lr))

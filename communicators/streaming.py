@@ -1,0 +1,160 @@
+"""Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): DiLoCo's outer step on fragments
+of the model, in a staggered schedule, with the outer update applied ``tau`` steps late.
+
+The trainable parameters of each dtype, flattened in model order, are cut into ``F`` contiguous
+fragments of (almost) equal size. Fragment ``f`` synchronises every ``H`` steps, after local
+steps ``s`` with ``(s + 1) % H == floor((f + 1) * H / F) % H`` (so the last fragment keeps
+DiLoCo's schedule, and the others are spread evenly before it, as torchft's fragments are).
+
+At a fragment's sync step each rank sends ``delta_f = theta_global_f - theta_local_f`` (its
+mean over the ranks is all-reduced then). ``tau = overlap_steps`` steps later, while training
+went on, every rank applies it: the outer optimizer steps ``theta_global_f`` with the mean
+``delta_f`` as its gradient, and the local fragment becomes
+``alpha * theta_local_f + (1 - alpha) * theta_global_f`` (``alpha = 0``: the new global values,
+discarding the local progress of the ``tau`` steps, as torchft does; the paper suggests 0.5
+with ``tau > 0``). With ``F = 1``, ``tau = 0`` and ``alpha = 0`` this is DiLoCo. An update still
+in flight when the run ends (sent in its last ``tau`` steps) is not applied, as it would land
+after training; a checkpoint keeps it, so a run resumed for more steps applies it on time.
+
+Per step, at most one fragment travels: the peak bytes per step are ``1/F`` of DiLoCo's, the
+total is the same. The simulated time charges a fragment's transfer to the step it is sent in
+(the overlap with the next ``tau`` steps of compute, which hides it on a real network, is not
+credited).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+
+from communicators.diloco import DEFAULT_OUTER
+from exogym.core.comm.flat import dtype_buckets
+from exogym.core.optim import OptimSpec
+from exogym.core.pipeline import Communicator, NodeContext
+
+
+class StreamingDiLoCoCommunicator(Communicator):
+    """DiLoCo on ``num_fragments`` staggered fragments with ``overlap_steps`` of delay.
+
+    Args:
+        H: inner steps between two synchronisations of the same fragment.
+        num_fragments: F, the number of fragments (``1 <= F <= H``).
+        overlap_steps: tau, the steps between sending a fragment's pseudo-gradient and applying
+            its outer update (``0 <= tau < H``).
+        alpha: the share of the local values kept when the update is applied (``[0, 1]``).
+        outer_optim: the outer optimizer (default Nesterov SGD, lr 0.7, momentum 0.9).
+    """
+
+    space: ClassVar[str] = "param"
+
+    def __init__(
+        self,
+        H: int = 100,
+        num_fragments: int = 2,
+        overlap_steps: int = 0,
+        alpha: float = 0.0,
+        outer_optim: OptimSpec | None = None,
+    ) -> None:
+        super().__init__(H)
+        if not isinstance(num_fragments, int) or isinstance(num_fragments, bool) or not 1 <= num_fragments <= H:
+            raise ValueError(
+                f"num_fragments must be an int in [1, H={H}] (one fragment syncs at a time), got {num_fragments!r}"
+            )
+        if not isinstance(overlap_steps, int) or isinstance(overlap_steps, bool) or not 0 <= overlap_steps < H:
+            raise ValueError(
+                f"overlap_steps must be an int in [0, H={H}) (a fragment's update lands before its next sync), "
+                f"got {overlap_steps!r}"
+            )
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha (the share of local values kept) must be in [0, 1], got {alpha!r}")
+        self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
+        if not isinstance(self.outer_spec, OptimSpec):
+            raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")
+        self.num_fragments, self.overlap_steps, self.alpha = num_fragments, overlap_steps, float(alpha)
+        #: Fragment f syncs after steps s with (s + 1) % H == offsets[f].
+        self.offsets = [math.floor((f + 1) * H / num_fragments) % H for f in range(num_fragments)]
+
+    def _init_node(self, ctx: NodeContext) -> None:
+        super()._init_node(ctx)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.buckets = dtype_buckets(self.params)
+        F = self.num_fragments
+        #: bounds[b][f]: fragment f's slice of bucket b's flat parameters.
+        self.bounds: list[list[tuple[int, int]]] = []
+        #: global_[f][b]: theta_global of fragment f in bucket b (a leaf the outer optimizer steps).
+        self.global_: list[list[torch.Tensor]] = [[] for _ in range(F)]
+        for bucket in self.buckets:
+            flat = bucket.buffer.pack(bucket.tensors)
+            n = flat.numel()
+            cuts = [round(i * n / F) for i in range(F + 1)]
+            self.bounds.append(list(zip(cuts, cuts[1:], strict=False)))
+            for f, (lo, hi) in enumerate(self.bounds[-1]):
+                self.global_[f].append(flat[lo:hi].detach().clone())
+        self.outer = [self.outer_spec.build(g) for g in self.global_]
+        #: Sent, not yet applied: (step to apply after, fragment, mean delta per bucket).
+        self.pending: list[tuple[int, int, list[torch.Tensor]]] = []
+
+    def fragments_due(self, step: int) -> list[int]:
+        """The fragments whose pseudo-gradient is sent after local step ``step``."""
+        return [f for f, off in enumerate(self.offsets) if (step + 1) % self.H == off]
+
+    def is_due(self, step: int) -> bool:
+        """Whether a fragment is sent after ``step``."""
+        return bool(self.fragments_due(step))
+
+    @torch.no_grad()
+    def after_optim(self, step: int) -> None:
+        for f in self.fragments_due(step):
+            self._send(step, f)
+        ready = [p for p in self.pending if p[0] == step]
+        self.pending = [p for p in self.pending if p[0] != step]
+        for _, f, deltas in ready:
+            self._apply(f, deltas)
+
+    def communicate(self, step: int) -> None:
+        self.after_optim(step)
+
+    def _send(self, step: int, f: int) -> None:
+        deltas = []
+        for b, bucket in enumerate(self.buckets):
+            lo, hi = self.bounds[b][f]
+            local = bucket.buffer.pack(bucket.tensors)[lo:hi]
+            delta = self.global_[f][b] - local
+            self.ctx.comm.all_reduce(delta, op="mean", tag="streaming_diloco")
+            deltas.append(delta)
+        self.pending.append((step + self.overlap_steps, f, deltas))
+
+    def _apply(self, f: int, deltas: list[torch.Tensor]) -> None:
+        for g, d in zip(self.global_[f], deltas, strict=True):
+            g.grad = d
+        self.outer[f].step()
+        for b, bucket in enumerate(self.buckets):
+            g = self.global_[f][b]
+            g.grad = None
+            lo, hi = self.bounds[b][f]
+            flat = bucket.buffer.pack(bucket.tensors)
+            flat[lo:hi].mul_(self.alpha).add_(g, alpha=1.0 - self.alpha)
+            bucket.buffer.unpack(bucket.tensors)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "global": [list(g) for g in self.global_],
+            "outer": [o.state_dict() for o in self.outer],
+            "pending": [(s, f, list(d)) for s, f, d in self.pending],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for mine, saved in zip(self.global_, state["global"], strict=True):
+            for g, t in zip(mine, saved, strict=True):
+                g.copy_(t)
+        for o, s in zip(self.outer, state["outer"], strict=True):
+            o.load_state_dict(s)
+        self.pending = [(int(s), int(f), [t.clone() for t in d]) for s, f, d in state["pending"]]
+
+    def describe(self) -> str:
+        return (
+            f"StreamingDiLoCo(H={self.H}, fragments={self.num_fragments}, overlap={self.overlap_steps}, "
+            f"alpha={self.alpha}, outer={self.outer_spec!r})"
+        )

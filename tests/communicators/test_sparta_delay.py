@@ -1,0 +1,110 @@
+"""Asynchronous SPARTA (``async_sparta_delay=d``: a round's average lands d rounds later) and
+SPARTA every k steps (``sparta_interval``), against a plain-PyTorch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from communicators.sparse import SharedSelector, SparseCommunicator
+from exogym.strategy import FedAvgStrategy, OptimSpec, SPARTAStrategy
+from tests.fake_world import train_ranks
+from tests.helpers import TinyNet, node_batches, regression_data
+
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+STEPS = 9
+
+
+def _loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model.fc2(torch.tanh(model.fc1(x))), y)
+
+
+def delayed_sparta_reference(ds, k: int, steps: int, p: float, delay: int, interval: int) -> list[list[torch.Tensor]]:
+    """K copies with inner SGD. After steps s with (s+1) % interval == 0, the selected entries of
+    every parameter are averaged over the copies; that average is written into every copy
+    ``delay`` rounds later. With p=1 every entry is selected; otherwise the indices are those
+    ExoGym's shared-seed selector draws (the indices are the selector's; the averaging, the
+    queue and the writes are this reference's own)."""
+    models = [TinyNet() for _ in range(k)]
+    inner = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    data = [node_batches(ds, k, r) for r in range(k)]
+    numels = [q.numel() for q in models[0].parameters()]
+    selector = SharedSelector("random", p, 0, numels, torch.device("cpu"))
+    queue: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    for s in range(steps):
+        for r in range(k):
+            inner[r].zero_grad()
+            _loss(models[r], next(data[r])).backward()
+            inner[r].step()
+        if (s + 1) % interval:
+            continue
+        with torch.no_grad():
+            idx = [torch.arange(n) for n in numels] if p == 1.0 else selector.select(s)
+            means = []
+            for i, ix in enumerate(idx):
+                values = [list(m.parameters())[i].reshape(-1)[ix] for m in models]
+                means.append((ix, sum(values) / k))
+            queue.append(means)
+            if len(queue) > delay:
+                arrived = queue.pop(0)
+                for m in models:
+                    for q, (ix, mean) in zip(m.parameters(), arrived, strict=True):
+                        q.view(-1)[ix] = mean
+    return [[q.detach().clone() for q in m.parameters()] for m in models]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("delay", [0, 1, 2])
+@pytest.mark.parametrize("p", [1.0, 0.3])
+def test_delayed_sparta_matches_the_reference(k: int, delay: int, p: float) -> None:
+    ds = regression_data(k * 8 * STEPS)
+    out = train_ranks(
+        k, lambda: SPARTAStrategy(p_sparta=p, async_sparta_delay=delay, optim_spec=SGD), STEPS, dataset=ds
+    )
+    ref = delayed_sparta_reference(ds, k, STEPS, p, delay, interval=1)
+    for rank in range(k):
+        for a, b in zip(out[rank]["params"], ref[rank], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    if delay:  # the delay changes the result
+        assert not torch.allclose(ref[0][0], delayed_sparta_reference(ds, k, STEPS, p, 0, interval=1)[0][0])
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_sparta_every_k_steps_matches_the_reference(delay: int) -> None:
+    k = 3
+    ds = regression_data(k * 8 * STEPS)
+    make = lambda: SPARTAStrategy(p_sparta=0.3, sparta_interval=3, async_sparta_delay=delay, optim_spec=SGD)  # noqa: E731
+    out = train_ranks(k, make, STEPS, dataset=ds)
+    ref = delayed_sparta_reference(ds, k, STEPS, 0.3, delay, interval=3)
+    for rank in range(k):
+        for a, b in zip(out[rank]["params"], ref[rank], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_sparta_of_everything_every_k_steps_is_fedavg() -> None:
+    sparta = train_ranks(3, lambda: SPARTAStrategy(p_sparta=1.0, sparta_interval=3, optim_spec=SGD), STEPS)
+    fedavg = train_ranks(3, lambda: FedAvgStrategy(H=3, optim_spec=SGD), STEPS)
+    for a, b in zip(sparta, fedavg, strict=True):
+        for x, y in zip(a["params"], b["params"], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_a_delay_sends_the_same_bytes_in_the_same_steps() -> None:
+    now = train_ranks(2, lambda: SPARTAStrategy(p_sparta=0.3, optim_spec=SGD), STEPS)
+    later = train_ranks(2, lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay=2, optim_spec=SGD), STEPS)
+    per_step = [[sum(r.sent for r in recs) for recs in o[0]["records"]] for o in (now, later)]
+    assert per_step[0] == per_step[1] and all(per_step[0])
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: SPARTAStrategy(async_sparta_delay=-1), r"async_sparta_delay .* must be an int >= 0, got -1"),
+        (lambda: SPARTAStrategy(sparta_interval=0), r"sparta_interval .* must be an int >= 1, got 0"),
+        (lambda: SparseCommunicator(0.1, "topk", delay=1), "delay is not available with selector='topk'"),
+    ],
+)
+def test_bad_delay_and_interval_name_the_argument(make, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -1,0 +1,127 @@
+"""Streaming DiLoCo against a plain-PyTorch reference written from the paper (arXiv 2501.18512):
+fragments on a staggered schedule, outer updates applied tau steps late and mixed by alpha."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from exogym.strategy import DiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy
+from tests.fake_world import train_ranks
+from tests.helpers import TinyNet, node_batches, regression_data
+
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+H, STEPS = 4, 12  # three rounds of every fragment
+
+
+def _loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model.fc2(torch.tanh(model.fc1(x))), y)
+
+
+def streaming_reference(ds, k: int, steps: int, h: int, F: int, tau: int, alpha: float) -> list[torch.Tensor]:
+    """K model copies with inner SGD. The flat parameter vector is cut into F equal contiguous
+    fragments; fragment f is synchronised after steps s with (s+1) % H == floor((f+1)H/F) % H:
+    delta = global_f - mean_k(local_k,f); tau steps later (if the run lasts that long) the outer
+    Nesterov SGD steps global_f with delta, and every local_k,f <- alpha local + (1-alpha) global."""
+    base = TinyNet()
+    models = [TinyNet() for _ in range(k)]
+    for m in models:
+        m.load_state_dict(base.state_dict())
+    inner = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    data = [node_batches(ds, k, r) for r in range(k)]
+    flat = parameters_to_vector(base.parameters()).detach()
+    n = flat.numel()
+    cuts = [round(i * n / F) for i in range(F + 1)]
+    glob = [flat[cuts[f] : cuts[f + 1]].clone() for f in range(F)]
+    outer = [torch.optim.SGD([g], lr=0.7, momentum=0.9, nesterov=True) for g in glob]
+    pending: list[tuple[int, int, torch.Tensor]] = []
+    for s in range(steps):
+        for r in range(k):
+            inner[r].zero_grad()
+            _loss(models[r], next(data[r])).backward()
+            inner[r].step()
+        with torch.no_grad():
+            for f in range(F):
+                if (s + 1) % h == math.floor((f + 1) * h / F) % h:
+                    lo, hi = cuts[f], cuts[f + 1]
+                    mean_local = sum(parameters_to_vector(m.parameters())[lo:hi] for m in models) / k
+                    pending.append((s + tau, f, glob[f] - mean_local))
+            for item in [p for p in pending if p[0] == s]:
+                pending.remove(item)
+                _, f, delta = item
+                glob[f].grad = delta
+                outer[f].step()
+                lo, hi = cuts[f], cuts[f + 1]
+                for m in models:
+                    v = parameters_to_vector(m.parameters())
+                    v[lo:hi] = alpha * v[lo:hi] + (1 - alpha) * glob[f]
+                    vector_to_parameters(v, m.parameters())
+    return [parameters_to_vector(m.parameters()).detach() for m in models]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("tau", [0, 1])
+def test_two_fragments_match_the_reference_after_three_rounds(k: int, tau: int, alpha: float) -> None:
+    ds = regression_data(k * 8 * STEPS)
+    out = train_ranks(
+        k,
+        lambda: StreamingDiLoCoStrategy(H=H, num_fragments=2, overlap_steps=tau, alpha=alpha, optim_spec=SGD),
+        STEPS,
+        dataset=ds,
+    )
+    ref = streaming_reference(ds, k, STEPS, H, 2, tau, alpha)
+    for rank in range(k):
+        torch.testing.assert_close(parameters_to_vector(out[rank]["params"]), ref[rank], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_one_fragment_without_overlap_is_diloco(k: int) -> None:
+    stream = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=H, num_fragments=1, optim_spec=SGD), STEPS)
+    diloco = train_ranks(k, lambda: DiLoCoStrategy(H=H, optim_spec=SGD), STEPS)
+    for a, b in zip(stream, diloco, strict=True):
+        for p, q in zip(a["params"], b["params"], strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_peak_bytes_per_step_are_one_fragment_and_the_total_is_diloco_s() -> None:
+    k = 4
+    stream = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=H, num_fragments=2, optim_spec=SGD), STEPS)
+    diloco = train_ranks(k, lambda: DiLoCoStrategy(H=H, optim_spec=SGD), STEPS)
+    per_step = [[sum(r.sent for r in recs) for recs in o[0]["records"]] for o in (stream, diloco)]
+    n = sum(p.numel() for p in TinyNet().parameters())  # 161: fragments of 80 and 81 entries
+    ring = 2 * (k - 1) / k * 4  # bytes sent per float32 entry in a ring all-reduce
+    assert max(per_step[0]) == pytest.approx(ring * math.ceil(n / 2))
+    assert max(per_step[1]) == pytest.approx(ring * n)
+    assert sum(per_step[0]) == pytest.approx(sum(per_step[1]))
+    assert sum(1 for b in per_step[0] if b) == 2 * sum(1 for b in per_step[1] if b)  # twice as often, half each
+
+
+def test_quantized_fragments_are_charged_as_int8() -> None:
+    k = 2
+    out = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=H, quantize="int8", optim_spec=SGD), STEPS)
+    sent = [r for recs in out[0]["records"] for r in recs]
+    assert {r.tag for r in sent} == {"streaming_diloco+int8"}
+    assert sorted({r.payload for r in sent}) == [80 + 4, 81 + 4]  # one int8 per entry, one fp32 scale
+    flat = [parameters_to_vector(o["params"]) for o in out]
+    assert torch.isfinite(flat[0]).all()
+    # fragment 1 (entries 80..160) was synchronised after the last step: every rank holds its global value
+    assert torch.equal(flat[0][80:], flat[1][80:]) and not torch.equal(flat[0][:80], flat[1][:80])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_fragments": 5}, r"num_fragments must be an int in \[1, H=4\]"),
+        ({"overlap_steps": 4}, r"overlap_steps must be an int in \[0, H=4\)"),
+        ({"alpha": 1.5}, r"alpha .* must be in \[0, 1\]"),
+        ({"quantize": "fp8"}, "quantize must be one of"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StreamingDiLoCoStrategy(H=H, **kwargs)
