@@ -17,6 +17,7 @@ from dataclasses import replace
 from exogym import __version__
 from exogym.cli import plain_help
 from exogym.core.comm.network import PRESETS as NETWORKS
+from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
 
@@ -106,6 +107,19 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=1e13,
         help="a node's sustained throughput for --compute flops (default 1e13)",
     )
+    p.add_argument(
+        "--partition",
+        default=None,
+        choices=SCHEMES,
+        help="split the training set over the nodes: iid, dirichlet (label skew, --alpha), shards "
+        "(--shards-per-node classes per node) or quantity (size skew, --alpha); default: IID shards",
+    )
+    p.add_argument(
+        "--alpha", type=_positive_float, default=0.5, help="Dirichlet concentration for --partition (default 0.5)"
+    )
+    p.add_argument(
+        "--shards-per-node", type=_int_at_least(1), default=2, help="shards per node for --partition shards (default 2)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     p.add_argument("--out", default="exogym_runs/compare", help="folder for CSVs and plots")
     p.add_argument("--data-dir", default="data", help="where mnist and shakespeare are downloaded")
@@ -147,6 +161,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             "built-in task (--task digits or --task chars)."
         )
 
+    split = None
+    if args.partition is not None:
+        from exogym.partition import partition
+
+        try:
+            split = partition(
+                task.train,
+                args.nodes,
+                args.partition,
+                alpha=args.alpha,
+                shards_per_node=args.shards_per_node,
+                min_size=min(args.batch_size, len(task.train) // args.nodes),
+                seed=args.seed,
+            )
+        except (ValueError, TypeError) as e:
+            parser.error(f"argument --partition {args.partition} (task {args.task}): {e}")
+
     from exogym.cli.compare import compare, format_table
     from exogym.core.comm.network import resolve_network
 
@@ -167,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
         progress=not args.no_progress,
         workers=args.workers,
+        partition=split,
     )
     if result.summary:
         logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))

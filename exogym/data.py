@@ -1,4 +1,7 @@
-"""Per-node data: sharding a dataset (or calling a dataset factory), batches, minibatches."""
+"""Per-node data: sharding a dataset (or calling a dataset factory), batches, minibatches.
+
+Non-IID splits live in :mod:`exogym.partition` (:func:`partition`, re-exported here with
+:class:`Partition` and :func:`labels_of`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,10 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler, Subset
+
+from exogym.partition import Partition as Partition  # re-exported: exogym.data.partition
+from exogym.partition import labels_of as labels_of
+from exogym.partition import partition as partition
 
 #: ``dataset_factory(rank, num_nodes, train_dataset) -> Dataset``, called inside each node.
 DatasetFactory = Callable[[int, int, bool], Dataset]
@@ -43,25 +50,9 @@ def check_dataset(ds: DatasetArg, name: str, num_nodes: int) -> None:
         raise ValueError(f"{name} has {len(ds)} examples, fewer than num_nodes={num_nodes}: every node needs data")
 
 
-def labels_of(ds: Dataset) -> torch.Tensor:
-    """The integer label of every example: a ``TensorDataset``'s second tensor, a ``targets``
-    attribute (torchvision), or ``ds[i][1]`` read one by one."""
-    tensors = getattr(ds, "tensors", None)
-    if tensors is not None and len(tensors) >= 2:
-        return torch.as_tensor(tensors[1]).reshape(-1).long()
-    targets = getattr(ds, "targets", None)
-    if targets is not None:
-        return torch.as_tensor(targets).reshape(-1).long()
-    return torch.tensor([int(ds[i][1]) for i in range(len(ds))], dtype=torch.long)
-
-
-class LabelShards:
-    """A ``dataset_factory`` giving each node ``shards_per_node`` shards of label-sorted data.
-
-    The non-IID split of McMahan et al. (2017): the examples sorted by label (ties in an order
-    drawn from ``seed``) are cut into ``num_nodes * shards_per_node`` equal shards, which are
-    dealt out at random (from ``seed``), so each node sees about ``shards_per_node`` classes.
-    Deterministic from ``seed``; the remainder of an uneven cut is left out.
+class LabelShards(Partition):
+    """``partition(dataset, num_nodes, "shards", shards_per_node=..., seed=...)`` under its
+    earlier name: McMahan et al.'s label-sorted shards (see :mod:`exogym.partition`).
 
     Args:
         dataset: a labelled map-style dataset (see :func:`labels_of`).
@@ -71,41 +62,8 @@ class LabelShards:
     """
 
     def __init__(self, dataset: Dataset, num_nodes: int, shards_per_node: int = 2, seed: int = 0) -> None:
-        if not isinstance(num_nodes, int) or num_nodes < 1:
-            raise ValueError(f"num_nodes must be a positive int, got {num_nodes!r}")
-        if not isinstance(shards_per_node, int) or shards_per_node < 1:
-            raise ValueError(f"shards_per_node must be a positive int, got {shards_per_node!r}")
-        shards = num_nodes * shards_per_node
-        if len(dataset) < shards:  # type: ignore[arg-type]
-            raise ValueError(
-                f"the dataset has {len(dataset)} examples, fewer than num_nodes * shards_per_node = {shards}"  # type: ignore[arg-type]
-            )
-        g = torch.Generator().manual_seed(seed)
-        labels = labels_of(dataset)
-        shuffled = torch.randperm(len(labels), generator=g)
-        order = shuffled[torch.sort(labels[shuffled], stable=True).indices]
-        size = len(labels) // shards
-        dealt = torch.randperm(shards, generator=g).tolist()
-        self.dataset, self.num_nodes = dataset, num_nodes
-        self.indices = [
-            torch.cat(
-                [order[s * size : (s + 1) * size] for s in dealt[r * shards_per_node : (r + 1) * shards_per_node]]
-            )
-            .sort()
-            .values.tolist()
-            for r in range(num_nodes)
-        ]
-
-    def __call__(self, rank: int, num_nodes: int, train: bool) -> Dataset:
-        if num_nodes != self.num_nodes:
-            raise ValueError(f"LabelShards was built for num_nodes={self.num_nodes}, but the run has {num_nodes} nodes")
-        return Subset(self.dataset, self.indices[rank])
-
-    def label_counts(self) -> torch.Tensor:
-        """``[num_nodes, classes]``: how many examples of each label every node holds."""
-        labels = labels_of(self.dataset)
-        classes = int(labels.max()) + 1
-        return torch.stack([torch.bincount(labels[idx], minlength=classes) for idx in self.indices])
+        split = partition(dataset, num_nodes, "shards", shards_per_node=shards_per_node, seed=seed)
+        super().__init__(split.dataset, split.indices, split.scheme, split.params)
 
 
 def node_dataset(ds: DatasetArg, rank: int, num_nodes: int, train: bool) -> Dataset | None:

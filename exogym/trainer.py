@@ -177,6 +177,9 @@ class Trainer:
         )
         D.check_dataset(self.train_dataset, "train_dataset", num_nodes)
         D.check_dataset(self.val_dataset, "val_dataset", 1)
+        if isinstance(self.train_dataset, D.Partition):
+            self.train_dataset(0, num_nodes)  # a partition made for another node count fails here
+            self.train_dataset.log_summary()
         dev = resolve_device(device)
         _check_devices(devices, dev)
         amp = resolve_autocast(autocast, dev)

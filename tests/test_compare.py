@@ -103,6 +103,24 @@ def test_two_comparisons_with_the_same_arguments_write_the_same_summary_but_wall
     assert tables[0] == tables[1]
 
 
+def test_a_non_iid_comparison_trains_every_strategy_on_the_partition_and_plots_its_labels(tmp_path) -> None:
+    from exogym.cli.compare import compare
+    from exogym.partition import partition
+    from exogym.tasks import load_task
+
+    task = load_task("digits")
+    split = partition(task.train, 2, "shards", shards_per_node=2, seed=0)
+    result = compare(
+        task, ["ddp", "fedavg"], nodes=2, workers=2, steps=6, batch_size=8, H=3, out_dir=str(tmp_path),
+        progress=False, val_size=64, partition=split,
+    )  # fmt: skip
+    assert [r["strategy"] for r in result.summary] == ["ddp", "fedavg"] and not result.failures
+    assert "data shards(shards_per_node=2, seed=0)" in result.caption
+    assert str(tmp_path / "label_histogram.png") in result.plots and _is_png(str(tmp_path / "label_histogram.png"))
+    with pytest.raises(ValueError, match="partition was made for 2 nodes, the comparison has nodes=3"):
+        compare(task, ["ddp"], nodes=3, steps=2, out_dir=str(tmp_path), partition=split)
+
+
 def test_a_failing_strategy_keeps_the_others_results(tmp_path, monkeypatch) -> None:
     import exogym.cli.compare as cmp
     from tests.helpers import RaisingStrategy

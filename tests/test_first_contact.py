@@ -161,6 +161,12 @@ CLI_CASES: list[tuple[list[str], str]] = [
         marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda is valid"),
     ),
     (["--task", "mnist"], "--task mnist: its data is not in --data-dir"),
+    (["--partition", "labels"], "argument --partition: invalid choice: 'labels'"),
+    (["--partition", "dirichlet", "--alpha", "0"], "argument --alpha: must be > 0, got 0"),
+    (
+        ["--partition", "dirichlet", "--task", "chars"],
+        "--partition dirichlet (task chars): cannot read one integer label",
+    ),
 ]
 
 

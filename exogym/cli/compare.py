@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from exogym.cli.plots import plot_comparison
+from exogym.cli.plots import plot_comparison, plot_label_histogram
 from exogym.core.comm.network import Network, resolve_network
 from exogym.logger import CSVLogger
+from exogym.partition import Partition
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
 from exogym.strategy.registry import build
@@ -75,6 +76,7 @@ def compare(
     val_size: int = 512,
     progress: bool = True,
     workers: int | None = None,
+    partition: Partition | None = None,
 ) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<out_dir>/<strategy>/metrics.csv``, ``<out_dir>/summary.csv`` and the plots of
@@ -94,6 +96,10 @@ def compare(
             ``"flops"`` (default) and a number of seconds per step make the table identical run
             to run; ``"measured"`` times this machine.
         workers: processes hosting the ``nodes`` (default: ``fit``'s, one per core).
+        partition: how the task's training set is split over the nodes (a
+            :class:`~exogym.partition.Partition` for ``nodes`` nodes, see
+            :func:`exogym.partition.partition`); ``None``: IID shards of the shared dataset.
+            Its label histogram is plotted to ``label_histogram.png``.
     """
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
@@ -105,6 +111,10 @@ def compare(
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(spec.name, nodes, steps, batch_size, lr, H, net, seed)
+    if partition is not None:
+        if partition.num_nodes != nodes:
+            raise ValueError(f"partition was made for {partition.num_nodes} nodes, the comparison has nodes={nodes}")
+        caption += f"; data {partition.describe()}"
     logger.info("%s\nstart-up %.1f s (task data, process server with torch imported; not in wall s)", caption, startup)
     result = Comparison([], startup_time=startup, caption=caption)
     histories: dict[str, list[dict[str, Any]]] = {}
@@ -112,7 +122,7 @@ def compare(
         for i, (name, strategy) in enumerate(built.items()):
             logger.info("[%d/%d] %s", i + 1, len(built), name)
             torch.manual_seed(seed)
-            trainer = Trainer(spec.make_model(), spec.train, spec.val)
+            trainer = Trainer(spec.make_model(), spec.train if partition is None else partition, spec.val)
             t0 = time.perf_counter()
             try:
                 trainer.fit(
@@ -140,6 +150,9 @@ def compare(
         if result.summary:
             _write_summary(result.summary, out_dir)
             result.plots = plot_comparison(histories, out_dir, title=f"{spec.name}, {nodes} nodes", caption=caption)
+            if partition is not None and cluster.reporting():
+                title = f"{spec.name}: {partition.describe()}"
+                result.plots.append(plot_label_histogram(partition.label_counts(), out_dir, title))
     return result
 
 

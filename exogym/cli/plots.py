@@ -67,3 +67,36 @@ def plot_comparison(
             plt.close(fig)
             paths.append(path)
     return paths
+
+
+def plot_label_histogram(counts: Any, out_dir: str, title: str = "") -> str:
+    """Write ``<out_dir>/label_histogram.png``: one stacked bar per node of how many examples of
+    each label it holds (``counts``: ``[nodes, classes]``, e.g. ``Partition.label_counts()``);
+    return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    counts = np.asarray(counts)
+    nodes, classes = counts.shape
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * nodes + 2), 4.2), dpi=100)
+    bottom = np.zeros(nodes)
+    cmap = plt.get_cmap("tab10" if classes <= 10 else "tab20")
+    for c in range(classes):
+        ax.bar(range(nodes), counts[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c), width=0.85)
+        bottom += counts[:, c]
+    ax.set_xlabel("node")
+    ax.set_ylabel("examples")
+    ax.set_title(title)
+    if nodes <= 32:
+        ax.set_xticks(range(nodes))
+    if classes <= 20:
+        ax.legend(title="label", fontsize=7, ncol=1 if classes <= 10 else 2, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    path = os.path.join(out_dir, "label_histogram.png")
+    os.makedirs(out_dir, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
