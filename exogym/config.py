@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ class FitConfig:
         faults: injected dropouts and stragglers (:class:`exogym.runtime.faults.Faults`), or
             ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
+        dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
     """
 
     num_nodes: int
@@ -82,6 +83,7 @@ class FitConfig:
     resume_from: str | None = None
     faults: Faults | None = None
     fault_round_steps: int = 1
+    dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def accumulation(self) -> int:

@@ -66,6 +66,28 @@ class LabelShards(Partition):
         super().__init__(split.dataset, split.indices, split.scheme, split.params)
 
 
+#: DataLoader arguments ExoGym sets itself (``fit(dataloader_kwargs=...)`` may not give them).
+LOADER_OWN = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator", "dataset")
+
+
+def check_loader_kwargs(kwargs: Any) -> dict[str, Any]:
+    """``fit(dataloader_kwargs=...)`` as a dict, or ``ValueError``/``TypeError`` naming the key."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"dataloader_kwargs must be a dict of DataLoader arguments, got {type(kwargs).__name__}")
+    own = sorted(set(kwargs) & set(LOADER_OWN))
+    if own:
+        raise ValueError(
+            f"dataloader_kwargs may not set {own}: ExoGym sets them (batch_size and shuffle are fit arguments)"
+        )
+    valid = set(inspect.signature(DataLoader.__init__).parameters) - {"self"}
+    unknown = sorted(set(kwargs) - valid)
+    if unknown:
+        raise TypeError(f"dataloader_kwargs has {unknown}, which torch.utils.data.DataLoader does not take")
+    return dict(kwargs)
+
+
 def node_dataset(ds: DatasetArg, rank: int, num_nodes: int, train: bool) -> Dataset | None:
     """This node's dataset: the factory's output, or the shared dataset itself (sharded later)."""
     if ds is None:
@@ -74,7 +96,14 @@ def node_dataset(ds: DatasetArg, rank: int, num_nodes: int, train: bool) -> Data
 
 
 def train_loader(
-    ds: Dataset, shared: bool, rank: int, num_nodes: int, batch_size: int, shuffle: bool, seed: int
+    ds: Dataset,
+    shared: bool,
+    rank: int,
+    num_nodes: int,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    loader_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[DataLoader, Any]:
     """Loader of full per-node batches (``drop_last``) and its sampler.
 
@@ -89,7 +118,9 @@ def train_loader(
     else:
         sampler = SequentialSampler(ds)
     # The loader's own generator: iterating it must not draw from the node's global stream.
-    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True, generator=torch.Generator())
+    loader = DataLoader(
+        ds, batch_size=batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(), **(loader_kwargs or {})
+    )
     return loader, sampler
 
 
@@ -106,8 +137,8 @@ class BatchStream:
     without loading them. Iterating draws nothing from torch's global random stream (the
     loaders have a generator of their own), so a resumed node's dropout stream is unchanged."""
 
-    def __init__(self, loader: DataLoader, sampler: Any) -> None:
-        self.loader, self.sampler = loader, sampler
+    def __init__(self, loader: DataLoader, sampler: Any, loader_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.loader, self.sampler, self.loader_kwargs = loader, sampler, dict(loader_kwargs or {})
         self.epoch = self.offset = 0
         self._it: Iterator[Any] | None = None
         self._epoch_generator: torch.Tensor | None = None
@@ -141,8 +172,8 @@ class BatchStream:
             batch_size=bs,
             sampler=rest,
             drop_last=True,
-            collate_fn=self.loader.collate_fn,
             generator=torch.Generator(),
+            **{"collate_fn": self.loader.collate_fn, **self.loader_kwargs},
         )
         return iter(loader)
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
+from exogym import compat
 from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
 from exogym.core.comm.network import Network, resolve_network
@@ -41,7 +42,15 @@ class Trainer:
     After :meth:`fit`, :attr:`history` holds the metric rows and :attr:`result` the run summary.
     """
 
-    def __init__(self, model: torch.nn.Module, train_dataset: D.DatasetArg, val_dataset: D.DatasetArg = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_dataset: D.DatasetArg,
+        val_dataset: D.DatasetArg = None,
+        start_port: int | None = None,
+    ) -> None:
+        """``start_port`` is the original exo gym's, accepted and ignored (ExoGym finds free ports
+        itself; see :mod:`exogym.compat`)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if train_dataset is None:
@@ -85,6 +94,11 @@ class Trainer:
         resume_from: str | None = None,
         resume: bool = False,
         faults: Faults | None = None,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        *,
+        save_dir: str | None = None,
+        correlation_interval: int | None = None,
+        wandb_project: str | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -157,6 +171,17 @@ class Trainer:
                 with a survivor's state) and stragglers whose compute time varies per step.
                 Train rows then carry ``nodes_alive``; ``result["faults"]`` lists each round's
                 dropped nodes and participants.
+            dataloader_kwargs: extra ``torch.utils.data.DataLoader`` arguments for every node's
+                training and validation loaders (``num_workers``, ``pin_memory``,
+                ``collate_fn``, ...); ExoGym sets batch size, sampler, shuffling and
+                ``drop_last`` itself.
+            save_dir, correlation_interval, wandb_project: the original exo gym's spellings
+                (see :mod:`exogym.compat`): ``save_dir`` is ``checkpoint_dir``;
+                ``correlation_interval`` sets ``val_interval`` when that is not given (every
+                validation logs ``model_correlation``); ``wandb_project`` logs to that
+                Weights & Biases project. ``fit(num_epochs, strategy, num_nodes)`` in that
+                order is accepted too, and ``checkpoint_interval`` alone writes to
+                ``./checkpoints``.
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers
@@ -167,6 +192,14 @@ class Trainer:
             exogym.runtime.launch.NodeFailedError: when a node raises; carries its traceback.
         """
         check_main_guard()
+        strategy, num_nodes, num_epochs = compat.legacy_fit_order(strategy, num_nodes, num_epochs)
+        positive_int(checkpoint_interval, "checkpoint_interval", allow_none=True)
+        positive_int(correlation_interval, "correlation_interval", allow_none=True)
+        checkpoint_dir, val_interval, logger = compat.resolve_fit_legacy(
+            checkpoint_dir, checkpoint_interval, val_interval, logger, run_name, save_dir, correlation_interval,
+            wandb_project,
+        )  # fmt: skip
+        loader_kwargs = D.check_loader_kwargs(dataloader_kwargs)
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an exogym Strategy instance, got {type(strategy).__name__}")
         # The model and strategy travel to the nodes: say now, in their terms, if they cannot
@@ -185,9 +218,6 @@ class Trainer:
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
         run_logger = resolve_logger(logger)
-        positive_int(checkpoint_interval, "checkpoint_interval", allow_none=True)
-        if checkpoint_interval is not None and checkpoint_dir is None:
-            raise ValueError("checkpoint_interval needs checkpoint_dir (the folder the checkpoints go to)")
         if resume:
             if checkpoint_dir is None:
                 raise ValueError("resume=True continues from checkpoint_dir's newest checkpoint: give checkpoint_dir")
@@ -259,6 +289,7 @@ class Trainer:
             resume_from=resume_folder,
             faults=faults,
             fault_round_steps=fault_round,
+            dataloader_kwargs=loader_kwargs,
         )
         name = run_name or default_run_name(type(strategy).__name__)
         meta = None

@@ -171,8 +171,6 @@ def test_resuming_a_different_model_or_a_missing_checkpoint_is_refused(tmp_path)
         trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, resume_from=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="resume_from='/nonexistent'"):
         trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, resume_from="/nonexistent")
-    with pytest.raises(ValueError, match="checkpoint_interval needs checkpoint_dir"):
-        trainer.fit(SimpleReduceStrategy(), num_nodes=2, max_steps=16, batch_size=8, checkpoint_interval=4)
 
 
 def test_the_same_seed_gives_the_same_run(tmp_path) -> None:

@@ -72,7 +72,7 @@ class TrainNode:
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
         shared = not D.is_factory(job.train_dataset)
         self.loader, self.sampler = D.train_loader(
-            train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed
+            train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed, cfg.dataloader_kwargs
         )
         self.steps_per_epoch = self._agree_on_steps_per_epoch(len(train_ds), shared)
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
@@ -80,7 +80,7 @@ class TrainNode:
         self.val_loader = None
         if val_ds is not None and cfg.val_size > 0:
             sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
-            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size)
+            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size, **cfg.dataloader_kwargs)
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = copy.deepcopy(job.strategy)
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
@@ -132,7 +132,7 @@ class TrainNode:
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
         bar = _progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
-        batches = D.BatchStream(self.loader, self.sampler)
+        batches = D.BatchStream(self.loader, self.sampler, cfg.dataloader_kwargs)
         metrics = MetricsBuffer(self.comm, cfg.network, cfg.log_interval, self.max_steps)
         flush_every = cfg.log_interval * max(1, -(-_FLUSH_STEPS // cfg.log_interval))
         # The bar shows rank 0's loss or, where clients are sampled per round (rank 0 may sit

@@ -8,11 +8,13 @@ from typing import Any
 import torch
 
 from communicators.dct import DCTCompressCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
+@legacy_keywords
 class DeMoStrategy(CommunicateOptimizeStrategy):
     """DeMo (Peng, Quesnelle, Kingma 2024): decoupled momentum, DCT top-k of it exchanged, and a
     sign-SGD step on the decoded mean.

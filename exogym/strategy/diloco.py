@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from communicators.diloco import DiLoCoCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
@@ -47,6 +48,7 @@ def inner_lr_alias(strategy_kwargs: dict[str, Any], inner_lr: float | None) -> d
     return {**strategy_kwargs, "lr": inner_lr}
 
 
+@legacy_keywords
 class DiLoCoStrategy(CommunicateOptimizeStrategy):
     """DiLoCo (Douillard et al. 2023): every ``H`` steps the mean pseudo-gradient
     ``theta_global - theta_local`` drives an outer optimizer on every rank (no master rank).

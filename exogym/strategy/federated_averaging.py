@@ -7,10 +7,12 @@ from typing import Any
 import torch
 
 from communicators.averaging import AveragingCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
+@legacy_keywords
 class FedAvgStrategy(CommunicateOptimizeStrategy):
     """Each node trains locally; every ``H`` steps the models are averaged, optionally within random
     islands and over a sampled fraction of clients.

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from communicators.averaging import AveragingCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
+@legacy_keywords
 class SimpleReduceStrategy(CommunicateOptimizeStrategy):
     """Data-parallel training: one all-reduce (mean) of the flattened gradients per step, then the
     inner optimizer step. Equivalent to PyTorch DDP.

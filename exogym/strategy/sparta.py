@@ -7,6 +7,7 @@ from typing import Any
 from communicators.diloco import DiLoCoCommunicator
 from communicators.quantize import QuantizeCommunicator
 from communicators.sparse import SELECTORS, SparseCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import check_strategy_kwargs
@@ -51,6 +52,7 @@ def sparse_module(
     return module
 
 
+@legacy_keywords
 class SPARTAStrategy(CommunicateOptimizeStrategy):
     """SPARTA: after every inner step, average a fraction ``p_sparta`` of the parameters whose
     indices every rank derives from the shared seed (no mask is sent).
@@ -87,6 +89,7 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         super().__init__([module], **strategy_kwargs)
 
 
+@legacy_keywords
 class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
     """SPARTA every step plus a DiLoCo outer step every ``H`` steps.
 

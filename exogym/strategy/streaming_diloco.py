@@ -6,12 +6,14 @@ from typing import Any
 
 from communicators.quantize import FORMATS, QuantizeCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
+from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import check_strategy_kwargs
 from exogym.strategy.diloco import inner_lr_alias, outer_spec
 
 
+@legacy_keywords
 class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
     """Streaming DiLoCo (Douillard et al. 2025): the model in ``num_fragments`` fragments, each
     synchronised every ``H`` steps at staggered offsets, its outer update applied

@@ -1,0 +1,6 @@
+"""Legacy import path of the original exo gym (``exogym.strategy.strategy``); see :mod:`exogym.compat`."""
+
+from exogym.core.strategy import Strategy
+from exogym.strategy.simple_reduce import SimpleReduceStrategy
+
+__all__ = ["SimpleReduceStrategy", "Strategy"]
