@@ -172,7 +172,8 @@ class SparseCommunicator(Communicator):
             if sum(t.numel() for t in idx) == 0:
                 continue
             buf = ops.sparse_gather(params, idx)
-            self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse")
+            with self.ctx.comm.ledger.overlapping(self.delay * self.H):  # async: hidden behind the delay
+                self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse")
             if self.delay:
                 sent.append((g, idx, buf))
             else:

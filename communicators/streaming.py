@@ -17,9 +17,9 @@ in flight when the run ends (sent in its last ``tau`` steps) is not applied, as 
 after training; a checkpoint keeps it, so a run resumed for more steps applies it on time.
 
 Per step, at most one fragment travels: the peak bytes per step are ``1/F`` of DiLoCo's, the
-total is the same. The simulated time charges a fragment's transfer to the step it is sent in
-(the overlap with the next ``tau`` steps of compute, which hides it on a real network, is not
-credited).
+total is the same. A fragment's transfer overlaps the next ``tau`` steps of compute: the ledger
+marks it (``overlap_steps``) and the network model counts only what ``tau`` steps of compute
+cannot hide (all of it with ``tau = 0``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ class StreamingDiLoCoCommunicator(Communicator):
             lo, hi = self.bounds[b][f]
             local = bucket.buffer.pack(bucket.tensors)[lo:hi]
             delta = self.global_[f][b] - local
-            self.ctx.comm.all_reduce(delta, op="mean", tag="streaming_diloco")
+            with self.ctx.comm.ledger.overlapping(self.overlap_steps):
+                self.ctx.comm.all_reduce(delta, op="mean", tag="streaming_diloco")
             deltas.append(delta)
         self.pending.append((step + self.overlap_steps, f, deltas))
 

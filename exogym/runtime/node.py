@@ -390,7 +390,7 @@ class TrainNode:
                 sum(r.sent for r in records),
                 sum(r.received for r in records),
                 compute,
-                self.cfg.network.records_time(records),
+                self.cfg.network.records_time(records, compute * self.cfg.network.slowdown(self.rank)),
                 comm_wall,
                 t1 - start,
                 float(_peak_memory(self.device)) if count else 0.0,  # idle: read at the flush

@@ -22,6 +22,7 @@ from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
 from exogym.strategy.sparta import SPARTADiLoCoStrategy, SPARTAStrategy
+from exogym.strategy.streaming_diloco import StreamingDiLoCoStrategy
 
 
 def _adamw(lr: float) -> OptimSpec:
@@ -47,6 +48,17 @@ PRESETS: dict[str, tuple[Callable[[float, int], Strategy], str]] = {
     "demo": (
         lambda lr, H: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr)),
         "DeMo: DCT top-32 of chunk 64 of the decoupled momentum, sign-SGD",
+    ),
+    "streaming_diloco": (
+        lambda lr, H: StreamingDiLoCoStrategy(
+            H=H,
+            num_fragments=min(2, H),
+            overlap_steps=min(1, H - 1),
+            alpha=0.5,
+            outer_momentum=OUTER_MOMENTUM,
+            optim_spec=_adamw(lr),
+        ),
+        "Streaming DiLoCo: 2 fragments staggered over H steps, updates 1 step late, alpha 0.5",
     ),
     "sparta_diloco": (
         lambda lr, H: SPARTADiLoCoStrategy(p_sparta=0.005, H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),

@@ -101,6 +101,20 @@ def test_peak_bytes_per_step_are_one_fragment_and_the_total_is_diloco_s() -> Non
     assert sum(1 for b in per_step[0] if b) == 2 * sum(1 for b in per_step[1] if b)  # twice as often, half each
 
 
+def test_an_overlapped_fragment_is_hidden_behind_the_next_steps_compute() -> None:
+    from exogym.core.comm.network import Network
+
+    def sim_comm(tau: int, compute: float) -> float:
+        net = Network(100e6, 0.03, compute=compute)
+        make = lambda: StreamingDiLoCoStrategy(H=H, overlap_steps=tau, optim_spec=SGD)  # noqa: E731
+        rows = [r for r in train_ranks(2, make, STEPS, network=net)[0]["node"].history if "train_loss" in r]
+        return rows[-1]["sim_comm_time"]
+
+    assert sim_comm(0, 0.5) > 0.05  # 6 fragment all-reduces of 2 x 30 ms latency each, waited for
+    assert sim_comm(1, 0.5) == 0.0  # each hidden behind the next step's 0.5 s of compute
+    assert 0 < sim_comm(1, 0.01) < sim_comm(0, 0.01)  # partly hidden
+
+
 def test_quantized_fragments_are_charged_as_int8() -> None:
     k = 2
     out = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=H, quantize="int8", optim_spec=SGD), STEPS)

@@ -50,6 +50,18 @@ def test_step_time_is_slowest_compute_plus_slowest_comm() -> None:
     )
 
 
+def test_overlapped_transfers_wait_only_for_what_the_overlapped_compute_cannot_hide() -> None:
+    net = Network(1e8, 0.03)
+    t = net.collective_time("all_reduce", 4, 10**6)  # 2*3*0.03 + 1.5 * 8e6 / 1e8 = 0.3 s
+    blocking = CollectiveRecord("all_reduce", 4, 10**6, 0, 0)
+    overlapped = CollectiveRecord("all_reduce", 4, 10**6, 0, 0, overlap_steps=2)
+    assert t == pytest.approx(0.3)
+    assert net.records_time([overlapped], compute=0.1) == pytest.approx(t - 2 * 0.1)
+    assert net.records_time([overlapped], compute=0.5) == 0.0  # fully hidden behind 2 steps
+    assert net.records_time([overlapped]) == pytest.approx(t)  # nothing to hide behind
+    assert net.records_time([blocking, overlapped], compute=0.1) == pytest.approx(t + t - 0.2)
+
+
 def test_compute_model_is_checked_and_named_in_the_error() -> None:
     for bad in ("fast", -1.0, float("nan"), True):
         with pytest.raises(ValueError, match="compute must be 'measured', 'flops' or seconds per step"):

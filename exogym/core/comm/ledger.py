@@ -22,6 +22,8 @@ A group of one sends and receives nothing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
@@ -57,6 +59,9 @@ class CollectiveRecord:
         sent: bytes this node puts on the network, per the module table.
         received: bytes this node takes off the network.
         tag: free-form name of the issuer (e.g. the communicator), for breakdowns.
+        overlap_steps: the algorithm overlaps this transfer with its next ``overlap_steps``
+            steps of compute (Streaming DiLoCo's tau, asynchronous SPARTA's delay); ``0``: the
+            step waits for it. The network model hides it behind that compute.
     """
 
     kind: str
@@ -65,6 +70,7 @@ class CollectiveRecord:
     sent: float
     received: float
     tag: str = ""
+    overlap_steps: int = 0
 
 
 @dataclass
@@ -80,13 +86,25 @@ class Ledger:
     total_received: float = 0.0
     total_payload: int = 0
     total_collectives: int = 0
+    #: Records made now overlap this many steps of compute (see :meth:`overlapping`).
+    overlap_steps: int = 0
+
+    @contextlib.contextmanager
+    def overlapping(self, steps: int) -> Iterator[None]:
+        """Within the block, records carry ``overlap_steps=steps``: transfers the algorithm
+        overlaps with its next ``steps`` steps of compute."""
+        previous, self.overlap_steps = self.overlap_steps, steps
+        try:
+            yield
+        finally:
+            self.overlap_steps = previous
 
     def record(
         self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False
     ) -> CollectiveRecord:
         """Charge one collective to this node and return its record."""
         sent, received = wire_bytes(kind, group_size, payload, is_root)
-        rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag)
+        rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag, self.overlap_steps)
         self.step_records.append(rec)
         self.total_sent += sent
         self.total_received += received

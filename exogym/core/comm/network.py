@@ -115,9 +115,21 @@ class Network:
             return math.ceil(math.log2(n)) * a
         raise ValueError(f"unknown collective kind {kind!r}")
 
-    def records_time(self, records: Iterable[CollectiveRecord]) -> float:
-        """Seconds for a node's collectives of one step, run one after the other."""
-        return sum(self.collective_time(r.kind, r.group_size, r.payload) for r in records)
+    def records_time(self, records: Iterable[CollectiveRecord], compute: float = 0.0) -> float:
+        """Seconds a node's step waits for its collectives, run one after the other. Transfers
+        the algorithm overlaps with its next ``k`` steps (``overlap_steps``) are hidden behind
+        ``k * compute`` (``compute``: this step's compute seconds, taken as the next steps' too);
+        only what exceeds it is waited for."""
+        blocking = overlapped = 0.0
+        budget = 0.0
+        for r in records:
+            t = self.collective_time(r.kind, r.group_size, r.payload)
+            if r.overlap_steps:
+                overlapped += t
+                budget = max(budget, r.overlap_steps * compute)
+            else:
+                blocking += t
+        return blocking + max(0.0, overlapped - budget)
 
     def slowdown(self, rank: int) -> float:
         """The compute factor of node ``rank``."""
