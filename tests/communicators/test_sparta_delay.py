@@ -70,9 +70,9 @@ def test_delayed_sparta_matches_the_reference(k: int, delay: int, p: float) -> N
         assert not torch.allclose(ref[0][0], delayed_sparta_reference(ds, k, STEPS, p, 0, interval=1)[0][0])
 
 
+@pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("delay", [0, 1])
-def test_sparta_every_k_steps_matches_the_reference(delay: int) -> None:
-    k = 3
+def test_sparta_every_k_steps_matches_the_reference(delay: int, k: int) -> None:
     ds = regression_data(k * 8 * STEPS)
     make = lambda: SPARTAStrategy(p_sparta=0.3, sparta_interval=3, async_sparta_delay=delay, optim_spec=SGD)  # noqa: E731
     out = train_ranks(k, make, STEPS, dataset=ds)
