@@ -33,11 +33,6 @@ from tests.helpers import TinyNet, node_batches, regression_data
 K, B = 4, 8
 
 
-def _loss(model: torch.nn.Module, batch) -> torch.Tensor:
-    x, y = batch
-    return torch.nn.functional.mse_loss(model.fc2(torch.tanh(model.fc1(x))), y)
-
-
 def _diloco_reference(ds, steps: int, h: int, dropped: dict[int, list[int]]) -> list[list[torch.Tensor]]:
     """DiLoCo on K plain model copies: AdamW inner steps; every H steps the mean pseudo-gradient
     of the round's survivors drives one Nesterov SGD outer step on the global copy; a node that
@@ -56,7 +51,7 @@ def _diloco_reference(ds, steps: int, h: int, dropped: dict[int, list[int]]) -> 
         for _ in range(h):
             for n in alive:
                 inner[n].zero_grad()
-                _loss(models[n], next(data[n])).backward()
+                models[n](next(data[n])).backward()
                 inner[n].step()
         with torch.no_grad():
             for i, g in enumerate(glob):
@@ -129,7 +124,7 @@ def _ddp_reference(ds, k: int, steps: int, dropped: dict[int, list[int]]) -> lis
         grads = []
         for n in alive:
             model.zero_grad()
-            _loss(model, next(data[n])).backward()
+            model(next(data[n])).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         for i, p in enumerate(model.parameters()):
             p.grad = sum(g[i] for g in grads) / len(alive)

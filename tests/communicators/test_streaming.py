@@ -17,11 +17,6 @@ SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 H, STEPS = 4, 12  # three rounds of every fragment
 
 
-def _loss(model: torch.nn.Module, batch) -> torch.Tensor:
-    x, y = batch
-    return torch.nn.functional.mse_loss(model.fc2(torch.tanh(model.fc1(x))), y)
-
-
 def streaming_reference(ds, k: int, steps: int, h: int, F: int, tau: int, alpha: float) -> list[torch.Tensor]:
     """K model copies with inner SGD. The flat parameter vector is cut into F equal contiguous
     fragments; fragment f is synchronised after steps s with (s+1) % H == floor((f+1)H/F) % H:
@@ -42,7 +37,7 @@ def streaming_reference(ds, k: int, steps: int, h: int, F: int, tau: int, alpha:
     for s in range(steps):
         for r in range(k):
             inner[r].zero_grad()
-            _loss(models[r], next(data[r])).backward()
+            models[r](next(data[r])).backward()
             inner[r].step()
         with torch.no_grad():
             for f in range(F):
