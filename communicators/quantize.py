@@ -1,9 +1,11 @@
-"""Quantize another communicator's payload to fp16, bf16 or int8, optionally with error feedback.
+"""Quantize another communicator's payload to fp16, bf16, int8 or fp8, optionally with error feedback.
 
 ``QuantizeCommunicator(inner)`` hands ``inner`` a communication object that quantizes every
 floating-point all-reduce and all-gather payload before it leaves the node. The ledger charges
-the collective at the quantized size (for int8: one byte per entry plus one fp32 scale per chunk
-of ``chunk`` entries), i.e. a quantized ring all-reduce. The simulator moves the quantized
+the collective at the quantized size (for int8 and fp8: one byte per entry plus one fp32 scale per
+chunk of ``chunk`` entries), i.e. a quantized ring all-reduce. fp8 is ``float8_e4m3fn`` (3 mantissa
+bits, largest value 448) scaled per chunk so that the chunk's largest magnitude maps to 448; its
+codes travel as bytes. The simulator moves the quantized
 payloads with an all-gather and sums their dequantized values locally, so the result is what a
 reduction of the quantized contributions gives (no re-quantization at intermediate hops).
 
@@ -21,12 +23,15 @@ import torch
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.pipeline import Communicator, NodeContext
 
-FORMATS = ("int8", "fp16", "bf16")
+FORMATS = ("int8", "fp16", "bf16", "fp8")
+#: Largest finite float8_e4m3fn value: the per-chunk absmax of an fp8 payload maps to it.
+_FP8_MAX = 448.0
 
 
 def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes, scales)`` of a 1-D float tensor. int8: symmetric per-chunk absmax, codes in
-    ``[-127, 127]``; fp16/bf16: a cast and no scales."""
+    ``[-127, 127]``; fp8: per-chunk absmax scaled to 448, cast to ``float8_e4m3fn`` and viewed as
+    ``uint8``; fp16/bf16: a cast and no scales."""
     if fmt == "fp16":
         return x.to(torch.float16), x.new_empty(0, dtype=torch.float32)
     if fmt == "bf16":
@@ -36,6 +41,10 @@ def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor,
     padded = torch.zeros(chunks * chunk, dtype=torch.float32, device=x.device)
     padded[:n] = x.reshape(-1)
     rows = padded.view(chunks, chunk)
+    if fmt == "fp8":
+        scales = rows.abs().amax(dim=1) / _FP8_MAX
+        codes8 = (rows / scales.clamp_min(1e-30)[:, None]).to(torch.float8_e4m3fn)
+        return codes8.reshape(-1)[:n].contiguous().view(torch.uint8), scales
     scales = rows.abs().amax(dim=1) / 127.0
     codes = torch.round(rows / scales.clamp_min(1e-30)[:, None]).clamp_(-127, 127).to(torch.int8)
     return codes.reshape(-1)[:n], scales
@@ -45,6 +54,8 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int =
     """Float32 values of :func:`quantize`'s output."""
     if fmt in ("fp16", "bf16"):
         return codes.to(torch.float32)
+    if fmt == "fp8":
+        codes = codes.view(torch.float8_e4m3fn)
     n = codes.numel()
     idx = torch.arange(n, device=codes.device) // chunk
     return codes.to(torch.float32) * scales[idx]
@@ -52,7 +63,7 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int =
 
 def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
     """Bytes of one quantized payload of ``n`` entries."""
-    if fmt == "int8":
+    if fmt in ("int8", "fp8"):
         return n + 4 * math.ceil(n / chunk)
     return 2 * n
 

@@ -24,7 +24,22 @@ def test_int8_codec_error_is_at_most_half_a_step_per_chunk() -> None:
     assert quantized_bytes(1000, "int8", 128) == 1000 + 4 * 8 and quantized_bytes(10, "fp16") == 20
 
 
-@pytest.mark.parametrize(("fmt", "ratio"), [("int8", None), ("fp16", 0.5), ("bf16", 0.5)])
+def test_fp8_scales_each_chunk_to_448_and_rounds_to_3_mantissa_bits() -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 1000)
+    codes, scales = quantize(x, "fp8", 128)
+    assert codes.dtype == torch.uint8 and codes.numel() == 1000 and scales.numel() == math.ceil(1000 / 128)
+    chunk_max = torch.nn.functional.pad(x.abs(), (0, 24)).view(8, 128).amax(1)
+    torch.testing.assert_close(scales, chunk_max / 448.0)
+    out = dequantize(codes, scales, "fp8", 128)
+    # e4m3 keeps 3 mantissa bits: relative error <= 2**-4 for normal values; below the smallest
+    # normal (2**-6 of the scale unit) the absolute error is at most half a subnormal step.
+    step = scales[torch.arange(1000) // 128]
+    bound = torch.maximum(x.abs() * 2.0**-4, step * 2.0**-10)
+    assert bool(((out - x).abs() <= bound + 1e-12).all())
+    assert quantized_bytes(1000, "fp8", 128) == 1000 + 4 * 8
+
+
+@pytest.mark.parametrize(("fmt", "ratio"), [("int8", None), ("fp16", 0.5), ("bf16", 0.5), ("fp8", None)])
 def test_quantized_averaging_is_charged_at_the_quantized_size(fmt, ratio) -> None:
     k = 2
     plain = train_ranks(k, lambda: CommunicateOptimizeStrategy([AveragingCommunicator()], optim_spec=SGD), 2)
@@ -34,7 +49,7 @@ def test_quantized_averaging_is_charged_at_the_quantized_size(fmt, ratio) -> Non
     n = sum(p.numel() for p in TinyNet().parameters())
     dense = plain[0]["records"][0][0]
     q = quant[0]["records"][0][0]
-    expected = n + 4 * math.ceil(n / 256) if fmt == "int8" else ratio * dense.payload
+    expected = n + 4 * math.ceil(n / 256) if fmt in ("int8", "fp8") else ratio * dense.payload
     assert q.payload == expected and q.kind == "all_reduce"
     assert q.sent == pytest.approx(dense.sent * expected / dense.payload)
     for a, b in zip(quant[0]["params"], quant[1]["params"], strict=True):
