@@ -11,11 +11,13 @@ import argparse
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from exogym import __version__
+from exogym.cli import int_at_least as _int_at_least
 from exogym.cli import plain_help
+from exogym.cli import positive_float as _positive_float
 from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
@@ -24,32 +26,6 @@ from exogym.tasks import TASKS
 logger = logging.getLogger("exogym.cli")
 
 DEFAULT_STRATEGIES = "ddp,fedavg,diloco,sparta,demo"
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``low`` (argparse names the option in its error)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    """An argparse ``type``: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _compute_model(text: str) -> str | float:

@@ -57,3 +57,37 @@ def test_federated_example_rejects_bad_arguments_before_training(args, message, 
     with pytest.raises(SystemExit) as info:
         federated_mnist.main(args)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_nanogpt_example_trains_each_strategy_and_writes_its_files(tmp_path) -> None:
+    import csv
+
+    from exogym.examples import nanogpt
+
+    out = tmp_path / "ng"
+    argv = ["--steps", "4", "--nodes", "2", "--n-layer", "1", "--n-embd", "32", "--H", "2", "--no-progress"]
+    nanogpt.main([*argv, "--strategy", "ddp,diloco", "--out", str(out)])
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["strategy"] for r in rows] == ["ddp", "diloco"]
+    assert float(rows[1]["bytes_sent_per_node"]) == pytest.approx(float(rows[0]["bytes_sent_per_node"]) / 2)
+    for name in ("ddp/metrics.csv", "val_loss_vs_step.png", "val_loss_vs_bytes.png", "val_loss_vs_sim_time.png"):
+        assert (out / name).exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--strategy", "adam"], "unknown strategies ['adam']"),
+        (["--n-embd", "30"], "--n-embd 30 must be a multiple of --n-head 4"),
+        (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (["--dataset", "wiki"], "argument --dataset: invalid choice: 'wiki'"),
+    ],
+)
+def test_nanogpt_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
+    from exogym.examples import nanogpt
+
+    with pytest.raises(SystemExit) as info:
+        nanogpt.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
+from collections.abc import Callable
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :class:`x`, :func:`~a.b`
 _LITERAL = re.compile(r"``([^`]+)``")
@@ -13,3 +16,29 @@ def plain_help(doc: str | None) -> str:
     (``:class:`Network``` -> ``Network``, ````fit()```` -> ``fit()``), ``::`` ends like ``:``."""
     text = _LITERAL.sub(r"\1", _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], doc or ""))
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low`` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
