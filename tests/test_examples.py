@@ -91,3 +91,35 @@ def test_nanogpt_example_rejects_bad_arguments_before_training(args, message, ca
     with pytest.raises(SystemExit) as info:
         nanogpt.main(args)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_mnist_example_runs_every_preset_on_a_partition_and_writes_its_files(tmp_path) -> None:
+    import csv
+
+    from exogym.examples import mnist
+    from exogym.strategy.registry import PRESETS
+
+    out = tmp_path / "mnist"
+    argv = ["--steps", "3", "--nodes", "2", "--H", "2", "--batch-size", "8", "--no-progress", "--out", str(out)]
+    mnist.main([*argv, "--partition", "dirichlet", "--alpha", "0.5"])
+    with open(out / "summary.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == list(PRESETS)  # all of them, in order
+    for name in ("label_histogram.png", "val_accuracy_vs_bytes.png", "ddp/metrics.csv"):
+        assert (out / name).exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
+        (["--dataset", "cifar"], "argument --dataset: invalid choice: 'cifar'"),
+        (["--alpha", "0"], "argument --alpha: must be > 0, got 0"),
+    ],
+)
+def test_mnist_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
+    from exogym.examples import mnist
+
+    with pytest.raises(SystemExit) as info:
+        mnist.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err

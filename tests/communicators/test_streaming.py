@@ -128,7 +128,7 @@ def test_quantized_fragments_are_charged_as_int8() -> None:
         ({"num_fragments": 5}, r"num_fragments must be an int in \[1, H=4\]"),
         ({"overlap_steps": 4}, r"overlap_steps must be an int in \[0, H=4\)"),
         ({"alpha": 1.5}, r"alpha .* must be in \[0, 1\]"),
-        ({"quantize": "fp8"}, "quantize must be one of"),
+        ({"quantize": "fp4"}, "quantize must be one of"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
