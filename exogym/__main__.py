@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
 from exogym import __version__
 from exogym.cli import int_at_least as _int_at_least
-from exogym.cli import plain_help
+from exogym.cli import plain_help, strategy_names
 from exogym.cli import positive_float as _positive_float
 from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.partition import SCHEMES
@@ -113,11 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Under torchrun, rank 0 reports.
     logging.basicConfig(level=logging.INFO if cluster.reporting() else logging.WARNING, format="%(message)s")
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [n for n in names if n not in PRESETS]
-    if unknown or not names:
-        what = f"unknown strategies {unknown}" if unknown else "no strategy given"
-        parser.error(f"argument --strategies: {what}; choose from {sorted(PRESETS)}")
+    names = strategy_names(parser, args.strategies, "--strategies")
     if args.workers is not None and args.workers > args.nodes:
         parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
     from exogym.config import resolve_device
@@ -154,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except (ValueError, TypeError) as e:
             parser.error(f"argument --partition {args.partition} (task {args.task}): {e}")
 
-    from exogym.cli.compare import compare, format_table
+    from exogym.cli.compare import compare, report
     from exogym.core.comm.network import resolve_network
 
     network = replace(resolve_network(args.network), flops_per_second=args.flops_per_second)
@@ -176,13 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         workers=args.workers,
         partition=split,
     )
-    if result.summary:
-        logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))
-        logger.info("wrote %s/summary.csv, per-run metrics.csv and %d plots", args.out, len(result.plots))
-    for name, error in result.failures.items():
-        logger.error("%s failed: %s", name, error)
-    if result.failures:
-        sys.exit(1)
+    report(result, args.out)
 
 
 if __name__ == "__main__":

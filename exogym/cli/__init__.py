@@ -42,3 +42,16 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def strategy_names(parser: argparse.ArgumentParser, text: str, option: str) -> list[str]:
+    """The preset names of a comma-separated ``option`` value; ``parser.error`` (exit 2) names
+    the unknown ones and the choices."""
+    from exogym.strategy.registry import PRESETS
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        what = f"unknown strategies {unknown}" if unknown else "no strategy given"
+        parser.error(f"argument {option}: {what}; choose from {sorted(PRESETS)}")
+    return names

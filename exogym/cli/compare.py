@@ -189,3 +189,17 @@ def format_table(summary: Sequence[dict[str, Any]]) -> str:
             f"{r['sim_time']:>12.2f}{r['wall_time']:>9.1f}"
         )
     return "\n".join(lines)
+
+
+def report(result: Comparison, out_dir: str) -> None:
+    """Log the table and the files written, log each failure, and exit with status 1 when a
+    strategy failed (the command-line ending of ``exogym compare`` and the examples)."""
+    import sys
+
+    if result.summary:
+        logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))
+        logger.info("wrote %s/summary.csv, per-run metrics.csv and %d plots", out_dir, len(result.plots))
+    for name, error in result.failures.items():
+        logger.error("%s failed: %s", name, error)
+    if result.failures:
+        sys.exit(1)

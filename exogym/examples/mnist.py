@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 
-from exogym.cli import int_at_least, plain_help, positive_float
+from exogym.cli import int_at_least, plain_help, positive_float, strategy_names
 from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
@@ -57,13 +56,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    names = [s.strip() for s in args.strategy.split(",") if s.strip()]
-    unknown = [n for n in names if n not in PRESETS]
-    if unknown or not names:
-        what = f"unknown strategies {unknown}" if unknown else "no strategy given"
-        p.error(f"argument --strategy: {what}; choose from {sorted(PRESETS)}")
+    names = strategy_names(p, args.strategy, "--strategy")
 
-    from exogym.cli.compare import compare, format_table
+    from exogym.cli.compare import compare, report
     from exogym.partition import partition
     from exogym.tasks import load_task
 
@@ -97,13 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=not args.no_progress,
         partition=split,
     )
-    if result.summary:
-        logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))
-        logger.info("wrote %s/summary.csv, per-run metrics.csv and %d plots", args.out, len(result.plots))
-    for name, error in result.failures.items():
-        logger.error("%s failed: %s", name, error)
-    if result.failures:
-        sys.exit(1)
+    report(result, args.out)
 
 
 if __name__ == "__main__":

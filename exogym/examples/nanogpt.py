@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from collections.abc import Sequence
 
-from exogym.cli import int_at_least, plain_help, positive_float
+from exogym.cli import int_at_least, plain_help, positive_float, strategy_names
 from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.strategy.registry import PRESETS
 
@@ -67,17 +66,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    names = [s.strip() for s in args.strategy.split(",") if s.strip()]
-    unknown = [n for n in names if n not in PRESETS]
-    if unknown or not names:
-        what = f"unknown strategies {unknown}" if unknown else "no strategy given"
-        p.error(f"argument --strategy: {what}; choose from {sorted(PRESETS)}")
+    names = strategy_names(p, args.strategy, "--strategy")
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} must be a multiple of --n-head {args.n_head}")
 
     from functools import partial
 
-    from exogym.cli.compare import compare, format_table
+    from exogym.cli.compare import compare, report
     from exogym.tasks import SHAKESPEARE_URL, CharGPT, Task, load_text, split_text, stdlib_corpus
 
     try:
@@ -114,13 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=not args.no_progress,
         val_size=256,
     )
-    if result.summary:
-        logger.info("\n%s\n%s\n", result.caption, format_table(result.summary))
-        logger.info("wrote %s/summary.csv, per-run metrics.csv and %d plots", args.out, len(result.plots))
-    for name, error in result.failures.items():
-        logger.error("%s failed: %s", name, error)
-    if result.failures:
-        sys.exit(1)
+    report(result, args.out)
 
 
 if __name__ == "__main__":
