@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from exogym import __version__
+from exogym.cli import add_run_options, plain_help, strategy_names
 from exogym.cli import int_at_least as _int_at_least
-from exogym.cli import plain_help, strategy_names
 from exogym.cli import positive_float as _positive_float
-from exogym.core.comm.network import PRESETS as NETWORKS
 from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
@@ -60,15 +59,10 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         # argparse %-formats help strings: the presets' descriptions may hold a literal '%'
         help=f"comma-separated, from: {', '.join(f'{k} ({v[1]})' for k, v in PRESETS.items())}".replace("%", "%%"),
     )
-    p.add_argument("--nodes", type=_int_at_least(1), default=4, help="simulated nodes (default 4)")
     p.add_argument(
         "--workers", type=_int_at_least(1), default=None, help="processes hosting the nodes (default: one per core)"
     )
-    p.add_argument("--steps", type=_int_at_least(1), default=200, help="steps per node (default 200)")
-    p.add_argument("--batch-size", type=_int_at_least(1), default=32, help="examples per node per step (default 32)")
     p.add_argument("--lr", type=_positive_float, default=None, help="inner learning rate (default: the task's)")
-    p.add_argument("--H", type=_int_at_least(1), default=20, help="communication period of fedavg and diloco")
-    p.add_argument("--network", default="internet", choices=sorted(NETWORKS), help="default internet")
     p.add_argument(
         "--compute",
         type=_compute_model,
@@ -96,10 +90,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--shards-per-node", type=_int_at_least(1), default=2, help="shards per node for --partition shards (default 2)"
     )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
-    p.add_argument("--out", default="exogym_runs/compare", help="folder for CSVs and plots")
-    p.add_argument("--data-dir", default="data", help="where mnist and shakespeare are downloaded")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_run_options(p, out="exogym_runs/compare", data_help="where mnist and shakespeare are downloaded")
     return parser, p
 
 

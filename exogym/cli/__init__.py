@@ -55,3 +55,28 @@ def strategy_names(parser: argparse.ArgumentParser, text: str, option: str) -> l
         what = f"unknown strategies {unknown}" if unknown else "no strategy given"
         parser.error(f"argument {option}: {what}; choose from {sorted(PRESETS)}")
     return names
+
+
+def add_run_options(
+    p: argparse.ArgumentParser, *, out: str, batch_size: int = 32, data_help: str = "where datasets are downloaded"
+) -> None:
+    """The options every comparison command has: ``--nodes``, ``--steps``, ``--batch-size``,
+    ``--H``, ``--network``, ``--out``, ``--data-dir``, ``--seed``, ``--no-progress``."""
+    from exogym.core.comm.network import PRESETS as NETWORKS
+
+    p.add_argument("--nodes", type=int_at_least(1), default=4, help="simulated nodes (default 4)")
+    p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
+    p.add_argument(
+        "--batch-size",
+        type=int_at_least(1),
+        default=batch_size,
+        help=f"examples per node per step (default {batch_size})",
+    )
+    p.add_argument(
+        "--H", type=int_at_least(1), default=20, help="communication period of the H-based presets (default 20)"
+    )
+    p.add_argument("--network", default="internet", choices=sorted(NETWORKS), help="default internet")
+    p.add_argument("--out", default=out, help=f"folder for CSVs and plots (default {out})")
+    p.add_argument("--data-dir", default="data", help=data_help)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")

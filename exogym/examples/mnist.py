@@ -19,8 +19,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from exogym.cli import int_at_least, plain_help, positive_float, strategy_names
-from exogym.core.comm.network import PRESETS as NETWORKS
+from exogym.cli import add_run_options, plain_help, positive_float, strategy_names
 from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
 
@@ -36,18 +35,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="digits (default) or mnist")
     p.add_argument("--strategy", default=",".join(PRESETS), help="comma-separated presets (default: all of them)")
-    p.add_argument("--nodes", type=int_at_least(1), default=4, help="simulated nodes (default 4)")
-    p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
-    p.add_argument("--batch-size", type=int_at_least(1), default=32, help="examples per node per step (default 32)")
-    p.add_argument("--H", type=int_at_least(1), default=20, help="communication period of the H-based presets")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="inner learning rate (default 1e-3)")
     p.add_argument("--partition", default=None, choices=SCHEMES, help="non-IID split of the training set")
     p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --partition")
-    p.add_argument("--network", default="internet", choices=sorted(NETWORKS), help="default internet")
-    p.add_argument("--out", default="exogym_runs/mnist", help="folder for CSVs and plots")
-    p.add_argument("--data-dir", default="data", help="where mnist is downloaded")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_run_options(p, out="exogym_runs/mnist", data_help="where mnist is downloaded")
     return p
 
 

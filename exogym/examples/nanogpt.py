@@ -20,8 +20,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from exogym.cli import int_at_least, plain_help, positive_float, strategy_names
-from exogym.core.comm.network import PRESETS as NETWORKS
+from exogym.cli import add_run_options, int_at_least, plain_help, positive_float, strategy_names
 from exogym.strategy.registry import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -42,22 +41,12 @@ def parser() -> argparse.ArgumentParser:
         default="ddp,diloco",
         help=f"comma-separated presets (default ddp,diloco) from: {', '.join(PRESETS)}",
     )
-    p.add_argument("--nodes", type=int_at_least(1), default=4, help="simulated nodes (default 4)")
-    p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
-    p.add_argument("--batch-size", type=int_at_least(1), default=16, help="sequences per node per step (default 16)")
-    p.add_argument(
-        "--H", type=int_at_least(1), default=20, help="communication period of diloco and fedavg (default 20)"
-    )
     p.add_argument("--lr", type=positive_float, default=1e-3, help="inner AdamW learning rate (default 1e-3)")
     p.add_argument("--block", type=int_at_least(2), default=64, help="context length in bytes (default 64)")
     p.add_argument("--n-layer", type=int_at_least(1), default=2, help="transformer blocks (default 2)")
     p.add_argument("--n-head", type=int_at_least(1), default=4, help="attention heads (default 4)")
     p.add_argument("--n-embd", type=int_at_least(1), default=64, help="embedding width (default 64)")
-    p.add_argument("--network", default="internet", choices=sorted(NETWORKS), help="default internet")
-    p.add_argument("--out", default="exogym_runs/nanogpt", help="folder for CSVs and plots")
-    p.add_argument("--data-dir", default="data", help="where shakespeare is downloaded")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_run_options(p, out="exogym_runs/nanogpt", batch_size=16, data_help="where shakespeare is downloaded")
     return p
 
 
