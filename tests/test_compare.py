@@ -209,7 +209,10 @@ def _help_commands() -> list[list[str]]:
     top, _ = _parser()
     subs = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     commands = [["-m", "exogym"]] + [["-m", "exogym", name] for a in subs for name in a.choices]
-    commands += [["-m", f"exogym.examples.{name}"] for name in ("federated_mnist", "hybrid_diloco", "mnist", "nanogpt")]
+    commands += [
+        ["-m", f"exogym.examples.{name}"]
+        for name in ("federated_mnist", "hybrid_diloco", "mnist", "nanogpt", "tutorial_custom_algorithm")
+    ]
     commands += [[f"benchmarks/{name}.py"] for name in ("allreduce", "e2e", "virtual_nodes")]
     return commands
 

@@ -123,3 +123,15 @@ def test_mnist_example_rejects_bad_arguments_before_training(args, message, caps
     with pytest.raises(SystemExit) as info:
         mnist.main(args)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_the_custom_algorithm_tutorial_runs_and_gossip_sends_two_thirds_of_fedavg(tmp_path) -> None:
+    from exogym.examples import tutorial_custom_algorithm as tutorial
+
+    summary = tutorial.run(nodes=4, steps=4, H=2, out=str(tmp_path), progress=False)
+    sent = {r["strategy"]: r["bytes_sent_per_node"] for r in summary}
+    assert list(sent) == ["ddp", "fedavg", "gossip"]
+    # per round and node: a 2-node ring all-reduce moves 1 model, a 4-node one 2*3/4 = 1.5
+    assert sent["gossip"] == pytest.approx(sent["fedavg"] * 1 / 1.5)
+    assert (tmp_path / "gossip" / "metrics.csv").exists()

@@ -6,7 +6,7 @@ import csv
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 
 from exogym.cli.plots import plot_comparison, plot_label_histogram
 from exogym.core.comm.network import Network, resolve_network
+from exogym.core.strategy import Strategy
 from exogym.logger import CSVLogger
 from exogym.partition import Partition
 from exogym.runtime import cluster
@@ -61,7 +62,7 @@ def settings_caption(
 
 def compare(
     task: str | Task,
-    strategies: Sequence[str],
+    strategies: Sequence[str] | Mapping[str, Strategy],
     nodes: int = 4,
     steps: int = 200,
     batch_size: int = 32,
@@ -91,6 +92,8 @@ def compare(
 
     Args:
         task: a built-in task's name (loaded from ``data_dir``) or a loaded :class:`~exogym.tasks.Task`.
+        strategies: preset names (:data:`exogym.strategy.registry.PRESETS`, built with ``lr`` and
+            ``H``), or ``{label: Strategy}`` to compare strategies of your own.
         lr: the inner learning rate (``None``: the task's); must be > 0.
         compute: the compute model of the simulated time (:class:`exogym.core.comm.network.Network`):
             ``"flops"`` (default) and a number of seconds per step make the table identical run
@@ -107,7 +110,10 @@ def compare(
     spec = task if isinstance(task, Task) else load_task(task, data_dir)
     net = resolve_network(network, compute)
     lr = spec.lr if lr is None else lr
-    built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
+    if isinstance(strategies, Mapping):  # your own strategies, by label
+        built = dict(strategies)
+    else:
+        built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(spec.name, nodes, steps, batch_size, lr, H, net, seed)
