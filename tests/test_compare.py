@@ -209,10 +209,15 @@ def _help_commands() -> list[list[str]]:
     top, _ = _parser()
     subs = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     commands = [["-m", "exogym"]] + [["-m", "exogym", name] for a in subs for name in a.choices]
-    commands += [
-        ["-m", f"exogym.examples.{name}"]
-        for name in ("federated_mnist", "hybrid_diloco", "mnist", "nanogpt", "tutorial_custom_algorithm")
-    ]
+    examples = (
+        "federated_mnist",
+        "hybrid_diloco",
+        "mnist",
+        "nanogpt",
+        "tutorial_custom_algorithm",
+        "tutorial_production",
+    )
+    commands += [["-m", f"exogym.examples.{name}"] for name in examples]
     commands += [[f"benchmarks/{name}.py"] for name in ("allreduce", "e2e", "virtual_nodes")]
     return commands
 

@@ -1,5 +1,7 @@
 """The example scripts run."""
 
+import os
+
 import pytest
 
 from exogym.examples import hybrid_diloco
@@ -135,3 +137,14 @@ def test_the_custom_algorithm_tutorial_runs_and_gossip_sends_two_thirds_of_fedav
     # per round and node: a 2-node ring all-reduce moves 1 model, a 4-node one 2*3/4 = 1.5
     assert sent["gossip"] == pytest.approx(sent["fedavg"] * 1 / 1.5)
     assert (tmp_path / "gossip" / "metrics.csv").exists()
+
+
+@pytest.mark.timeout(240)
+def test_the_production_tutorial_resumes_bit_identically_and_reports_faults(tmp_path) -> None:
+    from exogym.examples import tutorial_production as tutorial
+
+    res = tutorial.run(out=str(tmp_path), steps=12, progress=False)
+    assert res["resumed_equals_whole"]
+    assert len(res["nodes_alive"]) == 3 and all(1 <= n <= 4 for n in res["nodes_alive"])  # rows at 5, 10, 12
+    assert os.path.exists(res["csv"])
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step-00000012"]
