@@ -14,10 +14,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from exogym import __version__
-from exogym.cli import add_run_options, plain_help, strategy_names
+from exogym.cli import (
+    add_partition_options,
+    add_run_options,
+    partition_from_args,
+    plain_help,
+    run_settings,
+    strategy_names,
+)
 from exogym.cli import int_at_least as _int_at_least
 from exogym.cli import positive_float as _positive_float
-from exogym.partition import SCHEMES
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
 
@@ -76,19 +82,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=1e13,
         help="a node's sustained throughput for --compute flops (default 1e13)",
     )
-    p.add_argument(
-        "--partition",
-        default=None,
-        choices=SCHEMES,
-        help="split the training set over the nodes: iid, dirichlet (label skew, --alpha), shards "
-        "(--shards-per-node classes per node) or quantity (size skew, --alpha); default: IID shards",
-    )
-    p.add_argument(
-        "--alpha", type=_positive_float, default=0.5, help="Dirichlet concentration for --partition (default 0.5)"
-    )
-    p.add_argument(
-        "--shards-per-node", type=_int_at_least(1), default=2, help="shards per node for --partition shards (default 2)"
-    )
+    add_partition_options(p)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     add_run_options(p, out="exogym_runs/compare", data_help="where mnist and shakespeare are downloaded")
     return parser, p
@@ -123,22 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "built-in task (--task digits or --task chars)."
         )
 
-    split = None
-    if args.partition is not None:
-        from exogym.partition import partition
-
-        try:
-            split = partition(
-                task.train,
-                args.nodes,
-                args.partition,
-                alpha=args.alpha,
-                shards_per_node=args.shards_per_node,
-                min_size=min(args.batch_size, len(task.train) // args.nodes),
-                seed=args.seed,
-            )
-        except (ValueError, TypeError) as e:
-            parser.error(f"argument --partition {args.partition} (task {args.task}): {e}")
+    split = partition_from_args(parser, task.train, args, f" (task {args.task})")
 
     from exogym.cli.compare import compare, report
     from exogym.core.comm.network import resolve_network
@@ -147,18 +126,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = compare(
         task,
         names,
-        nodes=args.nodes,
-        steps=args.steps,
-        batch_size=args.batch_size,
+        **{**run_settings(args), "network": network},
         lr=args.lr,
-        H=args.H,
-        network=network,
         compute=args.compute,
-        out_dir=args.out,
         device=args.device,
-        data_dir=args.data_dir,
-        seed=args.seed,
-        progress=not args.no_progress,
         workers=args.workers,
         partition=split,
     )

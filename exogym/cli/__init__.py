@@ -6,6 +6,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :class:`x`, :func:`~a.b`
 _LITERAL = re.compile(r"``([^`]+)``")
@@ -80,3 +81,62 @@ def add_run_options(
     p.add_argument("--data-dir", default="data", help=data_help)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`exogym.cli.compare.compare` keywords that :func:`add_run_options`' options set."""
+    return {
+        "nodes": args.nodes,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "H": args.H,
+        "network": args.network,
+        "out_dir": args.out,
+        "data_dir": args.data_dir,
+        "seed": args.seed,
+        "progress": not args.no_progress,
+    }
+
+
+def add_partition_options(p: argparse.ArgumentParser) -> None:
+    """``--partition``, ``--alpha``, ``--shards-per-node``: a non-IID split of the training set
+    (see :func:`exogym.partition.partition`; read back with :func:`partition_from_args`)."""
+    from exogym.partition import SCHEMES
+
+    p.add_argument(
+        "--partition",
+        default=None,
+        choices=SCHEMES,
+        help="split the training set over the nodes: iid, dirichlet (label skew, --alpha), shards "
+        "(--shards-per-node classes per node) or quantity (size skew, --alpha); default: IID shards",
+    )
+    p.add_argument(
+        "--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --partition (default 0.5)"
+    )
+    p.add_argument(
+        "--shards-per-node", type=int_at_least(1), default=2, help="shards per node for --partition shards (default 2)"
+    )
+
+
+def partition_from_args(
+    parser: argparse.ArgumentParser, dataset: Any, args: argparse.Namespace, where: str = ""
+) -> Any:
+    """The :class:`~exogym.partition.Partition` the :func:`add_partition_options` options ask for
+    (every node gets at least a batch where the data allows), or ``None``; a split that cannot be
+    made is a ``parser.error`` (exit 2) naming ``--partition`` and ``where``."""
+    if args.partition is None:
+        return None
+    from exogym.partition import partition
+
+    try:
+        return partition(
+            dataset,
+            args.nodes,
+            args.partition,
+            alpha=args.alpha,
+            shards_per_node=args.shards_per_node,
+            min_size=min(args.batch_size, len(dataset) // args.nodes),
+            seed=args.seed,
+        )
+    except (ValueError, TypeError) as e:
+        parser.error(f"argument --partition {args.partition}{where}: {e}")

@@ -19,8 +19,15 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from exogym.cli import add_run_options, plain_help, positive_float, strategy_names
-from exogym.partition import SCHEMES
+from exogym.cli import (
+    add_partition_options,
+    add_run_options,
+    partition_from_args,
+    plain_help,
+    positive_float,
+    run_settings,
+    strategy_names,
+)
 from exogym.strategy.registry import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -36,8 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="digits (default) or mnist")
     p.add_argument("--strategy", default=",".join(PRESETS), help="comma-separated presets (default: all of them)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="inner learning rate (default 1e-3)")
-    p.add_argument("--partition", default=None, choices=SCHEMES, help="non-IID split of the training set")
-    p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --partition")
+    add_partition_options(p)
     add_run_options(p, out="exogym_runs/mnist", data_help="where mnist is downloaded")
     return p
 
@@ -50,7 +56,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = strategy_names(p, args.strategy, "--strategy")
 
     from exogym.cli.compare import compare, report
-    from exogym.partition import partition
     from exogym.tasks import load_task
 
     try:
@@ -60,29 +65,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"--dataset mnist: not in --data-dir {args.data_dir} and could not be downloaded "
             f"({type(e).__name__}: {e}); use --dataset digits (bundled)"
         )
-    split = None
-    if args.partition is not None:
-        min_size = min(args.batch_size, len(task.train) // args.nodes)
-        try:
-            split = partition(
-                task.train, args.nodes, args.partition, alpha=args.alpha, min_size=min_size, seed=args.seed
-            )
-        except ValueError as e:
-            p.error(f"argument --partition {args.partition}: {e}")
-    result = compare(
-        task,
-        names,
-        nodes=args.nodes,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        H=args.H,
-        network=args.network,
-        out_dir=args.out,
-        seed=args.seed,
-        progress=not args.no_progress,
-        partition=split,
-    )
+    split = partition_from_args(p, task.train, args)
+    result = compare(task, names, **run_settings(args), lr=args.lr, partition=split)
     report(result, args.out)
 
 

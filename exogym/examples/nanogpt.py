@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from exogym.cli import add_run_options, int_at_least, plain_help, positive_float, strategy_names
+from exogym.cli import add_run_options, int_at_least, plain_help, positive_float, run_settings, strategy_names
 from exogym.strategy.registry import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -85,19 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         n_params / 1e6,
         len(train),
     )
-    result = compare(
-        task,
-        names,
-        nodes=args.nodes,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        H=args.H,
-        network=args.network,
-        out_dir=args.out,
-        seed=args.seed,
-        progress=not args.no_progress,
-        val_size=256,
-    )
+    result = compare(task, names, **run_settings(args), val_size=256)
     report(result, args.out)
 
 
