@@ -125,13 +125,14 @@ class AveragingCommunicator(Communicator):
             if rank not in present:
                 comm.all_reduce(flat, op="sum", groups=islands, charge=False)  # leaves it out, charges nothing
                 return
+            if not participants:  # every sampled client is missing: the island keeps what it has
+                comm.all_reduce(torch.zeros_like(flat), op="sum", groups=islands, charge=False)
+                return
         if rank not in participants:
             flat.zero_()
         comm.all_reduce(flat, op="sum", groups=islands, charge=False)
-        flat.div_(max(1, len(participants)))
+        flat.div_(len(participants))
         nbytes = flat.numel() * flat.element_size()
-        if not participants:
-            return
         if rank in participants:
             comm.charge("all_reduce", len(participants), nbytes, tag)
         if rank not in participants or rank == participants[0]:

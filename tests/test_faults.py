@@ -181,6 +181,20 @@ def test_random_dropouts_leave_every_node_with_a_survivors_state_at_each_round_e
         assert drawn == [steps - missed[n] for n in range(K)]
 
 
+def test_a_sampled_client_dropped_rejoins_from_a_client_that_never_trained_and_nothing_is_zeroed() -> None:
+    """FedAvg with one client of four sampled per round: round 0's only participant drops out.
+    No one trains in that round, so every node keeps the initial model (nothing averaged to
+    zeros), and the dropped client, whose optimizer had state, rejoins from one that has none."""
+    from communicators.islands import draw_round
+
+    (sampled,) = draw_round(K, None, 0.25, 0, 0).participants
+    out = train_ranks(K, lambda: FedAvgStrategy(H=2, client_sampling=0.25), 2, faults=Faults(drop={0: sampled}))
+    initial = list(TinyNet().parameters())
+    for rank in range(K):
+        assert all(torch.equal(a, b) for a, b in zip(out[rank]["params"], initial, strict=True)), rank
+    assert out[sampled[0]]["strategy"].optim.state_dict()["state"] == {}  # took the survivor's (empty) state
+
+
 def test_nodes_alive_and_the_rounds_participants_are_reported() -> None:
     steps = 6
     faults = Faults(drop={1: [3], 2: [0, 1]})

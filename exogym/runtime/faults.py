@@ -31,6 +31,7 @@ of the distribution shows in ``compute_time`` and ``sim_time``.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -291,33 +292,30 @@ def state_tensors(obj: Any) -> list[torch.Tensor]:
 @torch.no_grad()
 def rejoin(comm: Any, model: torch.nn.Module, strategy: Any, nodes: Sequence[int], source: int) -> None:
     """``nodes`` load ``source``'s model and strategy state (everything its ``state_dict``
-    holds), sent as one byte buffer; the ledger charges a broadcast from ``source`` to ``nodes``
-    (tag ``rejoin``). Collective: every rank calls it with the same arguments."""
-    model_state, strategy_state = model.state_dict(), strategy.state_dict()
-    tensors = state_tensors((model_state, strategy_state))
-    sizes = [t.numel() * t.element_size() for t in tensors]
-    nbytes = sum(sizes)
-    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
-    layout = torch.tensor([len(tensors), nbytes, -len(tensors), -nbytes], dtype=torch.float64)
-    comm.all_reduce(layout, op="max", charge=False)
-    if layout[0] != -layout[2] or layout[1] != -layout[3]:
-        raise RuntimeError(
-            f"node {comm.rank} cannot rejoin from node {source}: the nodes' states differ in layout "
-            f"({len(tensors)} tensors, {nbytes} bytes here)"
-        )
-    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    offsets = np.cumsum([0, *sizes]).tolist()
+    holds), sent serialised, so the states may differ in layout (a client that sat rounds out
+    may have no optimizer state yet); the ledger charges a broadcast of the state's tensor bytes
+    from ``source`` to ``nodes`` (tag ``rejoin``). Collective: every rank calls it with the same
+    arguments."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    header = torch.zeros(2, dtype=torch.int64, device=device)  # (serialised bytes, tensor bytes)
+    payload = None
     if comm.rank == source:
-        for t, a, b in zip(tensors, offsets, offsets[1:], strict=False):
-            buf[a:b].copy_(t.detach().reshape(-1).view(torch.uint8))
-    comm.broadcast(buf, src=source, charge=False)
+        state = {"model": model.state_dict(), "strategy": strategy.state_dict()}
+        raw = io.BytesIO()
+        torch.save(state, raw)
+        payload = torch.frombuffer(bytearray(raw.getbuffer()), dtype=torch.uint8).to(device)
+        header[0] = payload.numel()
+        header[1] = sum(t.numel() * t.element_size() for t in state_tensors(state))
+    comm.broadcast(header, src=source, charge=False)
+    if payload is None:
+        payload = torch.empty(int(header[0]), dtype=torch.uint8, device=device)
+    comm.broadcast(payload, src=source, charge=False)
     if comm.rank in nodes:
-        for t, a, b in zip(tensors, offsets, offsets[1:], strict=False):
-            t.copy_(buf[a:b].clone().view(t.dtype).view(t.shape))
-        model.load_state_dict(model_state)
-        strategy.load_state_dict(strategy_state)
+        state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        strategy.load_state_dict(state["strategy"])
     if comm.rank == source or comm.rank in nodes:
-        comm.charge("broadcast", len(nodes) + 1, nbytes, "rejoin", is_root=comm.rank == source)
+        comm.charge("broadcast", len(nodes) + 1, int(header[1]), "rejoin", is_root=comm.rank == source)
 
 
 __all__ = ["FaultPlan", "Faults", "check_supported", "rejoin", "round_steps", "state_tensors"]
