@@ -108,7 +108,8 @@ class Partition:
             counts = self.label_counts()
         except (TypeError, ValueError, IndexError):  # no integer labels
             counts = None
-        logger.info("partition %s: %d nodes, sizes %d..%d", self.describe(), self.num_nodes, *_span(self.sizes()))
+        sizes = self.sizes()
+        logger.info("partition %s: %d nodes, sizes %d..%d", self.describe(), self.num_nodes, min(sizes), max(sizes))
         for r in range(min(self.num_nodes, max_nodes)):
             hist = "" if counts is None else " labels " + " ".join(str(int(c)) for c in counts[r])
             logger.info("  node %d: %d examples%s", r, len(self.indices[r]), hist)
@@ -117,10 +118,6 @@ class Partition:
 
     def __repr__(self) -> str:
         return f"Partition({self.describe()}, num_nodes={self.num_nodes})"
-
-
-def _span(sizes: list[int]) -> tuple[int, int]:
-    return min(sizes), max(sizes)
 
 
 def partition(

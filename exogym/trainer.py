@@ -316,8 +316,7 @@ class Trainer:
             "config": cfg,
         }
         if faults is not None:
-            plan = FaultPlan(faults, num_nodes, fault_round, self.result["max_steps"], seed)
-            self.result["faults"] = plan.events()
+            self.result["faults"] = FaultPlan(faults, num_nodes, fault_round, self.result["max_steps"], seed).events()
         final = copy.deepcopy(self.model).cpu()
         final.load_state_dict(out["state_dict"])
         return final
