@@ -84,7 +84,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     add_partition_options(p)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
-    add_run_options(p, out="exogym_runs/compare", data_help="where mnist and shakespeare are downloaded")
+    add_run_options(p, out="exogym_runs/compare", data_help="where mnist, cifar10 and shakespeare are downloaded")
     return parser, p
 
 

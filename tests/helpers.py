@@ -195,3 +195,35 @@ class RaisingStrategy(SimpleReduceStrategy):
         if self.rank == 1 and self.local_step == self.at:
             raise RuntimeError(f"strategy broke at step {self.at}")
         super().step()
+
+
+def write_cifar10(data_dir: str, per_batch: int = 8, seed: int = 0, archive: bool = True) -> dict[str, Any]:
+    """A tiny CIFAR-10 in its python-pickle format: five training batches and a test batch of
+    ``per_batch`` random images each, as ``cifar-10-python.tar.gz`` (or, with ``archive=False``,
+    the unpacked ``cifar-10-batches-py/``) under ``data_dir``; returns ``{file name: (data
+    [n, 3072] uint8, labels)}``."""
+    import io
+    import pickle
+    import tarfile
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    batches = {
+        name: (rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8), rng.integers(0, 10, per_batch).tolist())
+        for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]
+    }
+    os.makedirs(data_dir, exist_ok=True)
+    blobs = {n: pickle.dumps({b"data": d, b"labels": y, b"batch_label": n.encode()}) for n, (d, y) in batches.items()}
+    if archive:
+        with tarfile.open(os.path.join(data_dir, "cifar-10-python.tar.gz"), "w:gz") as tar:
+            for name, blob in blobs.items():
+                info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+                info.size = len(blob)
+                tar.addfile(info, io.BytesIO(blob))
+    else:
+        os.makedirs(os.path.join(data_dir, "cifar-10-batches-py"), exist_ok=True)
+        for name, blob in blobs.items():
+            with open(os.path.join(data_dir, "cifar-10-batches-py", name), "wb") as f:
+                f.write(blob)
+    return batches

@@ -210,6 +210,7 @@ def _help_commands() -> list[list[str]]:
     subs = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     commands = [["-m", "exogym"]] + [["-m", "exogym", name] for a in subs for name in a.choices]
     examples = (
+        "cifar10",
         "federated_mnist",
         "hybrid_diloco",
         "mnist",
@@ -218,7 +219,7 @@ def _help_commands() -> list[list[str]]:
         "tutorial_production",
     )
     commands += [["-m", f"exogym.examples.{name}"] for name in examples]
-    commands += [[f"benchmarks/{name}.py"] for name in ("allreduce", "e2e", "virtual_nodes")]
+    commands += [[f"benchmarks/{name}.py"] for name in ("allreduce", "e2e", "fidelity", "virtual_nodes")]
     return commands
 
 
@@ -236,3 +237,16 @@ def test_version_prints_the_package_version() -> None:
 
     out = subprocess.run([sys.executable, "-m", "exogym", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"exogym {exogym.__version__}"
+
+
+def test_plot_comparison_draws_only_the_metrics_asked_for_and_names_a_wrong_one(tmp_path) -> None:
+    from exogym.cli.plots import plot_comparison
+
+    rows = [{"step": s, "bytes_sent": 1e6 * s, "sim_time": 0.5 * s} for s in range(5)]
+    for s, row in enumerate(rows):
+        row.update(val_loss_global=2 / (s + 1), val_accuracy_global=s / 9)
+    paths = plot_comparison({"a": rows, "b": rows[:3]}, str(tmp_path), metrics=("val_loss",))
+    assert sorted(os.path.basename(p) for p in paths) == [f"val_loss_vs_{x}.png" for x in ("bytes", "sim_time", "step")]
+    assert len(plot_comparison({"a": rows}, str(tmp_path / "all"))) == 6  # loss and accuracy by default
+    with pytest.raises(ValueError, match=r"metrics: unknown \['val_acc'\]; choose from \['val_loss', 'val_accuracy'\]"):
+        plot_comparison({"a": rows}, str(tmp_path), metrics=("val_acc",))

@@ -148,3 +148,88 @@ def test_the_production_tutorial_resumes_bit_identically_and_reports_faults(tmp_
     assert len(res["nodes_alive"]) == 3 and all(1 <= n <= 4 for n in res["nodes_alive"])  # rows at 5, 10, 12
     assert os.path.exists(res["csv"])
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step-00000012"]
+
+
+@pytest.mark.timeout(180)
+def test_cifar10_example_trains_on_local_files_and_writes_its_files(tmp_path) -> None:
+    import csv
+
+    from exogym.examples import cifar10
+    from tests.helpers import write_cifar10
+
+    data = tmp_path / "data"
+    write_cifar10(str(data), per_batch=8)  # the archive only: the example unpacks it
+    out = tmp_path / "cifar"
+    argv = ["--steps", "3", "--nodes", "2", "--H", "2", "--batch-size", "4", "--width", "4", "--no-progress"]
+    cifar10.main(
+        [*argv, "--strategy", "ddp,diloco", "--partition", "shards", "--data-dir", str(data), "--out", str(out)]
+    )
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["strategy"] for r in rows] == ["ddp", "diloco"]
+    assert all(0 <= float(r["val_accuracy"]) <= 1 for r in rows)
+    assert (data / "cifar-10-batches-py" / "test_batch").exists()
+    for name in ("label_histogram.png", "val_accuracy_vs_step.png", "diloco/metrics.csv"):
+        assert (out / name).exists()
+
+
+def test_cifar10_example_without_data_or_network_says_where_to_put_the_archive(tmp_path, monkeypatch, capsys) -> None:
+    import urllib.request
+
+    from exogym.examples import cifar10
+
+    def offline(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    with pytest.raises(SystemExit) as info:
+        cifar10.main(["--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"not in --data-dir {tmp_path}" in err and "cifar-10-python.tar.gz" in err and "unreachable" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
+        (["--width", "0"], "argument --width: must be >= 1, got 0"),
+        (["--partition", "labels"], "argument --partition: invalid choice: 'labels'"),
+    ],
+)
+def test_cifar10_example_rejects_bad_arguments_before_loading_data(args, message, capsys) -> None:
+    from exogym.examples import cifar10
+
+    with pytest.raises(SystemExit) as info:
+        cifar10.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_the_basics_tutorial_trains_and_diloco_sends_a_tenth_of_ddp(tmp_path) -> None:
+    from exogym.examples import tutorial_basics as tutorial
+
+    res = tutorial.run(out=str(tmp_path), nodes=2, steps=40, progress=False)
+    assert res["initial_unchanged"]
+    assert res["diloco"]["bytes_sent"] == pytest.approx(res["ddp"]["bytes_sent"] / 10)  # H=10
+    for name in ("ddp", "diloco"):
+        # the returned model, evaluated independently on the whole validation set, is the one
+        # whose validation the history reports (val_size=len(val))
+        assert res[name]["accuracy_here"] == pytest.approx(res[name]["val_accuracy"], abs=1e-6)
+        assert res[name]["accuracy_here"] > 0.5  # 10 classes: chance is 0.1
+    assert os.path.exists(res["csv"])
+
+
+@pytest.mark.timeout(240)
+def test_the_comparing_tutorial_ranks_strategies_differently_on_two_networks(tmp_path) -> None:
+    from exogym.examples import tutorial_comparing as tutorial
+
+    res = tutorial.run(out=str(tmp_path), progress=False)  # its defaults: 4 nodes, 200 steps, H=20
+    dc, net = res["datacenter"], res["internet"]
+    for name in ("ddp", "fedavg", "diloco", "sparta"):  # only simulated time depends on the network
+        assert dc["summary"][name]["val_loss"] == net["summary"][name]["val_loss"]
+        assert dc["summary"][name]["bytes_sent_per_node"] == net["summary"][name]["bytes_sent_per_node"]
+        assert dc["reach"][name]["step"] == net["reach"][name]["step"]
+    assert dc["reach"]["ddp"]["step"] < dc["reach"]["diloco"]["step"]  # DDP needs fewer steps...
+    assert dc["reach"]["ddp"]["sim_time"] < dc["reach"]["diloco"]["sim_time"]  # ...which wins in a datacenter
+    assert net["reach"]["diloco"]["sim_time"] < net["reach"]["ddp"]["sim_time"]  # and loses over the internet

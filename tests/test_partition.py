@@ -90,3 +90,12 @@ def test_a_partition_is_a_dataset_factory_for_fit_and_its_histogram_is_logged(ca
     assert f"node 1: {split.sizes()[1]} examples labels" in caplog.text
     with pytest.raises(ValueError, match="made for num_nodes=2, but the run has 3 nodes"):
         Trainer(MLPClassifier(), split, VAL).fit(FedAvgStrategy(H=2), num_nodes=3, max_steps=4, batch_size=16)
+
+
+def test_a_node_with_fewer_examples_than_a_batch_is_refused_before_start_naming_the_fix() -> None:
+    split = partition(TRAIN, 10, "dirichlet", alpha=0.1, seed=42)
+    small = min(range(10), key=split.sizes().__getitem__)
+    batch = split.sizes()[small] + 1
+    with pytest.raises(ValueError, match=rf"node {small} of the partition holds {batch - 1} examples, fewer than "
+                       rf"batch_size={batch}.*min_size={batch}"):  # fmt: skip
+        Trainer(MLPClassifier(), split, VAL).fit(FedAvgStrategy(H=2), num_nodes=10, max_steps=4, batch_size=batch)

@@ -18,6 +18,7 @@ from exogym.tasks import (
     stdlib_corpus,
 )
 from exogym.tasks.mnist import FILES, read_idx
+from tests.helpers import write_cifar10
 
 
 def _write_idx(path, array: np.ndarray) -> None:
@@ -71,3 +72,44 @@ def test_builtin_tasks_need_no_download_and_models_return_a_scalar_loss() -> Non
     assert isinstance(digits.make_model(), MLPClassifier) and len(digits.train) > 1000
     with pytest.raises(ValueError, match="unknown task"):
         load_task("imagenet")
+
+
+@pytest.mark.parametrize("archive", [True, False], ids=["from-the-archive", "from-the-unpacked-folder"])
+def test_cifar10_loader_reads_the_pickled_batches_channel_planes_first(tmp_path, archive) -> None:
+    from exogym.tasks import cifar10_datasets
+    from exogym.tasks.cifar10 import MEAN, STD
+
+    batches = write_cifar10(str(tmp_path), per_batch=6, archive=archive)
+    train, val = cifar10_datasets(str(tmp_path), download=False)
+    assert len(train) == 5 * 6 and len(val) == 6
+    # The format (CIFAR-10's page): each row is 1024 red, 1024 green, 1024 blue bytes, each plane
+    # 32 rows of 32. Example 2 of data_batch_3 is training example 2*6 + 2.
+    data, labels = batches["data_batch_3"]
+    x, y = train[2 * 6 + 2]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and y.item() == labels[2]
+    for c, row, col in ((0, 0, 0), (1, 5, 7), (2, 31, 30)):
+        raw = int(data[2][c * 1024 + row * 32 + col])
+        assert x[c, row, col].item() == pytest.approx((raw / 255 - MEAN[c]) / STD[c], abs=1e-6)
+    assert val[5][1].item() == batches["test_batch"][1][5]
+
+
+def test_cifar10_missing_files_without_download(tmp_path) -> None:
+    from exogym.tasks import cifar10_datasets
+
+    with pytest.raises(FileNotFoundError, match="download=True"):
+        cifar10_datasets(str(tmp_path), download=False)
+
+
+def test_small_cnn_learns_a_batch() -> None:
+    from exogym.tasks import SmallCNN
+
+    torch.manual_seed(0)
+    model = SmallCNN(width=8)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = model((x, y)).item()
+    for _ in range(30):
+        opt.zero_grad()
+        model((x, y)).backward()
+        opt.step()
+    assert model.logits(x).shape == (16, 10) and model((x, y)).item() < 0.1 * first

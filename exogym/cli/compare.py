@@ -41,6 +41,8 @@ class Comparison:
             with torch imported); not part of any strategy's ``wall_time``.
         caption: the settings, as written under the plots.
         plots: paths of the PNG files written.
+        histories: strategy name -> its ``Trainer.history`` rows (the metrics plotted), for the
+            runs that finished.
     """
 
     summary: list[dict[str, Any]]
@@ -48,6 +50,7 @@ class Comparison:
     startup_time: float = 0.0
     caption: str = ""
     plots: list[str] = field(default_factory=list)
+    histories: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def settings_caption(
@@ -123,7 +126,7 @@ def compare(
         caption += f"; data {partition.describe()}"
     logger.info("%s\nstart-up %.1f s (task data, process server with torch imported; not in wall s)", caption, startup)
     result = Comparison([], startup_time=startup, caption=caption)
-    histories: dict[str, list[dict[str, Any]]] = {}
+    histories = result.histories
     try:
         for i, (name, strategy) in enumerate(built.items()):
             logger.info("[%d/%d] %s", i + 1, len(built), name)

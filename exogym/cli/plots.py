@@ -22,15 +22,22 @@ METRICS = {
 
 
 def plot_comparison(
-    histories: Mapping[str, Sequence[dict[str, Any]]], out_dir: str, title: str = "", caption: str = ""
+    histories: Mapping[str, Sequence[dict[str, Any]]],
+    out_dir: str,
+    title: str = "",
+    caption: str = "",
+    metrics: Sequence[str] | None = None,
 ) -> list[str]:
     """Write ``<out_dir>/<metric>_vs_<axis>.png`` for every :data:`METRICS` entry that some run
     has (accuracy needs a classifier) and every :data:`AXES` entry, with one curve per run;
     return the paths.
 
     ``histories`` maps a run's label to its ``Trainer.history`` rows; ``caption`` (the settings)
-    is written under each plot.
+    is written under each plot; ``metrics`` (names in :data:`METRICS`) limits the plots to those.
     """
+    unknown = set(metrics or ()) - set(METRICS)
+    if unknown:
+        raise ValueError(f"metrics: unknown {sorted(unknown)}; choose from {list(METRICS)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,6 +46,8 @@ def plot_comparison(
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for metric, (ycol, ylabel) in METRICS.items():
+        if metrics is not None and metric not in metrics:
+            continue
         if not any(ycol in r for rows in histories.values() for r in rows):
             continue
         for axis, (xcol, xlabel, scale) in AXES.items():

@@ -1,8 +1,8 @@
 """Built-in tasks for ``exogym compare``: model factory, datasets and a default learning rate.
 
 ``digits`` and ``chars`` need no download (scikit-learn's bundled digits; the Python standard
-library's source as text). ``mnist`` and ``shakespeare`` download their data once into
-``data_dir``.
+library's source as text). ``mnist``, ``cifar10`` and ``shakespeare`` download their data once
+into ``data_dir``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from torch import nn
 from torch.utils.data import Dataset
 
+from exogym.tasks.cifar10 import cifar10_datasets
+from exogym.tasks.cnn import SmallCNN
 from exogym.tasks.digits import MLPClassifier, digits_datasets
 from exogym.tasks.gpt import CharGPT
 from exogym.tasks.mnist import mnist_datasets
@@ -45,18 +47,23 @@ def load_task(name: str, data_dir: str = "data") -> Task:
     if name == "mnist":
         train, val = mnist_datasets(os.path.join(data_dir, "mnist"))
         return Task(name, lambda: MLPClassifier((784, 256, 10)), train, val, 1e-3)
+    if name == "cifar10":
+        train, val = cifar10_datasets(data_dir)
+        return Task(name, SmallCNN, train, val, 1e-3)
     raise ValueError(f"unknown task {name!r}; choose from {TASKS}")
 
 
 #: Task names, built-in (no download) first.
-TASKS = ("digits", "chars", "mnist", "shakespeare")
+TASKS = ("digits", "chars", "mnist", "cifar10", "shakespeare")
 
 __all__ = [
     "TASKS",
     "CharDataset",
     "CharGPT",
     "MLPClassifier",
+    "SmallCNN",
     "Task",
+    "cifar10_datasets",
     "digits_datasets",
     "load_task",
     "load_text",
