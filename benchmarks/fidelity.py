@@ -1,7 +1,8 @@
 """Fidelity report: small versions of the papers' headline comparisons, run in ExoGym.
 
-    python benchmarks/fidelity.py            # the full report (about 20 min on 2 CPU cores)
-    python benchmarks/fidelity.py --quick    # a smoke test of the same report (about 2 min)
+    python benchmarks/fidelity.py                # the full report (18 min on 2 CPU cores)
+    python benchmarks/fidelity.py --quick        # a smoke test of the same report (about 1 min)
+    python benchmarks/fidelity.py --report-only  # the report again from the saved runs
 
 Four studies, each checked against what its paper found:
 
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from exogym.cli import plain_help
 from exogym.cli.compare import Comparison, compare
 from exogym.cli.plots import plot_comparison
 from exogym.core.optim import OptimSpec
@@ -514,9 +516,10 @@ def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: s
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python benchmarks/fidelity.py",
-        description=__doc__.split("\n\n")[2] if __doc__ else None,
+        description=plain_help(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true", help="the smoke-test scale (about 2 min instead of 20)")
+    p.add_argument("--quick", action="store_true", help="the smoke-test scale (about 1 min instead of 18)")
     p.add_argument("--out", default=None, help="report folder (default benchmarks/fidelity, or .../fidelity-quick)")
     p.add_argument(
         "--runs-dir", default=None, help="where each run's metrics.csv goes (default exogym_runs/fidelity[-quick])"
