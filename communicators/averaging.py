@@ -97,7 +97,6 @@ class AveragingCommunicator(Communicator):
             return None  # sampled now, or the next round ends after the run
         return step + self.H if self.idle_steps(step + 1) == self.H else None
 
-    @torch.no_grad()
     def sit_out(self, step: int) -> None:
         """The unsampled client's share of the round (charged as when it receives), without
         moving data: it contributes zeros and its parameters are replaced next round."""

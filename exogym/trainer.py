@@ -20,7 +20,7 @@ from exogym.logger import Logger, default_run_name, resolve_logger
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster
 from exogym.runtime.faults import FaultPlan, Faults, check_supported, round_steps
-from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
+from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job, start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
 from exogym.runtime.worker import worker_process
@@ -252,6 +252,10 @@ class Trainer:
             n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
             resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
         steps, per_epoch = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
+        if launch is None:
+            # The fork server imports torch (and torch._dynamo, the optimizers need it) while
+            # this process checks that the strategy builds: the two take seconds each.
+            start_processes_server(wait=False)
         state_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         _check_strategy_builds(strategy, self.model, state_bytes, num_nodes, steps, seed, per_epoch)
         if faults is not None and steps is not None:

@@ -100,10 +100,13 @@ def _context() -> Any:
     return ctx
 
 
-def start_processes_server() -> float:
-    """Start the fork server now (with :data:`PRELOAD` imported) instead of at the first
-    ``fit``; return the seconds it took (0 when it already runs or nodes are spawned). Used to
-    keep that one-off cost out of the first run's wall time (``exogym compare``)."""
+def start_processes_server(wait: bool = True) -> float:
+    """Start the fork server now (it imports :data:`PRELOAD`, a few seconds) instead of at the
+    first node process; return the seconds this call took (0 when nodes are spawned).
+
+    ``wait=True`` returns once the imports are done, to keep that one-off cost out of the first
+    run's wall time (``exogym compare``); ``wait=False`` returns at once, so that the imports
+    overlap what the caller does next (``fit`` checks the strategy meanwhile). Idempotent."""
     if start_method() != "forkserver":
         return 0.0
     import multiprocessing.forkserver
@@ -111,6 +114,8 @@ def start_processes_server() -> float:
     ctx = _context()
     t0 = time.perf_counter()
     multiprocessing.forkserver.ensure_running()
+    if not wait:
+        return time.perf_counter() - t0
     probe = ctx.Process(target=_noop, name="exogym-warm-up")  # returns once the preload is done
     with _without_main_import():
         probe.start()

@@ -361,6 +361,14 @@ class TrainNode:
             points.append((step // cfg.checkpoint_interval + 1) * cfg.checkpoint_interval)
         return min(points)
 
+    def _closes_row(self, step: int) -> bool:
+        """Whether step ``step`` ends a train row. The peak memory is a high-water mark, so
+        reading it at these steps (and at each flush) gives every row the value a read per step
+        would, without a ``getrusage`` per step (it walks every thread: slow with hundreds of
+        virtual nodes); idle steps never read it."""
+        done = step + 1
+        return done % self.cfg.log_interval == 0 or done == self.max_steps
+
     def _add_sample(
         self,
         metrics: MetricsBuffer,
@@ -393,7 +401,7 @@ class TrainNode:
                 self.cfg.network.records_time(records, compute * self.cfg.network.slowdown(self.rank)),
                 comm_wall,
                 t1 - start,
-                float(_peak_memory(self.device)) if count else 0.0,  # idle: read at the flush
+                float(_peak_memory(self.device)) if count and self._closes_row(step) else 0.0,
                 self.strategy.lr,
             )
         )

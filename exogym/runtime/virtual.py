@@ -130,7 +130,11 @@ class VirtualHub:
         self._cuda = device.type == "cuda"
         self._rng: list[Any] = []
         for r in self.ranks:
-            torch.manual_seed(seed + r)
+            # What torch.manual_seed(seed + r) does for the two streams a node uses, without its
+            # lazy calls for every other device type (a captured stack each: 0.3 ms per node).
+            torch.default_generator.manual_seed(seed + r)
+            if self._cuda:
+                torch.cuda.manual_seed(seed + r)
             self._rng.append(self._get_rng())
         #: Per hosted node (by local index), the transport its ``NodeComm`` talks through.
         self.transports = [VirtualTransport(self, i) for i in range(self.n)]

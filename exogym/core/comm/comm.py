@@ -151,18 +151,9 @@ class NodeComm:
         """(index of this rank's group, its members) for a partition of the world."""
         if groups is None:
             return 0, list(range(self.world_size))
-        seen: set[int] = set()
-        mine: tuple[int, list[int]] | None = None
-        for i, g in enumerate(groups):
-            members = [int(r) for r in g]
-            if not members or seen.intersection(members):
-                raise ValueError(f"groups must partition the ranks into disjoint non-empty groups, got {groups}")
-            seen.update(members)
-            if self.rank in members:
-                mine = (i, members)
-        if seen != set(range(self.world_size)) or mine is None:
-            raise ValueError(f"groups must cover every rank 0..{self.world_size - 1} exactly once, got {groups}")
-        return mine
+        index = _partition_index(groups, self.world_size)
+        i = index[self.rank]
+        return i, [int(r) for r in groups[i]]
 
     def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
         """Charge a logical collective without moving data (for algorithms whose physical
@@ -255,6 +246,34 @@ class NodeComm:
         """Block until every rank arrives. Collective; costs no bytes."""
         with self._timed():
             self.transport.barrier()
+
+
+#: The last partition checked: (the groups object, a copy of it as lists, world size, rank ->
+#: group index). The virtual nodes of a worker pass the same groups object for a collective;
+#: the check and the index are then made once for all of them instead of once per node.
+_last_partition: tuple[object, list[list[int]], int, dict[int, int]] | None = None
+
+
+def _partition_index(groups: Groups, world_size: int) -> dict[int, int]:
+    """Rank -> index of its group, after checking that ``groups`` partition ``range(world_size)``
+    into disjoint non-empty groups (``ValueError`` otherwise)."""
+    global _last_partition
+    last = _last_partition  # one read: other threads may replace it
+    if last is not None and last[0] is groups and last[2] == world_size and last[1] == groups:
+        return last[3]  # the same object with the same contents (the copy is compared)
+    index: dict[int, int] = {}
+    copy: list[list[int]] = []
+    for i, g in enumerate(groups):
+        members = [int(r) for r in g]
+        if not members or any(r in index for r in members) or len(set(members)) != len(members):
+            raise ValueError(f"groups must partition the ranks into disjoint non-empty groups, got {groups}")
+        index.update(dict.fromkeys(members, i))
+        copy.append(members)
+    if len(index) != world_size or set(index) != set(range(world_size)):
+        raise ValueError(f"groups must cover every rank 0..{world_size - 1} exactly once, got {groups}")
+    if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
+        _last_partition = (groups, copy, world_size, index)  # comparable with its copy
+    return index
 
 
 def _subset(groups: Groups | None, members: list[int]) -> list[int] | None:
