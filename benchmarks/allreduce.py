@@ -10,7 +10,6 @@ are streamed through it in pieces.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 
 logger = logging.getLogger("benchmarks.allreduce")
 SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024, "100MB": 25 * 1024 * 1024}
@@ -58,9 +57,7 @@ def measure(world: int, numel: int, transport: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8], help="node counts K")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="payloads")
     parser.add_argument(

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 
 logger = logging.getLogger("benchmarks.e2e")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -153,9 +153,7 @@ def _timed(mode: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -25,7 +25,6 @@ The committed ``benchmarks/fidelity/`` is the latest full run.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -40,7 +39,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 from exogym.cli.compare import Comparison, compare
 from exogym.cli.plots import plot_comparison
 from exogym.core.optim import OptimSpec
@@ -514,11 +513,7 @@ def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: s
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/fidelity.py",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python benchmarks/fidelity.py")
     p.add_argument("--quick", action="store_true", help="the smoke-test scale (about 1 min instead of 18)")
     p.add_argument("--out", default=None, help="report folder (default benchmarks/fidelity, or .../fidelity-quick)")
     p.add_argument(

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 
 logger = logging.getLogger("benchmarks.virtual_nodes")
 H, BATCH, PER_CLIENT = 10, 8, 80
@@ -124,9 +124,7 @@ def _run_child(args: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("scenario", choices=["fedavg", "scaling"], help="what to measure")
     parser.add_argument("--clients", default="1000", help="number of clients (comma-separated for 'scaling')")
     parser.add_argument("--sampling", type=float, default=0.01, help="fraction of clients sampled per round")

@@ -19,6 +19,14 @@ def plain_help(doc: str | None) -> str:
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
 
 
+def script_parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a script (an example, a tutorial, a benchmark): its module docstring,
+    made plain, is the ``--help`` text, with its line breaks kept."""
+    return argparse.ArgumentParser(
+        prog=prog, description=plain_help(doc), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer >= ``low`` (argparse names the option in its error)."""
 

@@ -24,9 +24,9 @@ from exogym.cli import (
     add_run_options,
     int_at_least,
     partition_from_args,
-    plain_help,
     positive_float,
     run_settings,
+    script_parser,
     strategy_names,
 )
 from exogym.strategy.registry import PRESETS
@@ -36,11 +36,7 @@ logger = logging.getLogger(__name__)
 
 def parser() -> argparse.ArgumentParser:
     """The example's command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.cifar10",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.cifar10")
     p.add_argument(
         "--strategy",
         default="ddp,diloco,sparta,demo",

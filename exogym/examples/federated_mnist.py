@@ -16,7 +16,6 @@ against rounds' steps, bytes and simulated time.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
 import os
@@ -24,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exogym import Trainer
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 from exogym.cli.plots import plot_comparison
 from exogym.data import LabelShards
 from exogym.logger import CSVLogger
@@ -121,7 +120,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: ``python -m exogym.examples.federated_mnist --help``."""
-    p = argparse.ArgumentParser(description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = script_parser(__doc__)
     p.add_argument("--dataset", choices=("digits", "mnist"), default="digits", help="digits: built in (default)")
     p.add_argument("--num_clients", "--num-clients", type=int, default=100, help="clients, each a virtual node")
     p.add_argument("--island_size", "--island-size", type=int, default=10, help="clients per island (0: one island)")

@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 import torch
 
 from communicators import DCTTopKReducer, DiLoCoCommunicator, QuantizeCommunicator
 from exogym import Trainer
-from exogym.cli import plain_help
+from exogym.cli import script_parser
 from exogym.core.strategy import Strategy
 from exogym.runtime import cluster
 from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
@@ -66,9 +65,7 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--H", type=int, default=20)

@@ -23,9 +23,9 @@ from exogym.cli import (
     add_partition_options,
     add_run_options,
     partition_from_args,
-    plain_help,
     positive_float,
     run_settings,
+    script_parser,
     strategy_names,
 )
 from exogym.strategy.registry import PRESETS
@@ -35,11 +35,7 @@ logger = logging.getLogger(__name__)
 
 def parser() -> argparse.ArgumentParser:
     """The example's command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.mnist",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.mnist")
     p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="digits (default) or mnist")
     p.add_argument("--strategy", default=",".join(PRESETS), help="comma-separated presets (default: all of them)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="inner learning rate (default 1e-3)")

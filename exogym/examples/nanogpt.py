@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from exogym.cli import add_run_options, int_at_least, plain_help, positive_float, run_settings, strategy_names
+from exogym.cli import add_run_options, int_at_least, positive_float, run_settings, script_parser, strategy_names
 from exogym.strategy.registry import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -30,11 +30,7 @@ DATASETS = ("stdlib", "shakespeare")
 
 def parser() -> argparse.ArgumentParser:
     """The example's command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.nanogpt",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.nanogpt")
     p.add_argument("--dataset", default="stdlib", choices=DATASETS, help="stdlib (default, no download) or shakespeare")
     p.add_argument(
         "--strategy",

@@ -26,7 +26,6 @@ Read this file top to bottom; every step is code that runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exogym.cli import int_at_least, plain_help
+from exogym.cli import int_at_least, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +140,7 @@ def run(out: str = "exogym_runs/basics", nodes: int = 4, steps: int = 200, progr
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial from the command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.tutorial_basics",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.tutorial_basics")
     p.add_argument("--nodes", type=int_at_least(1), default=4, help="simulated nodes (default 4)")
     p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
     p.add_argument("--out", default="exogym_runs/basics", help="folder for the CSVs (default exogym_runs/basics)")

@@ -29,12 +29,11 @@ Read this file top to bottom; every step is code that runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from exogym.cli import int_at_least, plain_help
+from exogym.cli import int_at_least, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +90,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial from the command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.tutorial_comparing",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.tutorial_comparing")
     p.add_argument("--nodes", type=int_at_least(1), default=4, help="simulated nodes (default 4)")
     p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
     p.add_argument("--H", type=int_at_least(1), default=20, help="FedAvg/DiLoCo period (default 20)")

@@ -24,7 +24,6 @@ Read this file top to bottom; every step is code that runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 
 from communicators import draw_islands
-from exogym.cli import int_at_least, plain_help
+from exogym.cli import int_at_least, script_parser
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator, NodeContext
 
@@ -106,11 +105,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison and print the table."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.tutorial_custom_algorithm",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.tutorial_custom_algorithm")
     p.add_argument("--nodes", type=int_at_least(2), default=4, help="simulated nodes (default 4)")
     p.add_argument("--steps", type=int_at_least(1), default=200, help="steps per node (default 200)")
     p.add_argument("--H", type=int_at_least(1), default=10, help="steps between averaging rounds (default 10)")

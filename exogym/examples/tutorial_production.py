@@ -23,7 +23,6 @@ Read this file top to bottom; every step is code that runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -32,7 +31,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import int_at_least, plain_help
+from exogym.cli import int_at_least, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +82,7 @@ def run(out: str = "exogym_runs/production", steps: int = 40, progress: bool = T
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial and report what it checked."""
-    p = argparse.ArgumentParser(
-        prog="python -m exogym.examples.tutorial_production",
-        description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = script_parser(__doc__, "python -m exogym.examples.tutorial_production")
     p.add_argument("--steps", type=int_at_least(2), default=40, help="steps of the full run (default 40)")
     p.add_argument("--out", default="exogym_runs/production", help="folder for checkpoints and logs")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
