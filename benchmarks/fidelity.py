@@ -429,8 +429,8 @@ def fedavg_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
 NOTES = {
     "diloco": "The paper's runs take 88,000 inner steps (176 outer steps at H=500); here H=100 leaves "
     "a handful of outer steps, so the outer optimizer has barely started and the order of the "
-    "larger H values (and of K at large H) rests on a few outer steps. The bytes are exact "
-    "at any scale.",
+    "larger H values (and of K at large H) rests on a few outer steps. H=500 is left out: a run "
+    "of this length would not reach its first outer step. The bytes are exact at any scale.",
     "sparta": "The paper's 14.3% is at H in the thousands, where DiLoCo alone degrades badly; at "
     "this scale DiLoCo alone is hurt less by H, so a smaller gain from SPARTA is expected.",
     "demo": "DeMo runs with the paper's compression (top-32 of chunk 64, decay 0.999) but sign-SGD "
