@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.allreduce")
 SIZES = {"1KB": 256, "1MB": 256 * 1024, "40MB": 10 * 1024 * 1024, "100MB": 25 * 1024 * 1024}
@@ -56,6 +56,7 @@ def measure(world: int, numel: int, transport: str) -> float:
     return max(out.values())
 
 
+@quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8], help="node counts K")

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.e2e")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -152,6 +152,7 @@ def _timed(mode: str, args: argparse.Namespace) -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": total}
 
 
+@quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=4)

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 from exogym.cli.compare import Comparison, compare
 from exogym.cli.plots import plot_comparison
 from exogym.core.optim import OptimSpec
@@ -512,6 +512,7 @@ def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: s
     return path
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     p = script_parser(__doc__, "python benchmarks/fidelity.py")
     p.add_argument("--quick", action="store_true", help="the smoke-test scale (about 1 min instead of 18)")

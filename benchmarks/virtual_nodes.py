@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.virtual_nodes")
 H, BATCH, PER_CLIENT = 10, 8, 80
@@ -123,6 +123,7 @@ def _run_child(args: list[str]) -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": time.perf_counter() - t0}
 
 
+@quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("scenario", choices=["fedavg", "scaling"], help="what to measure")

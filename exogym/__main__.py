@@ -19,6 +19,7 @@ from exogym.cli import (
     add_run_options,
     partition_from_args,
     plain_help,
+    quiet_interrupt,
     run_settings,
     strategy_names,
 )
@@ -88,6 +89,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, p
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``exogym`` console script; exits 2 on bad arguments (before anything
     starts) and 1 when a strategy failed (after writing the others' results)."""

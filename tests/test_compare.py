@@ -250,3 +250,45 @@ def test_plot_comparison_draws_only_the_metrics_asked_for_and_names_a_wrong_one(
     assert len(plot_comparison({"a": rows}, str(tmp_path / "all"))) == 6  # loss and accuracy by default
     with pytest.raises(ValueError, match=r"metrics: unknown \['val_acc'\]; choose from \['val_loss', 'val_accuracy'\]"):
         plot_comparison({"a": rows}, str(tmp_path), metrics=("val_acc",))
+
+
+def _python_processes() -> set[int]:
+    """PIDs of every live Python process on the machine started from this venv's interpreter."""
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(sys.executable.encode()):
+                    pids.add(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_ctrl_c_ends_compare_with_status_130_one_line_no_process_left_and_the_rows_kept(tmp_path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "exogym", "compare", "--strategies", "fedavg,ddp", "--steps", "100000", "--H", "2"]
+    cmd += ["--no-progress", "--out", str(out)]
+    before = _python_processes()
+    # A shell's background job ignores SIGINT; the terminal's Ctrl-C reaches a process that does not.
+    default_int = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_int)
+    deadline = time.monotonic() + 60
+    while not (out / "fedavg" / "metrics.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # fedavg is training: some rows are written
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted (Ctrl-C): every node was stopped" in output and "Traceback" not in output
+    with open(out / "fedavg" / "metrics.csv") as f:
+        assert len(list(csv.DictReader(f))) > 1  # the rows written before Ctrl-C stay
+    deadline = time.monotonic() + 10  # the command's fork server and workers end with it
+    while _python_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _python_processes() - before == set()

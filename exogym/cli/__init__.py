@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,23 @@ def plain_help(doc: str | None) -> str:
     (``:class:`Network``` -> ``Network``, ````fit()```` -> ``fit()``), ``::`` ends like ``:``."""
     text = _LITERAL.sub(r"\1", _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], doc or ""))
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
+
+
+def quiet_interrupt(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a script's ``main``: Ctrl-C ends it with one line on stderr and exit status 130
+    (the shell's convention for SIGINT) instead of a traceback. ``fit`` has stopped every node
+    by then, and what the run wrote stays (metric CSVs, ``compare``'s summary and plots of the
+    runs that finished)."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except KeyboardInterrupt:
+            logging.getLogger("exogym").error("interrupted (Ctrl-C): every node was stopped")
+            sys.exit(130)
+
+    return wrapper
 
 
 def script_parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from exogym.cli import (
     int_at_least,
     partition_from_args,
     positive_float,
+    quiet_interrupt,
     run_settings,
     script_parser,
     strategy_names,
@@ -49,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example; exits 2 on bad arguments or missing data (before anything starts), 1 if
     a strategy failed."""

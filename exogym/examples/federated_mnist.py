@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exogym import Trainer
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 from exogym.cli.plots import plot_comparison
 from exogym.data import LabelShards
 from exogym.logger import CSVLogger
@@ -118,6 +118,7 @@ def run(
     return summary
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: ``python -m exogym.examples.federated_mnist --help``."""
     p = script_parser(__doc__)

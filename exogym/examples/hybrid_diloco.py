@@ -15,7 +15,7 @@ import torch
 
 from communicators import DCTTopKReducer, DiLoCoCommunicator, QuantizeCommunicator
 from exogym import Trainer
-from exogym.cli import script_parser
+from exogym.cli import quiet_interrupt, script_parser
 from exogym.core.strategy import Strategy
 from exogym.runtime import cluster
 from exogym.strategy import CommunicateOptimizeStrategy, DiLoCoStrategy, OptimSpec
@@ -64,6 +64,7 @@ def run(nodes: int, steps: int, H: int) -> dict[str, dict]:
     return results
 
 
+@quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=4)

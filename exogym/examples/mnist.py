@@ -24,6 +24,7 @@ from exogym.cli import (
     add_run_options,
     partition_from_args,
     positive_float,
+    quiet_interrupt,
     run_settings,
     script_parser,
     strategy_names,
@@ -44,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example; exits 2 on bad arguments (before anything starts), 1 if a strategy failed."""
     p = parser()

@@ -20,7 +20,15 @@ import logging
 import os
 from collections.abc import Sequence
 
-from exogym.cli import add_run_options, int_at_least, positive_float, run_settings, script_parser, strategy_names
+from exogym.cli import (
+    add_run_options,
+    int_at_least,
+    positive_float,
+    quiet_interrupt,
+    run_settings,
+    script_parser,
+    strategy_names,
+)
 from exogym.strategy.registry import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -46,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example; exits 2 on bad arguments (before anything starts), 1 if a strategy failed."""
     p = parser()

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exogym.cli import int_at_least, script_parser
+from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ def run(out: str = "exogym_runs/basics", nodes: int = 4, steps: int = 200, progr
     return res
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial from the command line."""
     p = script_parser(__doc__, "python -m exogym.examples.tutorial_basics")

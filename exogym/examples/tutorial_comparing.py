@@ -33,7 +33,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from exogym.cli import int_at_least, script_parser
+from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ def run(
     return res
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial from the command line."""
     p = script_parser(__doc__, "python -m exogym.examples.tutorial_comparing")

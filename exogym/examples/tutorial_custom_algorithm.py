@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from communicators import draw_islands
-from exogym.cli import int_at_least, script_parser
+from exogym.cli import int_at_least, quiet_interrupt, script_parser
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator, NodeContext
 
@@ -103,6 +103,7 @@ def run(
     return result.summary
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison and print the table."""
     p = script_parser(__doc__, "python -m exogym.examples.tutorial_custom_algorithm")

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from exogym.cli import int_at_least, script_parser
+from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ def run(out: str = "exogym_runs/production", steps: int = 40, progress: bool = T
     }
 
 
+@quiet_interrupt
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tutorial and report what it checked."""
     p = script_parser(__doc__, "python -m exogym.examples.tutorial_production")
