@@ -110,9 +110,9 @@ class NodeComm:
         self.transport_seconds = 0.0
         #: Ranks missing from the current step (fault injection; see :meth:`leaving_out`).
         self.absent: frozenset[int] = frozenset()
+        self._everyone = list(range(world_size))  # the members when groups is None (read only)
 
-    @contextlib.contextmanager
-    def leaving_out(self, absent: frozenset[int]) -> Iterator[None]:
+    def leaving_out(self, absent: frozenset[int]) -> contextlib.AbstractContextManager[None]:
         """Within the block, ``absent`` ranks are missing (the same set on every rank): a ``sum``
         or ``mean`` all-reduce takes their share as zeros, ``mean`` divides by the present
         members, and only present members are charged (an all-reduce among them). An absent
@@ -120,7 +120,13 @@ class NodeComm:
         meaningful (it rejoins afterwards, see :mod:`exogym.runtime.faults`). Other
         collectives raise while a rank is missing. The node loop wraps the strategy's step in
         this; its own measurement collectives run outside."""
-        previous, self.absent = self.absent, frozenset(absent)
+        if not absent and not self.absent:
+            return _NOTHING_MISSING  # every step of a run without faults: no generator to make
+        return self._leaving_out(frozenset(absent))
+
+    @contextlib.contextmanager
+    def _leaving_out(self, absent: frozenset[int]) -> Iterator[None]:
+        previous, self.absent = self.absent, absent
         try:
             yield
         finally:
@@ -129,7 +135,7 @@ class NodeComm:
     def present(self, groups: Groups | None = None) -> list[int]:
         """The members of this rank's group that are not :attr:`absent`. Not a collective."""
         _, members = self._my_group(groups)
-        return [r for r in members if r not in self.absent] if self.absent else members
+        return [r for r in members if r not in self.absent]
 
     def _refuse_absent(self, what: str) -> None:
         if self.absent:
@@ -148,12 +154,13 @@ class NodeComm:
 
     # -- groups ---------------------------------------------------------------------------
     def _my_group(self, groups: Groups | None) -> tuple[int, list[int]]:
-        """(index of this rank's group, its members) for a partition of the world."""
+        """(index of this rank's group, its members) for a partition of the world. The list is
+        shared between calls: read it, do not change it."""
         if groups is None:
-            return 0, list(range(self.world_size))
-        index = _partition_index(groups, self.world_size)
+            return 0, self._everyone
+        index, members = _partition_index(groups, self.world_size)
         i = index[self.rank]
-        return i, [int(r) for r in groups[i]]
+        return i, members[i]
 
     def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
         """Charge a logical collective without moving data (for algorithms whose physical
@@ -208,13 +215,16 @@ class NodeComm:
             raise ValueError(f"op must be one of sum, max, min, product (mean counts every member); got {op!r}")
         _, members = self._my_group(groups)
         absent = getattr(self.transport, "all_reduce_absent", None)
-        with self._timed():
+        t0 = time.perf_counter()  # (what _timed does, inline: idle virtual nodes call this a lot)
+        try:
             if absent is not None:
                 absent(like, op, _subset(groups, members))
             else:
                 work = reduce_identity(like, op)
                 with _staged(work) as t:
                     self.transport.all_reduce(t, op, _subset(groups, members))
+        finally:
+            self.transport_seconds += time.perf_counter() - t0
 
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
@@ -248,19 +258,22 @@ class NodeComm:
             self.transport.barrier()
 
 
+#: What :meth:`NodeComm.leaving_out` returns when no rank is missing.
+_NOTHING_MISSING = contextlib.nullcontext()
+
 #: The last partition checked: (the groups object, a copy of it as lists, world size, rank ->
 #: group index). The virtual nodes of a worker pass the same groups object for a collective;
 #: the check and the index are then made once for all of them instead of once per node.
 _last_partition: tuple[object, list[list[int]], int, dict[int, int]] | None = None
 
 
-def _partition_index(groups: Groups, world_size: int) -> dict[int, int]:
-    """Rank -> index of its group, after checking that ``groups`` partition ``range(world_size)``
-    into disjoint non-empty groups (``ValueError`` otherwise)."""
+def _partition_index(groups: Groups, world_size: int) -> tuple[dict[int, int], list[list[int]]]:
+    """(rank -> index of its group, the groups as lists of ints), after checking that ``groups``
+    partition ``range(world_size)`` into disjoint non-empty groups (``ValueError`` otherwise)."""
     global _last_partition
     last = _last_partition  # one read: other threads may replace it
     if last is not None and last[0] is groups and last[2] == world_size and last[1] == groups:
-        return last[3]  # the same object with the same contents (the copy is compared)
+        return last[3], last[1]  # the same object with the same contents (the copy is compared)
     index: dict[int, int] = {}
     copy: list[list[int]] = []
     for i, g in enumerate(groups):
@@ -273,7 +286,7 @@ def _partition_index(groups: Groups, world_size: int) -> dict[int, int]:
         raise ValueError(f"groups must cover every rank 0..{world_size - 1} exactly once, got {groups}")
     if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
         _last_partition = (groups, copy, world_size, index)  # comparable with its copy
-    return index
+    return index, copy
 
 
 def _subset(groups: Groups | None, members: list[int]) -> list[int] | None:
