@@ -81,12 +81,29 @@ class Partition:
 
     def __call__(self, rank: int, num_nodes: int, train: bool = True) -> Dataset:
         """Node ``rank``'s examples (the factory call; ``train`` is ignored)."""
+        self._check_nodes(num_nodes)
+        return Subset(self.dataset, self.indices[rank])
+
+    def check(self, num_nodes: int, batch_size: int) -> None:
+        """``ValueError`` unless a run of ``num_nodes`` nodes with ``batch_size`` examples per
+        step can train on it (made for that node count; every node holds a full batch). ``fit``
+        calls it before any process starts."""
+        self._check_nodes(num_nodes)
+        sizes = self.sizes()
+        small = min(range(num_nodes), key=sizes.__getitem__)
+        if sizes[small] < batch_size:
+            raise ValueError(
+                f"train_dataset: node {small} of the partition holds {sizes[small]} examples, fewer than "
+                f"batch_size={batch_size}, so it has no full batch; pass a smaller batch_size or make the "
+                f"partition with min_size={batch_size}"
+            )
+
+    def _check_nodes(self, num_nodes: int) -> None:
         if num_nodes != self.num_nodes:
             raise ValueError(
                 f"this partition was made for num_nodes={self.num_nodes}, but the run has {num_nodes} nodes; "
                 f"partition the dataset for {num_nodes} nodes"
             )
-        return Subset(self.dataset, self.indices[rank])
 
     def sizes(self) -> list[int]:
         """Examples per node."""

@@ -211,15 +211,7 @@ class Trainer:
         D.check_dataset(self.train_dataset, "train_dataset", num_nodes)
         D.check_dataset(self.val_dataset, "val_dataset", 1)
         if isinstance(self.train_dataset, D.Partition):
-            self.train_dataset(0, num_nodes)  # a partition made for another node count fails here
-            sizes = self.train_dataset.sizes()
-            small = min(range(num_nodes), key=sizes.__getitem__)
-            if sizes[small] < batch_size:
-                raise ValueError(
-                    f"train_dataset: node {small} of the partition holds {sizes[small]} examples, fewer than "
-                    f"batch_size={batch_size}, so it has no full batch; pass a smaller batch_size or make the "
-                    f"partition with min_size={batch_size}"
-                )
+            self.train_dataset.check(num_nodes, batch_size)
             self.train_dataset.log_summary()
         dev = resolve_device(device)
         _check_devices(devices, dev)
