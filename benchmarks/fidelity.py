@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -99,14 +100,15 @@ def diloco(H: int) -> Strategy:
     return DiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw())
 
 
+def gpt_model(scale: Scale) -> CharGPT:
+    """A fresh byte-level GPT of the scale's size."""
+    return CharGPT(block=scale.block, n_layer=scale.n_layer, n_head=4, n_embd=scale.n_embd)
+
+
 def gpt_task(scale: Scale) -> Task:
     """The byte-level GPT on the standard library's source (no download)."""
     train, val = split_text(stdlib_corpus(), block=scale.block)
-
-    def make() -> CharGPT:
-        return CharGPT(block=scale.block, n_layer=scale.n_layer, n_head=4, n_embd=scale.n_embd)
-
-    return Task("chars", make, train, val, LR)
+    return Task("chars", functools.partial(gpt_model, scale), train, val, LR)
 
 
 # --------------------------------------------------------------------------- runs
@@ -150,7 +152,7 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
     """Every run of the report, grouped into one :func:`compare` per task and node count."""
     runs = Runs({}, {}, {})
     gpt = gpt_task(scale)
-    common = dict(steps=scale.steps, batch_size=scale.batch_size, network="internet", seed=SEED, progress=progress)
+    common = dict(network="internet", seed=SEED, progress=progress)
     k0, h_big = scale.nodes[0], max(scale.H)
     for k in scale.nodes:
         strategies: dict[str, Strategy] = {"ddp": SimpleReduceStrategy(adamw())}
@@ -165,20 +167,14 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
                 )
             strategies["demo"] = DeMoStrategy(OptimSpec(torch.optim.SGD, lr=LR))
         logger.info("GPT, K=%d: %d runs", k, len(strategies))
-        result = compare(gpt, strategies, nodes=k, H=h_big, out_dir=os.path.join(runs_dir, f"gpt-K{k}"), **common)
+        out = os.path.join(runs_dir, f"gpt-K{k}")
+        sizes = dict(nodes=k, steps=scale.steps, batch_size=scale.batch_size, H=h_big)
+        result = compare(gpt, strategies, out_dir=out, **sizes, **common)
         runs.add(result, suffix=f" K={k}")
 
     train, val = digits_datasets()
     digits = Task("digits", MLPClassifier, train, val, LR)
-    fed = dict(
-        nodes=scale.clients,
-        steps=scale.fed_steps,
-        batch_size=scale.fed_batch,
-        H=scale.fed_H,
-        network="internet",
-        seed=SEED,
-        progress=progress,
-    )
+    fed = dict(nodes=scale.clients, steps=scale.fed_steps, batch_size=scale.fed_batch, H=scale.fed_H, **common)
     for scheme in ("iid", "dirichlet"):
         split = partition(train, scale.clients, scheme, alpha=ALPHA, min_size=scale.fed_batch, seed=SEED)
         strategies = {
@@ -468,7 +464,7 @@ def study_runs(study: str, runs: Runs, scale: Scale) -> list[str]:
 def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: str) -> str:
     """Write ``<out>/report.md`` and the plots; return the report's path."""
     os.makedirs(out, exist_ok=True)
-    gpt_params = sum(p.numel() for p in gpt_task(scale).make_model().parameters())
+    gpt_params = sum(p.numel() for p in gpt_model(scale).parameters())  # (no corpus to read)
     lines = [
         "# ExoGym fidelity report",
         "",
