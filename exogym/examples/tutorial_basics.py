@@ -62,6 +62,22 @@ def accuracy(model: nn.Module, dataset: torch.utils.data.TensorDataset) -> float
         return (model.logits(x).argmax(-1) == y).float().mean().item()
 
 
+# -- 5. the results -----------------------------------------------------------------------------
+def results(trainer: Any, model: nn.Module, val: torch.utils.data.TensorDataset) -> dict[str, float]:
+    """What a run ends with: the last validation row (the average model's loss and accuracy),
+    the last train row (MB sent per node, simulated seconds), and the returned model's accuracy
+    computed here, independently."""
+    last_val = [r for r in trainer.history if "val_loss_global" in r][-1]
+    last_train = [r for r in trainer.history if "train_loss" in r][-1]
+    return {
+        "val_loss": last_val["val_loss_global"],
+        "val_accuracy": last_val["val_accuracy_global"],
+        "accuracy_here": accuracy(model, val),
+        "bytes_sent": last_train["bytes_sent"],
+        "sim_time": last_train["sim_time"],
+    }
+
+
 def run(out: str = "exogym_runs/basics", nodes: int = 4, steps: int = 200, progress: bool = True) -> dict[str, Any]:
     """Train DiLoCo, then DDP, on the digits; return what the tutorial reads off (see the module
     docstring)."""
@@ -94,17 +110,9 @@ def run(out: str = "exogym_runs/basics", nodes: int = 4, steps: int = 200, progr
         progress=progress,
     )
 
-    # -- 5. the results --------------------------------------------------------------------------
-    last_val = [r for r in trainer.history if "val_loss_global" in r][-1]
-    last_train = [r for r in trainer.history if "train_loss" in r][-1]
+    # -- 5. the results (results() above reads them) ---------------------------------------------
     res: dict[str, Any] = {
-        "diloco": {
-            "val_loss": last_val["val_loss_global"],
-            "val_accuracy": last_val["val_accuracy_global"],
-            "accuracy_here": accuracy(model, val),  # the returned model, checked independently
-            "bytes_sent": last_train["bytes_sent"],
-            "sim_time": last_train["sim_time"],
-        },
+        "diloco": results(trainer, model, val),
         "csv": f"{out}/diloco/metrics.csv",
         # fit trained copies: your model object still holds the initial weights
         "initial_unchanged": all(torch.equal(before[k], v) for k, v in initial.state_dict().items()),
@@ -115,15 +123,7 @@ def run(out: str = "exogym_runs/basics", nodes: int = 4, steps: int = 200, progr
     trainer = Trainer(initial, train, val)
     kw = dict(num_nodes=nodes, max_steps=steps, batch_size=16, network="internet", val_size=len(val))
     model = trainer.fit(strategy=ddp, logger=CSVLogger(out), run_name="ddp", progress=progress, **kw)
-    last_val = [r for r in trainer.history if "val_loss_global" in r][-1]
-    last_train = [r for r in trainer.history if "train_loss" in r][-1]
-    res["ddp"] = {
-        "val_loss": last_val["val_loss_global"],
-        "val_accuracy": last_val["val_accuracy_global"],
-        "accuracy_here": accuracy(model, val),
-        "bytes_sent": last_train["bytes_sent"],
-        "sim_time": last_train["sim_time"],
-    }
+    res["ddp"] = results(trainer, model, val)
     for name in ("ddp", "diloco"):
         r = res[name]
         logger.info(
