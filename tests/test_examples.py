@@ -44,23 +44,6 @@ def test_federated_example_trains_the_sampled_clients_and_writes_its_files(tmp_p
         assert (tmp_path / name).exists()
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--num_clients", "0"], "--num_clients must be at least 1"),
-        (["--client_sampling", "1.5"], "--client_sampling must be in"),
-        (["--workers", "200"], "--workers must be between 1 and --num_clients=100"),
-        (["--lr", "0"], "--lr must be positive"),
-    ],
-)
-def test_federated_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
-    from exogym.examples import federated_mnist
-
-    with pytest.raises(SystemExit) as info:
-        federated_mnist.main(args)
-    assert info.value.code == 2 and message in capsys.readouterr().err
-
-
 @pytest.mark.timeout(180)
 def test_nanogpt_example_trains_each_strategy_and_writes_its_files(tmp_path) -> None:
     import csv
@@ -78,23 +61,6 @@ def test_nanogpt_example_trains_each_strategy_and_writes_its_files(tmp_path) -> 
         assert (out / name).exists()
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--strategy", "adam"], "unknown strategies ['adam']"),
-        (["--n-embd", "30"], "--n-embd 30 must be a multiple of --n-head 4"),
-        (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
-        (["--dataset", "wiki"], "argument --dataset: invalid choice: 'wiki'"),
-    ],
-)
-def test_nanogpt_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
-    from exogym.examples import nanogpt
-
-    with pytest.raises(SystemExit) as info:
-        nanogpt.main(args)
-    assert info.value.code == 2 and message in capsys.readouterr().err
-
-
 @pytest.mark.timeout(240)
 def test_mnist_example_runs_every_preset_on_a_partition_and_writes_its_files(tmp_path) -> None:
     import csv
@@ -109,22 +75,6 @@ def test_mnist_example_runs_every_preset_on_a_partition_and_writes_its_files(tmp
         assert [r["strategy"] for r in csv.DictReader(f)] == list(PRESETS)  # all of them, in order
     for name in ("label_histogram.png", "val_accuracy_vs_bytes.png", "ddp/metrics.csv"):
         assert (out / name).exists()
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
-        (["--dataset", "cifar"], "argument --dataset: invalid choice: 'cifar'"),
-        (["--alpha", "0"], "argument --alpha: must be > 0, got 0"),
-    ],
-)
-def test_mnist_example_rejects_bad_arguments_before_training(args, message, capsys) -> None:
-    from exogym.examples import mnist
-
-    with pytest.raises(SystemExit) as info:
-        mnist.main(args)
-    assert info.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.timeout(180)
@@ -189,22 +139,6 @@ def test_cifar10_example_without_data_or_network_says_where_to_put_the_archive(t
     assert f"not in --data-dir {tmp_path}" in err and "cifar-10-python.tar.gz" in err and "unreachable" in err
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
-        (["--width", "0"], "argument --width: must be >= 1, got 0"),
-        (["--partition", "labels"], "argument --partition: invalid choice: 'labels'"),
-    ],
-)
-def test_cifar10_example_rejects_bad_arguments_before_loading_data(args, message, capsys) -> None:
-    from exogym.examples import cifar10
-
-    with pytest.raises(SystemExit) as info:
-        cifar10.main(args)
-    assert info.value.code == 2 and message in capsys.readouterr().err
-
-
 @pytest.mark.timeout(180)
 def test_the_basics_tutorial_trains_and_diloco_sends_a_tenth_of_ddp(tmp_path) -> None:
     from exogym.examples import tutorial_basics as tutorial
@@ -233,3 +167,31 @@ def test_the_comparing_tutorial_ranks_strategies_differently_on_two_networks(tmp
     assert dc["reach"]["ddp"]["step"] < dc["reach"]["diloco"]["step"]  # DDP needs fewer steps...
     assert dc["reach"]["ddp"]["sim_time"] < dc["reach"]["diloco"]["sim_time"]  # ...which wins in a datacenter
     assert net["reach"]["diloco"]["sim_time"] < net["reach"]["ddp"]["sim_time"]  # and loses over the internet
+
+
+@pytest.mark.parametrize(
+    "example, args, message",
+    [
+        ("federated_mnist", ["--num_clients", "0"], "--num_clients must be at least 1"),
+        ("federated_mnist", ["--client_sampling", "1.5"], "--client_sampling must be in"),
+        ("federated_mnist", ["--workers", "200"], "--workers must be between 1 and --num_clients=100"),
+        ("federated_mnist", ["--lr", "0"], "--lr must be positive"),
+        ("nanogpt", ["--strategy", "adam"], "unknown strategies ['adam']"),
+        ("nanogpt", ["--n-embd", "30"], "--n-embd 30 must be a multiple of --n-head 4"),
+        ("nanogpt", ["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        ("nanogpt", ["--dataset", "wiki"], "argument --dataset: invalid choice: 'wiki'"),
+        ("mnist", ["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
+        ("mnist", ["--dataset", "cifar"], "argument --dataset: invalid choice: 'cifar'"),
+        ("mnist", ["--alpha", "0"], "argument --alpha: must be > 0, got 0"),
+        ("cifar10", ["--strategy", "ddp,adam"], "unknown strategies ['adam']"),
+        ("cifar10", ["--width", "0"], "argument --width: must be >= 1, got 0"),
+        ("cifar10", ["--partition", "labels"], "argument --partition: invalid choice: 'labels'"),
+    ],
+)
+def test_examples_reject_bad_arguments_with_status_2_before_training(example, args, message, capsys) -> None:
+    import importlib
+
+    module = importlib.import_module(f"exogym.examples.{example}")
+    with pytest.raises(SystemExit) as info:
+        module.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err
