@@ -56,10 +56,12 @@ class RoundGroups(NamedTuple):
     participants: list[list[int]]
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def draw_round(num_nodes: int, island_size: int | None, fraction: float | None, seed: int, round_: int) -> RoundGroups:
     """:func:`draw_islands` and :func:`draw_participants` of a round for all ranks at once,
-    cached: the virtual nodes of a worker draw each round once, not once per node."""
+    cached: the virtual nodes of a worker draw each round once, not once per node. (They run
+    one after another, each at most :data:`exogym.runtime.virtual.MAX_QUEUED` collectives
+    ahead of the others: the cache holds more rounds than that.)"""
     islands = draw_islands(num_nodes, island_size, seed, round_) if island_size else None
     groups = islands or [list(range(num_nodes))]
     island_of = [0] * num_nodes

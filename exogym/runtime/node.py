@@ -148,6 +148,7 @@ class TrainNode:
         elif self.val_loader is not None:
             self._emit(self._validate(metrics))  # the starting point of every validation curve
         start = time.perf_counter() - metrics.wall
+        trained = False  # since the last metrics flush
         while step < self.max_steps:
             t0 = time.perf_counter()
             transport0 = self.comm.transport_seconds
@@ -182,6 +183,7 @@ class TrainNode:
                         "fit(stop_on_nonfinite_loss=False) to train on)"
                     )
                 self.batches_drawn += 1
+                trained = True
                 self._add_sample(
                     metrics, loss_sum, float(cfg.accumulation), float(cfg.batch_size), t0, transport0, start, step
                 )
@@ -191,7 +193,11 @@ class TrainNode:
             validate = self._validates(done)
             save = self._checkpoints(done)
             if done % flush_every == 0 or done == self.max_steps or validate or save:
-                for row in metrics.flush(float(_peak_memory(self.device))):
+                # Only a node that trained since the last flush reads the peak memory (a read
+                # walks every thread of the process: slow with hundreds of virtual nodes).
+                peak = float(_peak_memory(self.device)) if trained else 0.0
+                trained = False
+                for row in metrics.flush(peak):
                     if self.faults is not None and self.faults.drops:
                         L = cfg.log_interval
                         row["nodes_alive"] = self.faults.min_alive((row["step"] - 1) // L * L, row["step"] - 1)
@@ -209,11 +215,11 @@ class TrainNode:
             bar.update(done - step)
             step = done
         bar.close()
-        state = self._averaged_state()
+        state = self._averaged_state(needed=self.rank == 0 or keep_state)
         if self.logger is not None:
             self.logger.finish()
         if self.rank != 0:
-            return {"state_dict": state} if keep_state else None
+            return {"state_dict": state} if state is not None else None
         return {
             "state_dict": state,
             "history": self.history,
@@ -455,14 +461,18 @@ class TrainNode:
         model.train(was_training)
         return total, count, correct, labelled
 
-    def _validate(self, metrics: MetricsBuffer) -> dict[str, Any]:
+    def _validate(self, metrics: MetricsBuffer) -> dict[str, Any] | None:
         """Validation of the local models (mean over nodes) and of the all-node average, and how
-        far the nodes' models have drifted apart (:meth:`_divergence`). Collective."""
+        far the nodes' models have drifted apart (:meth:`_divergence`): the row on rank 0,
+        ``None`` elsewhere. Collective."""
         local = self._evaluate(self.model)
         avg = self._average_model()
         glob = self._evaluate(avg)
         distance, correlation = self._divergence(avg)
         stats = torch.tensor([*local, *glob, distance], dtype=torch.float64)
+        if self.rank != 0:  # only rank 0 makes the row
+            self.comm.all_reduce_contribute(stats, "sum")
+            return None
         self.comm.all_reduce(stats, op="sum", charge=False)
         v = stats.tolist()
         row = metrics.validation_row(tuple(v[:4]), tuple(v[4:8]))
@@ -478,7 +488,8 @@ class TrainNode:
         ``state_dict`` order. The correlation costs one uncharged all-reduce of the model's
         size, whatever the number of nodes: with ``z_i`` node ``i``'s standardised vector (zero
         mean, unit norm), ``corr(i, j) = z_i . z_j``, so the mean over pairs is
-        ``(|sum_i z_i|^2 - K) / (K (K - 1))``. ``None`` with one node. Collective."""
+        ``(|sum_i z_i|^2 - K) / (K (K - 1))``. ``None`` with one node, and on ranks other than
+        0 (they only send their share). Collective."""
         mine = [t for t in self.model.state_dict().values() if t.is_floating_point()]
         theirs = [t for t in avg.state_dict().values() if t.is_floating_point()]
         x = torch.cat([t.reshape(-1).float() for t in mine])
@@ -489,6 +500,9 @@ class TrainNode:
         z = x - x.mean()
         norm = torch.linalg.vector_norm(z)
         z = z / norm if norm > 0 else torch.full_like(z, float("nan"))  # a constant model has no correlation
+        if self.rank != 0:
+            self.comm.all_reduce_contribute(z, "sum")
+            return distance, None
         self.comm.all_reduce(z, op="sum", charge=False)
         return distance, (float(z.double().square().sum()) - k) / (k * (k - 1))
 
@@ -510,14 +524,22 @@ class TrainNode:
             bucket.buffer.unpack(bucket.tensors)
 
     @torch.no_grad()
-    def _averaged_state(self) -> dict[str, torch.Tensor]:
+    def _averaged_state(self, needed: bool = True) -> dict[str, torch.Tensor] | None:
         """The all-node average of the final state (floating-point entries; others are this
-        node's), on CPU. Collective."""
+        node's), on CPU. A node that does not ``need`` it only sends its share (``None``: on
+        virtual nodes it does not wait for the others). Collective."""
+        if not needed:
+            floats = [t.detach() for t in self.model.state_dict().values() if t.is_floating_point()]
+            for bucket in dtype_buckets(floats):
+                self.comm.all_reduce_contribute(bucket.buffer.pack(bucket.tensors), "sum")
+            return None
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._average_in_place(dtype_buckets([t for t in state.values() if t.is_floating_point()]))
         return {k: v.cpu() for k, v in state.items()}
 
-    def _emit(self, row: dict[str, Any]) -> None:
+    def _emit(self, row: dict[str, Any] | None) -> None:
+        if row is None:  # ranks other than 0 make no validation rows
+            return
         self.history.append(row)
         if self.logger is not None:
             self.logger.log(row)

@@ -15,9 +15,10 @@ random draws match those of a run with one process per node.
 
 A node may also *sit out* an all-reduce (:meth:`VirtualTransport.all_reduce_absent`: it
 contributes nothing and needs no result, e.g. a FedAvg client that is not sampled in this round
-nor the next): the call is queued and the node runs on without parking. Each node's calls form a
-queue; a collective runs when every node has one queued, and only the nodes whose queued call
-was a real one get the turn back. Nodes that sit rounds out therefore cost nothing per round, and
+nor the next) or only *contribute* to one (:meth:`VirtualTransport.all_reduce_contribute`: it
+needs no result, e.g. a node's metrics that rank 0 alone turns into rows): the call is queued
+and the node runs on without parking. Each node's calls form a queue; a collective runs when
+every node has one queued, and only the nodes that wait for its result get the turn back. Nodes that sit rounds out therefore cost nothing per round, and
 a worker all of whose nodes sit a collective out still makes its transport calls.
 
 Why threads and not greenlets or one swapped module per worker: see the README's "Virtual nodes"
@@ -57,6 +58,10 @@ def worker_of(rank: int, num_nodes: int, workers: int) -> int:
     return rank // (base + 1) if rank < big else extra + (rank - big) // base
 
 
+#: Calls a node may have queued (ones it does not wait for, see :meth:`VirtualHub.sit_out`).
+MAX_QUEUED = 32
+
+
 class VirtualNodeError(Exception):
     """A virtual node raised: carries its rank, the exception's class name and its traceback."""
 
@@ -80,6 +85,10 @@ class _Call:
     src: int | None = None
     #: The node sits this call out: ``tensor`` only gives the payload's dtype and size.
     absent: bool = False
+    #: The node contributes ``tensor`` but needs no result: it does not wait for the call.
+    detached: bool = False
+    #: The node waits for this call (a real one, or the last one a full queue takes).
+    waits: bool = False
     done: bool = False
     result: torch.Tensor | None = None
 
@@ -121,7 +130,7 @@ class VirtualHub:
         self.outer = outer
         self.device = device
         self._turn = [threading.Event() for _ in self.ranks]
-        #: Per node, its calls not yet executed (absent ones first, then at most one real one).
+        #: Per node, its calls not yet executed (ones it does not wait for, then at most one it waits for).
         self._queued: list[deque[_Call]] = [deque() for _ in self.ranks]
         #: The nodes that run before the next collective, in order, and the next one's position.
         self._to_run: list[int] = list(range(self.n))
@@ -224,13 +233,21 @@ class VirtualHub:
         return None
 
     def sit_out(self, i: int, call: _Call) -> None:
-        """Node ``i`` sits the next collective out (``call.absent``): queued, no parking."""
-        self._queued[i].append(call)
+        """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
+        or only contributes, ``call.detached``): the call is queued and the node runs on, unless
+        it has :data:`MAX_QUEUED` calls queued: then it waits for them, which bounds the memory
+        they hold and how far the worker's nodes drift apart."""
+        queue = self._queued[i]
+        if len(queue) + 1 < MAX_QUEUED:
+            queue.append(call)
+        else:
+            self.collective(i, call)
 
     def collective(self, i: int, call: _Call) -> _Call:
         """Node ``i`` arrives at a collective: park until every hosted node has queued a call
         for it and the last one has combined them. Collective: every hosted node must call it
         (or sit it out)."""
+        call.waits = True
         self._queued[i].append(call)
         nxt = self._advance()
         assert nxt is not None  # this node's call is queued: some collective gives a turn back
@@ -267,7 +284,7 @@ class VirtualHub:
             self._all_gather(calls)
         for c in calls:
             c.done = True
-        return [j for j, c in enumerate(calls) if not c.absent]
+        return [j for j, c in enumerate(calls) if c.waits]
 
     def _broadcast(self, calls: list[_Call], src: int) -> None:
         owner = worker_of(src, self.num_nodes, self.workers)
@@ -299,7 +316,8 @@ class VirtualHub:
             else:
                 self._reduce_groups_across_workers(partials, op, first.tensor)
         for c in present:
-            c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
+            if not c.detached:
+                c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
 
     def _group_key(self, members: tuple[int, ...] | None) -> int:
         return 0 if members is None else members[0]
@@ -404,6 +422,12 @@ class VirtualTransport:
         """Sit an all-reduce out: contribute nothing, receive nothing. Returns at once; ``like``
         (its dtype and size only) is never read or written. Collective, in call order."""
         self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), like, absent=True))
+
+    def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        """Contribute ``tensor`` to an all-reduce and need no result: returns at once; the hub
+        reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
+        in call order."""
+        self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), tensor, detached=True))
 
     def close(self) -> None:
         pass

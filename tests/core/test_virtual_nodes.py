@@ -89,6 +89,40 @@ def test_eight_virtual_nodes_on_1_2_4_workers_end_as_eight_processes(name: str) 
     assert child_pids() == []
 
 
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_metric_and_validation_rows_of_virtual_nodes_equal_those_of_one_process_per_node() -> None:
+    # Virtual nodes other than rank 0 only contribute to the metrics and validation reductions
+    # (they do not wait for the results): the rows must still be those of 6 processes.
+    def rows(workers: int) -> list[dict]:
+        trainer = Trainer(TinyNet(), regression_data(n=6 * 4 * 8), regression_data(n=48, seed=1))
+        trainer.fit(
+            FedAvgStrategy(H=2, island_size=3, client_sampling=0.5),
+            num_nodes=6,
+            workers=workers,
+            max_steps=8,
+            batch_size=4,
+            val_interval=4,
+            log_interval=2,
+            seed=5,
+            logger=False,
+            progress=False,
+        )
+        return trainer.history
+
+    exact = ("step", "examples", "bytes_sent", "bytes_received", "bytes_sent_per_step", "sim_comm_time")
+    close = ("train_loss", "val_loss_local", "val_loss_global", "param_distance", "model_correlation")
+    reference, virtual = rows(6), rows(2)
+    assert [sorted(r) for r in virtual] == [sorted(r) for r in reference]
+    assert sum("val_loss_global" in r for r in reference) == 3 and sum("train_loss" in r for r in reference) == 4
+    for want, got in zip(reference, virtual, strict=True):
+        assert {k: got[k] for k in exact if k in want} == {k: want[k] for k in exact if k in want}
+        for k in close:
+            if k in want:
+                assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k
+    assert child_pids() == []
+
+
 class Recording(FedAvgStrategy):
     """FedAvg that records, per round, whether the node trained, its parameters when the round
     starts and ends, and whether it sat the round's collective out."""
@@ -292,6 +326,79 @@ def test_nodes_sitting_an_all_reduce_out_add_nothing_even_when_a_whole_worker_sl
                 continue
             awake = [values[m] for m in group[r] if m not in asleep]
             assert got[(rnd, r)] == (sum(awake) if op == "sum" else max(awake)), (rnd, r)
+
+
+@pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]]])
+def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_every_share(groups) -> None:
+    # 4 nodes on 2 workers; node 0 waits for three sums, the others only contribute to them and
+    # then do some local work, which must happen before node 0 receives its first result (they
+    # do not park). Expected: the plain sum of each group's values, written out.
+    from exogym.core.comm.comm import NodeComm
+    from tests.fake_world import run_ranks
+
+    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    events: list[tuple[str, int]] = []
+    got: list[float] = []
+
+    def node(rank, transport):
+        comm = NodeComm(rank, 4, transport)
+        for rnd in range(3):
+            t = torch.full((2,), float(10**rank + rnd))
+            if rank == 0:
+                got.append(comm.all_reduce(t, "sum", groups=groups)[0].item())
+                events.append(("result", rnd))
+            else:
+                comm.all_reduce_contribute(t, "sum", groups=groups)
+        events.append(("done", rank))
+        return rank
+
+    def worker(w, outer):
+        hubs[w].outer = outer.transport
+        return hubs[w].run(node)
+
+    run_ranks(2, worker)
+    members = [0, 1, 2, 3] if groups is None else [0, 2]
+    assert got == [sum(10**m + rnd for m in members) for rnd in range(3)]
+    assert events.index(("done", 1)) < events.index(("result", 0))  # node 1 never waited for a result
+
+
+def test_all_reduce_contribute_outside_virtual_nodes_adds_the_share_and_rejects_mean() -> None:
+    from tests.fake_world import run_ranks
+
+    def body(rank, comm):
+        t = torch.full((2,), float(rank + 1))
+        if rank == 2:
+            comm.all_reduce_contribute(t, "max")
+            return None
+        return comm.all_reduce(t, "max")[0].item()
+
+    assert run_ranks(3, body)[:2] == [3.0, 3.0]
+    with pytest.raises(ValueError, match="op must be one of sum, max, min, product"):
+        run_ranks(1, lambda rank, comm: comm.all_reduce_contribute(torch.ones(1), "mean"))
+
+
+def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() -> None:
+    # Node 1 sits out 3 * MAX_QUEUED all-reduces that node 0 makes: its queue never holds more
+    # than MAX_QUEUED calls (it parks when full), and node 0 still gets its own value each time.
+    from exogym.runtime.virtual import MAX_QUEUED
+
+    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    longest = [0]
+    got = []
+
+    def body(rank, transport):
+        for i in range(3 * MAX_QUEUED):
+            t = torch.full((1,), float(i))
+            if rank == 0:
+                transport.all_reduce(t, "sum")
+                got.append(t.item())
+            else:
+                transport.all_reduce_absent(t, "sum")
+                longest[0] = max(longest[0], len(hub._queued[1]))
+
+    hub.run(body)
+    assert got == [float(i) for i in range(3 * MAX_QUEUED)]
+    assert longest[0] == MAX_QUEUED - 1  # parked at the MAX_QUEUED-th call instead of queueing it
 
 
 def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:

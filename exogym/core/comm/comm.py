@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -226,6 +227,27 @@ class NodeComm:
         finally:
             self.transport_seconds += time.perf_counter() - t0
 
+    def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
+        """Contribute ``tensor`` to an all-reduce whose result this node does not need.
+
+        For a node that only sends its share of a measurement (e.g. metrics that rank 0 alone
+        turns into rows): the peers call :meth:`all_reduce` (or this) with the same ``op`` and
+        ``groups``. The caller hands ``tensor`` over: it must not write to it afterwards, and its
+        contents after the call are undefined (virtual nodes queue it and run on at once; the
+        reduction reads it later; other transports reduce it in place). Nothing is charged.
+        Collective.
+        """
+        if op not in ("sum", "max", "min", "product"):
+            raise ValueError(f"op must be one of sum, max, min, product (mean divides the result); got {op!r}")
+        self._refuse_absent("all_reduce_contribute")
+        _, members = self._my_group(groups)
+        contribute = getattr(self.transport, "all_reduce_contribute", None)
+        with _staged(tensor) as t, self._timed():
+            if contribute is not None:
+                contribute(t, op, _subset(groups, members))
+            else:
+                self.transport.all_reduce(t, op, _subset(groups, members))
+
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
     ) -> torch.Tensor:
@@ -261,17 +283,19 @@ class NodeComm:
 #: What :meth:`NodeComm.leaving_out` returns when no rank is missing.
 _NOTHING_MISSING = contextlib.nullcontext()
 
-#: The last partition checked: (the groups object, a copy of it as lists, world size, rank ->
-#: group index). The virtual nodes of a worker pass the same groups object for a collective;
-#: the check and the index are then made once for all of them instead of once per node.
-_last_partition: tuple[object, list[list[int]], int, dict[int, int]] | None = None
+#: Partitions checked lately, by ``id``: (the groups object, a copy of it as lists, world size,
+#: rank -> group index). The virtual nodes of a worker pass the same groups object for a
+#: collective (a round's islands); the check and the index are then made once for all of them
+#: instead of once per node. They run a few rounds apart, so several rounds' partitions are kept.
+_checked: OrderedDict[int, tuple[object, list[list[int]], int, dict[int, int]]] = OrderedDict()
+_CHECKED_MAX = 64
+_checked_lock = threading.Lock()
 
 
 def _partition_index(groups: Groups, world_size: int) -> tuple[dict[int, int], list[list[int]]]:
     """(rank -> index of its group, the groups as lists of ints), after checking that ``groups``
     partition ``range(world_size)`` into disjoint non-empty groups (``ValueError`` otherwise)."""
-    global _last_partition
-    last = _last_partition  # one read: other threads may replace it
+    last = _checked.get(id(groups))  # the entry holds the object: its id is not reused meanwhile
     if last is not None and last[0] is groups and last[2] == world_size and last[1] == groups:
         return last[3], last[1]  # the same object with the same contents (the copy is compared)
     index: dict[int, int] = {}
@@ -284,8 +308,11 @@ def _partition_index(groups: Groups, world_size: int) -> tuple[dict[int, int], l
         copy.append(members)
     if len(index) != world_size or set(index) != set(range(world_size)):
         raise ValueError(f"groups must cover every rank 0..{world_size - 1} exactly once, got {groups}")
-    if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
-        _last_partition = (groups, copy, world_size, index)  # comparable with its copy
+    if isinstance(groups, list) and all(isinstance(g, list) for g in groups):  # comparable with its copy
+        with _checked_lock:
+            _checked[id(groups)] = (groups, copy, world_size, index)
+            while len(_checked) > _CHECKED_MAX:
+                _checked.popitem(last=False)
     return index, copy
 
 
