@@ -18,8 +18,11 @@ contributes nothing and needs no result, e.g. a FedAvg client that is not sample
 nor the next) or only *contribute* to one (:meth:`VirtualTransport.all_reduce_contribute`: it
 needs no result, e.g. a node's metrics that rank 0 alone turns into rows): the call is queued
 and the node runs on without parking. Each node's calls form a queue; a collective runs when
-every node has one queued, and only the nodes that wait for its result get the turn back. Nodes that sit rounds out therefore cost nothing per round, and
-a worker all of whose nodes sit a collective out still makes its transport calls.
+every node has one queued, and only the nodes that wait for its result get the turn back. A
+node that has :data:`MAX_QUEUED` calls queued waits for them, which bounds the memory they hold
+and how far apart in the run the worker's nodes are. Nodes that sit rounds out therefore cost
+no hand-over per round, and a worker all of whose nodes sit a collective out still makes its
+transport calls.
 
 Why threads and not greenlets or one swapped module per worker: see the README's "Virtual nodes"
 section (threads keep torch's per-thread state, e.g. grad mode and autocast, separate per node;
