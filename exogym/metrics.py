@@ -34,8 +34,7 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -67,10 +66,10 @@ COLUMNS = (
 )
 
 
-@dataclass
-class StepSample:
+class StepSample(NamedTuple):
     """What one node measured in one step (all zeros but ``lr`` and ``wall`` for a node that sat
-    the step out, e.g. a client not sampled in a round)."""
+    the step out, e.g. a client not sampled in a round). A tuple: :class:`MetricsBuffer` keeps
+    the fields in this order per pending step."""
 
     loss_sum: float
     loss_count: float
@@ -86,19 +85,7 @@ class StepSample:
 
     def row(self) -> tuple[float, ...]:
         """The fields in order (what :class:`MetricsBuffer` keeps per pending step)."""
-        return (
-            self.loss_sum,
-            self.loss_count,
-            self.examples,
-            self.sent,
-            self.received,
-            self.compute,
-            self.comm_sim,
-            self.comm_wall,
-            self.wall,
-            self.peak_memory,
-            self.lr,
-        )
+        return tuple(self)
 
 
 #: Fields summed over nodes, then fields maxed over nodes (``lr`` stays the node's own).
@@ -123,7 +110,7 @@ class MetricsBuffer:
     def __init__(self, comm: NodeComm, network: Network, log_interval: int, max_steps: int) -> None:
         self.comm, self.network = comm, network
         self.log_interval, self.max_steps = log_interval, max_steps
-        self.pending: list[tuple[float, ...]] = []
+        self.pending: list[tuple[float, ...]] = []  # StepSample or idle rows
         self.step = 0  # last step folded into the totals
         self.examples = 0.0
         self.sent = self.received = 0.0
@@ -139,9 +126,11 @@ class MetricsBuffer:
         return self.compute_time + self.sim_comm_time
 
     def add(self, sample: StepSample) -> None:
-        """Record this node's sample of the next step."""
-        sample.compute *= self._slowdown
-        self.pending.append(sample.row())
+        """Record this node's sample of the next step (its ``compute`` is scaled by the network's
+        ``compute_slowdown`` of this node here)."""
+        if sample.compute and self._slowdown != 1.0:
+            sample = sample._replace(compute=sample.compute * self._slowdown)
+        self.pending.append(sample)
 
     def add_idle(self, steps: int, lr: float, wall: float) -> None:
         """Record ``steps`` steps this node sat out (no compute, no bytes)."""

@@ -391,25 +391,33 @@ class TrainNode:
         t1 = time.perf_counter()
         records = self.comm.ledger.end_step()
         comm_wall = self.comm.transport_seconds - transport0
+        network = self.cfg.network
         compute = 0.0
         if count:
-            compute = self.cfg.network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0)
+            compute = network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0)
             if self.faults is not None:
                 compute *= self.faults.slowdown(self.rank, step)
+        sent = received = comm_sim = 0.0
+        if records:
+            for r in records:
+                sent += r.sent
+                received += r.received
+            comm_sim = network.records_time(records, compute * network.slowdown(self.rank))
+        peak = float(_peak_memory(self.device)) if count and self._closes_row(step) else 0.0
         metrics.add(
             StepSample(
                 loss_sum,
                 count,
                 examples,
-                sum(r.sent for r in records),
-                sum(r.received for r in records),
+                sent,
+                received,
                 compute,
-                self.cfg.network.records_time(records, compute * self.cfg.network.slowdown(self.rank)),
+                comm_sim,
                 comm_wall,
                 t1 - start,
-                float(_peak_memory(self.device)) if count and self._closes_row(step) else 0.0,
+                peak,
                 self.strategy.lr,
-            )
+            )  # fmt: skip
         )
 
     def _train_step(self, batch: Any, absent: frozenset[int] = frozenset()) -> float:
