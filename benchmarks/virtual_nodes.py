@@ -8,7 +8,7 @@ digits). ExoGym runs in a fresh Python process timed from its start (torch impor
 the end of ``fit``; the in-process loop trains the same sampled clients of every round in one
 process and averages their parameters in memory.
 
-    python benchmarks/virtual_nodes.py fedavg --clients 1000 --sampling 0.01 --rounds 20
+    python benchmarks/virtual_nodes.py fedavg --clients 1000 --sampling 0.01 --rounds 20 --repeat 3
     python benchmarks/virtual_nodes.py scaling --clients 16,64,256,1000
 """
 
@@ -19,11 +19,12 @@ import functools
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
 
-from exogym.cli import quiet_interrupt, script_parser
+from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.virtual_nodes")
 H, BATCH, PER_CLIENT = 10, 8, 80
@@ -126,6 +127,31 @@ def _run_child(args: list[str]) -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": time.perf_counter() - t0}
 
 
+def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repeat: int) -> None:
+    """Time ExoGym and the in-process loop ``repeat`` times, alternating which goes first (this
+    machine's speed drifts between runs); a row per pair, the median ratio at the end."""
+    logger.info(
+        "FedAvg, %s clients, sampling %s, %d rounds of H=%d, batch %d, 2-core CPU", k, sampling, rounds, H, BATCH
+    )
+    logger.info(
+        "%-6s %9s %9s %9s %11s %11s %9s %9s", "pair", "loop s", "total s", "x loop", "start-up s", "training s",
+        "s/round", "RSS/w MB",
+    )  # fmt: skip
+    ratios = []
+    for i in range(repeat):
+        sides = ["exogym", "inprocess"] if i % 2 == 0 else ["inprocess", "exogym"]
+        out = {side: _run_child(["fedavg", "--clients", k, "--side", side, *common]) for side in sides}
+        ex, base = out["exogym"], out["inprocess"]
+        assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])  # the same sampled work
+        ratios.append(ex["total_s"] / base["total_s"])
+        logger.info(
+            "%-6d %9.2f %9.2f %9.2f %11.2f %11.2f %9.3f %9.0f", i + 1, base["total_s"], ex["total_s"], ratios[-1],
+            ex["startup_s"], ex["train_s"], ex["round_s"], ex["peak_rss_worker_mb"],
+        )  # fmt: skip
+    if repeat > 1:
+        logger.info("median x loop over %d pairs: %.2f", repeat, statistics.median(ratios))
+
+
 @quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
@@ -134,6 +160,12 @@ def main() -> None:
     parser.add_argument("--sampling", type=float, default=0.01, help="fraction of clients sampled per round")
     parser.add_argument("--rounds", type=int, default=20, help="FedAvg rounds (H=10 local steps each)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: fit's)")
+    parser.add_argument(
+        "--repeat",
+        type=int_at_least(1),
+        default=1,
+        help="pairs of runs, in the order ExoGym-loop, loop-ExoGym, ... (fedavg)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="exogym", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -150,33 +182,7 @@ def main() -> None:
     if args.workers:
         common += ["--workers", str(args.workers)]
     if args.scenario == "fedavg":
-        k = args.clients
-        ex = _run_child(["fedavg", "--clients", k, *common])
-        base = _run_child(["fedavg", "--clients", k, "--side", "inprocess", *common])
-        logger.info(
-            "FedAvg, %s clients, sampling %s, %d rounds of H=%d, batch %d, 2-core CPU",
-            k,
-            args.sampling,
-            args.rounds,
-            H,
-            BATCH,
-        )
-        logger.info(
-            "%-12s %9s %9s %11s %11s %9s %9s", "run", "total s", "x loop", "start-up s", "training s", "s/round",
-            "RSS/w MB",
-        )  # fmt: skip
-        logger.info("%-12s %9.2f %9s %11s %11s %9s %9s", "in-process", base["total_s"], "1.00", "-", "-", "-", "-")
-        logger.info(
-            "%-12s %9.2f %9.2f %11.2f %11.2f %9.3f %9.0f",
-            f"exogym W={ex['workers']}",
-            ex["total_s"],
-            ex["total_s"] / base["total_s"],
-            ex["startup_s"],
-            ex["train_s"],
-            ex["round_s"],
-            ex["peak_rss_worker_mb"],
-        )
-        assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])
+        _fedavg_pairs(args.clients, common, args.sampling, args.rounds, args.repeat)
         return
     logger.info("Start-up and memory per virtual node (FedAvg, sampling %s, %d rounds)", args.sampling, args.rounds)
     logger.info(
