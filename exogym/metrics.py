@@ -83,10 +83,6 @@ class StepSample(NamedTuple):
     peak_memory: float
     lr: float
 
-    def row(self) -> tuple[float, ...]:
-        """The fields in order (what :class:`MetricsBuffer` keeps per pending step)."""
-        return tuple(self)
-
 
 #: Fields summed over nodes, then fields maxed over nodes (``lr`` stays the node's own).
 _SUMMED = slice(0, 5)

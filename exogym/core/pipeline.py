@@ -188,12 +188,7 @@ class Pipeline(Communicator):
     def overwritten_at(self, step: int) -> int | None:
         """Where every module due at ``step`` is overwritten at the same later step and the
         node is idle until then (no other module communicates in between)."""
-        leaves = self._leaves
-        if len(leaves) == 1:  # (asked once per round by every idle node: the short way)
-            m = leaves[0]
-            t = m.overwritten_at(step) if m.is_due(step) and m.space == "param" else None
-            return t if t is not None and m.idle_steps(step + 1) == t - step else None
-        due = [m for m in leaves if m.is_due(step)]
+        due = [m for m in self._leaves if m.is_due(step)]
         if not due:
             return None
         at = {m.overwritten_at(step) for m in due}

@@ -397,27 +397,20 @@ class TrainNode:
             compute = network.compute_seconds(t1 - t0 - comm_wall, self._step_flops or 0.0)
             if self.faults is not None:
                 compute *= self.faults.slowdown(self.rank, step)
-        sent = received = comm_sim = 0.0
-        if records:
-            for r in records:
-                sent += r.sent
-                received += r.received
-            comm_sim = network.records_time(records, compute * network.slowdown(self.rank))
-        peak = float(_peak_memory(self.device)) if count and self._closes_row(step) else 0.0
         metrics.add(
             StepSample(
                 loss_sum,
                 count,
                 examples,
-                sent,
-                received,
+                sum(r.sent for r in records),
+                sum(r.received for r in records),
                 compute,
-                comm_sim,
+                network.records_time(records, compute * network.slowdown(self.rank)),
                 comm_wall,
                 t1 - start,
-                peak,
+                float(_peak_memory(self.device)) if count and self._closes_row(step) else 0.0,
                 self.strategy.lr,
-            )  # fmt: skip
+            )
         )
 
     def _train_step(self, batch: Any, absent: frozenset[int] = frozenset()) -> float:

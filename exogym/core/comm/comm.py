@@ -241,17 +241,10 @@ class NodeComm:
             raise ValueError(f"op must be one of sum, max, min, product (mean divides the result); got {op!r}")
         self._refuse_absent("all_reduce_contribute")
         _, members = self._my_group(groups)
-        contribute = getattr(self.transport, "all_reduce_contribute", None)
-        if contribute is not None and tensor.device.type != "mps" and tensor.is_contiguous():
-            t0 = time.perf_counter()  # (_timed inline: every virtual node contributes at each flush)
-            contribute(tensor, op, _subset(groups, members))
-            self.transport_seconds += time.perf_counter() - t0
-            return
+        # Virtual nodes queue the tensor (or its staged copy, which nobody writes to later).
+        reduce = getattr(self.transport, "all_reduce_contribute", self.transport.all_reduce)
         with _staged(tensor) as t, self._timed():
-            if contribute is not None:
-                contribute(t, op, _subset(groups, members))  # t: a staged copy nobody writes to later
-            else:
-                self.transport.all_reduce(t, op, _subset(groups, members))
+            reduce(t, op, _subset(groups, members))
 
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
