@@ -151,7 +151,11 @@ class AveragingCommunicator(Communicator):
                     else:
                         p.grad.copy_(view.view_as(p))
             else:
-                flat = buf.pack(params)
+                # A client that only receives the mean contributes zeros (_mean_ zeroes its
+                # buffer): its parameters need no packing, unless nodes are missing from the
+                # round (then an island may keep what it has, read back from the buffer).
+                receives = self.ctx.rank not in participants and not self.ctx.comm.absent
+                flat = buf.buffer if receives else buf.pack(params)
                 self._mean_(flat, islands, members, participants)
                 buf.unpack(params)
 

@@ -12,7 +12,7 @@ import logging
 import math
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import faults as F
+from exogym.runtime.replicate import ModelReplicator
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,17 @@ class NodeJob:
     logger: Any = None
     #: What a checkpoint records of the run (:func:`exogym.runtime.checkpoint.fingerprint`).
     checkpoint_meta: dict[str, Any] | None = None
+    _replicator: ModelReplicator | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_replicator": None}  # the snapshot stays where it was taken
+
+    def model_copy(self) -> torch.nn.Module:
+        """A node's own copy of ``model`` (equal to ``copy.deepcopy(model)``; made from a
+        snapshot taken at the first call, see :mod:`exogym.runtime.replicate`)."""
+        if self._replicator is None:
+            self._replicator = ModelReplicator(self.model)
+        return self._replicator.replica()
 
 
 class TrainNode:
@@ -67,7 +79,9 @@ class TrainNode:
         cfg = job.config
         self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
         # An own copy of the model: several nodes may share one job's model (threads).
-        self.model = copy.deepcopy(job.model).to(device)
+        self.model = job.model_copy()
+        if any(t.device != device for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)):
+            self.model.to(device)  # (a walk of every module: skipped where nothing would move)
         self.model.train()
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
         shared = not D.is_factory(job.train_dataset)

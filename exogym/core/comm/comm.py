@@ -136,6 +136,8 @@ class NodeComm:
     def present(self, groups: Groups | None = None) -> list[int]:
         """The members of this rank's group that are not :attr:`absent`. Not a collective."""
         _, members = self._my_group(groups)
+        if not self.absent:
+            return list(members)
         return [r for r in members if r not in self.absent]
 
     def _refuse_absent(self, what: str) -> None:
