@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from exogym import data as D
 from exogym.config import FitConfig
 from exogym.core.comm.comm import NodeComm
-from exogym.core.comm.flat import dtype_buckets
+from exogym.core.comm.flat import dtype_buckets, group_by_dtype
 from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
@@ -545,8 +545,8 @@ class TrainNode:
         virtual nodes it does not wait for the others). Collective."""
         if not needed:
             floats = [t.detach() for t in self.model.state_dict().values() if t.is_floating_point()]
-            for bucket in dtype_buckets(floats):
-                self.comm.all_reduce_contribute(bucket.buffer.pack(bucket.tensors), "sum")
+            for idx in group_by_dtype(floats):  # the buckets' layout, in one copy each
+                self.comm.all_reduce_contribute(torch.cat([floats[i].reshape(-1) for i in idx]), "sum")
             return None
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._average_in_place(dtype_buckets([t for t in state.values() if t.is_floating_point()]))
