@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 
 from communicators.islands import draw_round
-from exogym.core.comm.flat import dtype_buckets
+from exogym.core.comm.flat import Bucket, dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
 TARGETS = ("params", "grads")
@@ -137,6 +137,28 @@ class AveragingCommunicator(Communicator):
         if rank not in participants or rank == participants[0]:
             comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag, is_root=rank == participants[0])
 
+    def _receives_only(self, participants: list[int]) -> bool:
+        """Whether this node only receives the round's mean: it was not sampled, no node is
+        missing from the round, and its comm can receive without sending (a wrapper such as
+        :class:`~communicators.quantize.QuantizedComm` sends its zeros through its own codec)."""
+        comm = self.ctx.comm
+        return (
+            self.ctx.rank not in participants
+            and not getattr(comm, "absent", True)
+            and hasattr(comm, "all_reduce_receive")
+        )
+
+    def _receive_mean_(
+        self, bucket: Bucket, islands: list[list[int]] | None, members: list[int], participants: list[int]
+    ) -> None:
+        """A client that was not sampled takes the participants' mean into its parameters: what
+        :meth:`_mean_` gives it, without writing its zero share anywhere (every node is present)."""
+        comm, tag = self.ctx.comm, f"average_{self.target}"
+        total = comm.all_reduce_receive(bucket.buffer.buffer, "sum", groups=islands)
+        bucket.buffer.unpack_divided(total, bucket.tensors, len(participants))
+        nbytes = total.numel() * total.element_size()
+        comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag)
+
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         islands, members, participants = self._round_groups(step)
@@ -150,12 +172,10 @@ class AveragingCommunicator(Communicator):
                         p.grad = view.view_as(p).clone()
                     else:
                         p.grad.copy_(view.view_as(p))
+            elif self._receives_only(participants):
+                self._receive_mean_(bucket, islands, members, participants)
             else:
-                # A client that only receives the mean contributes zeros (_mean_ zeroes its
-                # buffer): its parameters need no packing, unless nodes are missing from the
-                # round (then an island may keep what it has, read back from the buffer).
-                receives = self.ctx.rank not in participants and not self.ctx.comm.absent
-                flat = buf.buffer if receives else buf.pack(params)
+                flat = buf.pack(params)
                 self._mean_(flat, islands, members, participants)
                 buf.unpack(params)
 

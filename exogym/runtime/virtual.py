@@ -90,6 +90,8 @@ class _Call:
     absent: bool = False
     #: The node contributes ``tensor`` but needs no result: it does not wait for the call.
     detached: bool = False
+    #: The node contributes nothing but needs the result: ``result`` (shared), not ``tensor``.
+    receives: bool = False
     #: The node waits for this call (a real one, or the last one a full queue takes).
     waits: bool = False
     done: bool = False
@@ -305,12 +307,16 @@ class VirtualHub:
         assert op is not None and first.tensor is not None
         groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
         for c in present:
-            groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
+            if not c.receives:
+                groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
         partials = {}
         for key, tensors in groups.items():
             acc = torch.empty_like(tensors[0])
             reduce_rows_into(tensors, op, acc)
             partials[key] = acc
+        for c in present:  # a group whose nodes here all receive only: this worker adds the identity
+            if c.receives and c.members not in partials:
+                partials[c.members] = reduce_identity(c.tensor, op)  # type: ignore[arg-type]
         if self.outer is not None:
             if first.members is None:
                 if None not in partials:  # every node here sits it out: take no part in the sum
@@ -319,7 +325,9 @@ class VirtualHub:
             else:
                 self._reduce_groups_across_workers(partials, op, first.tensor)
         for c in present:
-            if not c.detached:
+            if c.receives:
+                c.result = partials[c.members]  # one tensor for every node of the group here
+            elif not c.detached:
                 c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
 
     def _group_key(self, members: tuple[int, ...] | None) -> int:
@@ -431,6 +439,14 @@ class VirtualTransport:
         reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
         in call order."""
         self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), tensor, detached=True))
+
+    def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
+        """Take part in an all-reduce contributing nothing and return the result, which the
+        worker's receiving nodes of the group share (read it before this node's next
+        collective; do not write to it). ``like`` gives the dtype and size only. Collective."""
+        call = self.hub.collective(self.index, _Call("all_reduce", op, _key(members), like, receives=True))
+        assert call.result is not None
+        return call.result
 
     def close(self) -> None:
         pass

@@ -377,6 +377,72 @@ def test_all_reduce_contribute_outside_virtual_nodes_adds_the_share_and_rejects_
         run_ranks(1, lambda rank, comm: comm.all_reduce_contribute(torch.ones(1), "mean"))
 
 
+@pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]], [[0, 1], [2, 3]]])
+def test_receiving_nodes_get_the_sum_of_the_others_shares_without_reading_their_own(groups) -> None:
+    # 4 nodes on 2 workers (0-1 and 2-3); nodes 1 and 3 receive only. With groups [[0, 1],
+    # [2, 3]] worker 1's group {2, 3} has a contributor; with [[0, 2], [1, 3]] the group {1, 3}
+    # has none at all (its sum is the identity, zeros), and no worker sums a receiver's buffer.
+    from exogym.core.comm.comm import NodeComm
+    from tests.fake_world import run_ranks
+
+    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    got: dict[int, list[torch.Tensor]] = {r: [] for r in range(4)}
+    likes: dict[int, torch.Tensor] = {}
+
+    def node(rank, transport):
+        comm = NodeComm(rank, 4, transport)
+        for rnd in range(2):
+            t = torch.full((3,), float(10**rank + rnd))
+            if rank in (1, 3):
+                likes[rank] = torch.full((3,), float("nan"))  # never read: a NaN would spread
+                got[rank].append(comm.all_reduce_receive(likes[rank], "sum", groups=groups))
+            else:
+                got[rank].append(comm.all_reduce(t, "sum", groups=groups).clone())
+        return rank
+
+    def worker(w, outer):
+        hubs[w].outer = outer.transport
+        return hubs[w].run(node)
+
+    run_ranks(2, worker)
+    for rank in range(4):
+        members = next((g for g in groups if rank in g), None) if groups else [0, 1, 2, 3]
+        for rnd in range(2):
+            want = sum(10**m + rnd for m in members if m not in (1, 3))
+            assert got[rank][rnd].tolist() == [float(want)] * 3, (rank, rnd)
+    assert all(torch.isnan(t).all() for t in likes.values())  # ``like`` is neither read nor written
+
+
+def test_the_receiving_nodes_of_a_worker_share_one_result_tensor() -> None:
+    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+    got: dict[int, torch.Tensor] = {}
+
+    def body(rank, transport):
+        if rank == 0:
+            transport.all_reduce(torch.full((4,), 2.0), "sum")
+        else:
+            got[rank] = transport.all_reduce_receive(torch.empty(4), "sum")
+
+    hub.run(body)
+    assert got[1] is got[2] and got[1].tolist() == [2.0] * 4
+
+
+def test_all_reduce_receive_outside_virtual_nodes_returns_the_sum_and_rejects_mean() -> None:
+    from tests.fake_world import run_ranks
+
+    def body(rank, comm):
+        if rank == 2:
+            like = torch.full((2,), float("nan"))
+            out = comm.all_reduce_receive(like, "sum")
+            assert torch.isnan(like).all()
+            return out.tolist()
+        return comm.all_reduce(torch.full((2,), float(rank + 1)), "sum").tolist()
+
+    assert run_ranks(3, body) == [[3.0, 3.0]] * 3
+    with pytest.raises(ValueError, match="op must be one of sum, max, min, product"):
+        run_ranks(1, lambda rank, comm: comm.all_reduce_receive(torch.ones(1), "mean"))
+
+
 def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() -> None:
     # Node 1 sits out 3 * MAX_QUEUED all-reduces that node 0 makes: its queue never holds more
     # than MAX_QUEUED calls (it parks when full), and node 0 still gets its own value each time.

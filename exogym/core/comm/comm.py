@@ -248,6 +248,31 @@ class NodeComm:
         with _staged(tensor) as t, self._timed():
             reduce(t, op, _subset(groups, members))
 
+    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
+        """Take part in an all-reduce contributing nothing (``op``'s identity) and return the
+        result.
+
+        For a node whose share is the identity and that needs the result, e.g. a FedAvg client
+        that was not sampled receiving the participants' sum: it need not write zeros anywhere.
+        ``like`` gives the payload's dtype and size (it is neither read nor written); the peers
+        call :meth:`all_reduce` (or this) with the same ``op`` and ``groups``. The result is
+        valid until this node's next collective and may be shared with other nodes: read it,
+        do not change it (virtual nodes of a worker that receive the same result share one
+        tensor). Nothing is charged. Collective.
+        """
+        if op not in ("sum", "max", "min", "product"):
+            raise ValueError(f"op must be one of sum, max, min, product (mean counts every member); got {op!r}")
+        self._refuse_absent("all_reduce_receive")
+        _, members = self._my_group(groups)
+        receive = getattr(self.transport, "all_reduce_receive", None)
+        with self._timed():
+            if receive is not None:
+                return receive(like, op, _subset(groups, members))
+            out = reduce_identity(like, op)
+            with _staged(out) as t:
+                self.transport.all_reduce(t, op, _subset(groups, members))
+            return out
+
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
     ) -> torch.Tensor:

@@ -39,6 +39,13 @@ class FlatBuffer:
         for view, t in zip(self.views, tensors, strict=True):
             t.copy_(view.view_as(t))
 
+    @torch.no_grad()
+    def unpack_divided(self, source: torch.Tensor, tensors: Sequence[torch.Tensor], divisor: float) -> None:
+        """Write ``source / divisor`` into ``tensors`` in place; ``source`` is laid out as this
+        buffer (e.g. a collective's result) and is only read."""
+        for piece, t in zip(torch.split(source, self.numels), tensors, strict=True):
+            torch.div(piece.view_as(t), divisor, out=t)
+
 
 def group_by_dtype(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
     """Indices of ``tensors`` grouped by (dtype, device), in first-seen order."""
