@@ -54,6 +54,8 @@ class FitConfig:
             ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
         dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
+        offload_idle_nodes: a node's state is on the device only while it works (see
+            :mod:`exogym.runtime.offload`).
     """
 
     num_nodes: int
@@ -84,6 +86,7 @@ class FitConfig:
     faults: Faults | None = None
     fault_round_steps: int = 1
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
+    offload_idle_nodes: bool = False
 
     @property
     def accumulation(self) -> int:

@@ -95,6 +95,7 @@ class Trainer:
         resume: bool = False,
         faults: Faults | None = None,
         dataloader_kwargs: dict[str, Any] | None = None,
+        offload_idle_nodes: bool = False,
         *,
         save_dir: str | None = None,
         correlation_interval: int | None = None,
@@ -175,6 +176,12 @@ class Trainer:
                 training and validation loaders (``num_workers``, ``pin_memory``,
                 ``collate_fn``, ...); ExoGym sets batch size, sampler, shuffling and
                 ``drop_last`` itself.
+            offload_idle_nodes: keep a node's state (model, optimizer and strategy tensors) in
+                CPU memory while it sits steps out, and on ``device`` only while it trains or
+                communicates: with client sampling, device memory then holds the sampled
+                clients only (e.g. 1,000 clients of a CNN on one GPU). Costs a copy to and from
+                the device per participation; results do not change. Needs an accelerator
+                (``device='cuda'`` or ``'mps'``).
             save_dir, correlation_interval, wandb_project: the original exo gym's spellings
                 (see :mod:`exogym.compat`): ``save_dir`` is ``checkpoint_dir``;
                 ``correlation_interval`` sets ``val_interval`` when that is not given (every
@@ -215,6 +222,13 @@ class Trainer:
             self.train_dataset.log_summary()
         dev = resolve_device(device)
         _check_devices(devices, dev)
+        if not isinstance(offload_idle_nodes, bool):
+            raise TypeError(f"offload_idle_nodes must be True or False, got {offload_idle_nodes!r}")
+        if offload_idle_nodes and dev == "cpu":
+            raise ValueError(
+                "offload_idle_nodes=True moves idle nodes' state from the device to CPU memory, but the nodes train "
+                "on the CPU already (device='cpu'): drop it, or train on device='cuda'"
+            )
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
         run_logger = resolve_logger(logger)
@@ -243,6 +257,12 @@ class Trainer:
         else:
             n_workers = _resolve_workers(workers, num_nodes, dev, ndev)
             resolve_kind(transport, dev, ndev, n_workers)  # a transport that cannot work fails first
+        if offload_idle_nodes and n_workers == num_nodes:
+            logging.getLogger(__name__).warning(
+                "offload_idle_nodes=True has no effect with one node per worker (workers=num_nodes=%d): only virtual "
+                "nodes, several per worker, move their state off the device while they sit steps out",
+                num_nodes,
+            )
         steps, per_epoch = self._planned_steps(dev, num_nodes, num_epochs, max_steps, batch_size)
         if launch is None:
             # The fork server imports torch (and torch._dynamo, the optimizers need it) while
@@ -294,6 +314,7 @@ class Trainer:
             faults=faults,
             fault_round_steps=fault_round,
             dataloader_kwargs=loader_kwargs,
+            offload_idle_nodes=offload_idle_nodes,
         )
         name = run_name or default_run_name(type(strategy).__name__)
         meta = None

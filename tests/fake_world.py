@@ -93,6 +93,7 @@ def _config(
     faults: Any = None,
     rounds: int = 1,
     val_interval: int | None = None,
+    offload_idle_nodes: bool = False,
 ) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
@@ -120,6 +121,7 @@ def _config(
         network=resolve_network(network),
         faults=faults,
         fault_round_steps=rounds,
+        offload_idle_nodes=offload_idle_nodes,
     )
 
 
@@ -163,6 +165,7 @@ def train_ranks(
     faults: Any = None,
     val_dataset: Any = None,
     val_interval: int | None = None,
+    offload_idle_nodes: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
@@ -172,7 +175,9 @@ def train_ranks(
 
     ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
     ``fit(faults=...)`` takes; ``val_dataset`` is validated (all of it, split over the nodes)
-    every ``val_interval`` steps and after the last.
+    every ``val_interval`` steps and after the last; ``offload_idle_nodes`` as in ``fit`` (the
+    nodes run on the CPU: a test makes the moves visible by patching
+    :mod:`exogym.runtime.offload`'s copies).
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
@@ -185,7 +190,8 @@ def train_ranks(
     from exogym.runtime.faults import round_steps
 
     interval = (val_interval or steps) if val_dataset is not None else None
-    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, round_steps(make_strategy()), interval)
+    rounds = round_steps(make_strategy())
+    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, rounds, interval, offload_idle_nodes)
     body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)

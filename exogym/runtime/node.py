@@ -27,6 +27,7 @@ from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import faults as F
+from exogym.runtime.offload import Offloader
 from exogym.runtime.replicate import ModelReplicator
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,11 @@ class TrainNode:
         self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
         # An own copy of the model: several nodes may share one job's model (threads).
         self.model = job.model_copy()
-        if any(t.device != device for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)):
+        # With offload_idle_nodes the state starts in host memory: the node brings it to the
+        # device when it first works.
+        tensors = [t for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)]
+        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes and device.type != "cpu"
+        if not offloads and any(t.device != device for t in tensors):
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
         self.model.train()
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
@@ -100,6 +105,9 @@ class TrainNode:
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
         self.checkpoint_meta = job.checkpoint_meta
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
+        # Only virtual nodes offload: a node with a process of its own frees nothing for others.
+        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes
+        self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
         self.history: list[dict[str, Any]] = []
@@ -168,6 +176,8 @@ class TrainNode:
             transport0 = self.comm.transport_seconds
             absent = self._absent(step)
             idle = min(self.strategy.idle_steps(step), self.max_steps - step)
+            if self._offloader is not None and not (idle and self.rank not in absent):
+                self._offloader.to_device()  # it works this step
             if self.rank in absent:
                 # Dropped from this round (fault injection): no data, no compute; the strategy's
                 # collectives leave this node out, and it rejoins at the round's end.
@@ -179,11 +189,14 @@ class TrainNode:
                 # Sit the steps out (no data, no compute); stop at the loop's own collectives.
                 n = min(idle, self._next_sync(step, flush_every) - step)
                 quiet = n if n < idle else n - 1
+                sit_out = n == idle and self._may_sit_out(step + n - 1)
+                if self._offloader is not None:  # receiving the round's result needs the state on the device
+                    (self._offloader.to_host if n < idle or sit_out else self._offloader.to_device)()
                 self.strategy.skip_steps(quiet)
                 metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
                 if n == idle:
                     with self.comm.leaving_out(absent):
-                        self.strategy.idle_step(sit_out=self._may_sit_out(step + n - 1))
+                        self.strategy.idle_step(sit_out=sit_out)
                     self._rejoin(step + n - 1)  # idle spans end at communications, so at round ends
                     self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start, step + n - 1)
                 done = step + n
@@ -206,6 +219,8 @@ class TrainNode:
                     postfix["loss"] = f"{loss_sum / cfg.accumulation:.4f}"
             validate = self._validates(done)
             save = self._checkpoints(done)
+            if self._offloader is not None and (validate or save):
+                self._offloader.to_device()
             if done % flush_every == 0 or done == self.max_steps or validate or save:
                 # Only a node that trained since the last flush reads the peak memory (a read
                 # walks every thread of the process: slow with hundreds of virtual nodes).
@@ -229,6 +244,8 @@ class TrainNode:
             bar.update(done - step)
             step = done
         bar.close()
+        if self._offloader is not None:
+            self._offloader.to_device()
         state = self._averaged_state(needed=self.rank == 0 or keep_state)
         if self.logger is not None:
             self.logger.finish()
@@ -338,6 +355,8 @@ class TrainNode:
         if back is None:
             return
         nodes, source = back
+        if self._offloader is not None:
+            self._offloader.to_device()
         F.rejoin(self.comm, self.model, self.strategy, nodes, source)
         if self.rank == 0:
             logger.log(

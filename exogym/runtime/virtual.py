@@ -316,11 +316,11 @@ class VirtualHub:
             partials[key] = acc
         for c in present:  # a group whose nodes here all receive only: this worker adds the identity
             if c.receives and c.members not in partials:
-                partials[c.members] = reduce_identity(c.tensor, op)  # type: ignore[arg-type]
+                partials[c.members] = reduce_identity(c.tensor, op, self.device)  # type: ignore[arg-type]
         if self.outer is not None:
             if first.members is None:
                 if None not in partials:  # every node here sits it out: take no part in the sum
-                    partials[None] = reduce_identity(first.tensor, op)
+                    partials[None] = reduce_identity(first.tensor, op, self.device)
                 self.outer.all_reduce(partials[None], op)
             else:
                 self._reduce_groups_across_workers(partials, op, first.tensor)
@@ -355,7 +355,8 @@ class VirtualHub:
         rows, width = int(meta[0]), int(meta[1])
         if rows == 0:
             return
-        table = torch.zeros(rows, width, dtype=some.dtype, device=some.device)
+        # (On the worker's device: ``like`` may belong to a node whose state is offloaded.)
+        table = torch.zeros(rows, width, dtype=some.dtype, device=self.device)
         ids = torch.full((rows,), -1.0, dtype=torch.float64)
         for r, key in enumerate(keys):
             flat = partials[key].reshape(-1)
