@@ -225,9 +225,10 @@ class Trainer:
         if not isinstance(offload_idle_nodes, bool):
             raise TypeError(f"offload_idle_nodes must be True or False, got {offload_idle_nodes!r}")
         if offload_idle_nodes and dev == "cpu":
+            picked = "device='cpu'" if device is not None else "device=None picked 'cpu': no GPU here"
             raise ValueError(
                 "offload_idle_nodes=True moves idle nodes' state from the device to CPU memory, but the nodes train "
-                "on the CPU already (device='cpu'): drop it, or train on device='cuda'"
+                f"on the CPU already ({picked}): drop it, or train on device='cuda'"
             )
         amp = resolve_autocast(autocast, dev)
         net = resolve_network(network)
