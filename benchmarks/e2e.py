@@ -37,6 +37,18 @@ def _train_data(nodes: int, batch: int):
     return train if copies == 1 else ConcatDataset([train] * copies)
 
 
+def average_gradients(models: list) -> None:
+    """Replace every model's gradients by their mean over the models (what DDP's all-reduce
+    gives, in memory)."""
+    import torch
+
+    with torch.no_grad():
+        for ps in zip(*(m.parameters() for m in models), strict=True):
+            mean = torch.stack([p.grad for p in ps]).mean(0)
+            for p in ps:
+                p.grad.copy_(mean)
+
+
 def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
@@ -71,11 +83,7 @@ def _inprocess(nodes: int, steps: int, batch: int, warmup: int) -> dict:
         for m, it, o in zip(models, its, opts, strict=True):
             o.zero_grad()
             m(next(it)).backward()
-        with torch.no_grad():
-            for ps in zip(*(m.parameters() for m in models), strict=True):
-                mean = torch.stack([p.grad for p in ps]).mean(0)
-                for p in ps:
-                    p.grad.copy_(mean)
+        average_gradients(models)
         for o in opts:
             o.step()
     end = time.perf_counter()

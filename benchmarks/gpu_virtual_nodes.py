@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import subprocess
 import sys
-import time
+
+from e2e import average_gradients  # (this folder is the script's first import path)
+from virtual_nodes import run_child
 
 from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
@@ -80,11 +80,7 @@ def _gpt_loop(nodes: int, steps: int, device: str) -> dict:
             x = torch.stack([task.train[i][0] for i in idx]).to(device)
             y = torch.stack([task.train[i][1] for i in idx]).to(device)
             m((x, y)).backward()
-        with torch.no_grad():
-            for params in zip(*(m.parameters() for m in models), strict=True):
-                mean = torch.stack([p.grad for p in params]).mean(0)
-                for p in params:
-                    p.grad.copy_(mean)
+        average_gradients(models)
         for o in opts:
             o.step()
             o.zero_grad()
@@ -124,13 +120,7 @@ def _offload_run(clients: int, sampling: float, rounds: int, width: int, offload
 
 
 def _child(args: list[str]) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True, check=False
-    )
-    if out.returncode:
-        raise RuntimeError(f"benchmark child failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": time.perf_counter() - t0}
+    return run_child(__file__, args)
 
 
 def _run_child(args: argparse.Namespace) -> dict:

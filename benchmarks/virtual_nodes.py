@@ -117,10 +117,12 @@ def _inprocess(clients: int, sampling: float, rounds: int) -> dict:
     return {"fit_s": time.perf_counter() - t0, "examples": examples}
 
 
-def _run_child(args: list[str]) -> dict:
+def run_child(script: str, args: list[str]) -> dict:
+    """Run ``script --child *args`` in a fresh Python; its last stdout line (JSON) plus
+    ``total_s``, the wall time from the process's start to its end."""
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True, check=False
+        [sys.executable, os.path.abspath(script), "--child", *args], capture_output=True, text=True, check=False
     )
     if out.returncode:
         raise RuntimeError(f"benchmark child failed:\n{out.stderr[-3000:]}")
@@ -140,7 +142,7 @@ def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repea
     ratios = []
     for i in range(repeat):
         sides = ["exogym", "inprocess"] if i % 2 == 0 else ["inprocess", "exogym"]
-        out = {side: _run_child(["fedavg", "--clients", k, "--side", side, *common]) for side in sides}
+        out = {side: run_child(__file__, ["fedavg", "--clients", k, "--side", side, *common]) for side in sides}
         ex, base = out["exogym"], out["inprocess"]
         assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])  # the same sampled work
         ratios.append(ex["total_s"] / base["total_s"])
@@ -190,7 +192,7 @@ def main() -> None:
     )
     first = None
     for k in args.clients.split(","):
-        ex = _run_child(["fedavg", "--clients", k, *common])
+        ex = run_child(__file__, ["fedavg", "--clients", k, *common])
         per_worker = int(k) / ex["workers"]
         if first is None:
             first = (per_worker, ex["peak_rss_worker_mb"])
