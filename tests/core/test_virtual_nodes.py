@@ -586,3 +586,22 @@ def test_the_progress_bar_of_a_sampled_run_shows_the_rounds(monkeypatch, capsys)
     fw.train_ranks(8, lambda: FedAvgStrategy(H=4, client_sampling=0.25, optim_spec=SGD, lr=0.1), 12, workers=2)
     err = capsys.readouterr().err
     assert "round=3/3" in err and "12/12" in err
+
+
+def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_after_the_run() -> None:
+    import gc
+
+    from exogym.runtime.worker import _AfterBuilding
+
+    assert gc.isenabled()
+    built = _AfterBuilding(3)
+    try:
+        for _ in range(2):
+            assert not gc.isenabled()
+            built.one_built()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+        built.one_built()  # the last node: what was built is frozen, the collector back on
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        built.restore()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
