@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
 import resource
@@ -83,7 +84,7 @@ class TrainNode:
         self.model = job.model_copy()
         # With offload_idle_nodes the state starts in host memory: the node brings it to the
         # device when it first works.
-        tensors = [t for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)]
+        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
         offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes and device.type != "cpu"
         if not offloads and any(t.device != device for t in tensors):
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
