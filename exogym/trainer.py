@@ -178,8 +178,8 @@ class Trainer:
                 ``drop_last`` itself.
             offload_idle_nodes: keep a node's state (model, optimizer and strategy tensors) in
                 CPU memory while it sits steps out, and on ``device`` only while it trains or
-                communicates: with client sampling, device memory then holds the sampled
-                clients only (e.g. 1,000 clients of a CNN on one GPU). Costs a copy to and from
+                communicates: with client sampling, device memory then needs to hold the
+                sampled clients only (the case it is for: 1,000 clients of a CNN on one GPU). Costs a copy to and from
                 the device per participation; results do not change. Needs an accelerator
                 (``device='cuda'`` or ``'mps'``).
             save_dir, correlation_interval, wandb_project: the original exo gym's spellings
