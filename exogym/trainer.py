@@ -179,9 +179,10 @@ class Trainer:
             offload_idle_nodes: keep a node's state (model, optimizer and strategy tensors) in
                 CPU memory while it sits steps out, and on ``device`` only while it trains or
                 communicates: with client sampling, device memory then needs to hold the
-                sampled clients only (the case it is for: 1,000 clients of a CNN on one GPU). Costs a copy to and from
-                the device per participation; results do not change. Needs an accelerator
-                (``device='cuda'`` or ``'mps'``).
+                sampled clients only (the case it is for: 1,000 clients of a CNN on one GPU).
+                Costs a copy to and from the device per participation; results do not change.
+                Needs an accelerator (``device='cuda'`` or ``'mps'``); only virtual nodes
+                offload (with one node per worker it has no effect).
             save_dir, correlation_interval, wandb_project: the original exo gym's spellings
                 (see :mod:`exogym.compat`): ``save_dir`` is ``checkpoint_dir``;
                 ``correlation_interval`` sets ``val_interval`` when that is not given (every

@@ -82,11 +82,11 @@ class TrainNode:
         self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
         # An own copy of the model: several nodes may share one job's model (threads).
         self.model = job.model_copy()
-        # With offload_idle_nodes the state starts in host memory: the node brings it to the
-        # device when it first works.
+        # Only virtual nodes offload: a node with a process of its own frees nothing for others.
+        # An offloading node's state starts in host memory; it goes to the device at first work.
+        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes
         tensors = itertools.chain(self.model.parameters(), self.model.buffers())
-        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes and device.type != "cpu"
-        if not offloads and any(t.device != device for t in tensors):
+        if not (offloads and device.type != "cpu") and any(t.device != device for t in tensors):
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
         self.model.train()
         train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
@@ -106,8 +106,6 @@ class TrainNode:
         self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
         self.checkpoint_meta = job.checkpoint_meta
         self.strategy._init_node(self.model, rank, cfg.num_nodes)
-        # Only virtual nodes offload: a node with a process of its own frees nothing for others.
-        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name

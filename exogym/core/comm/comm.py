@@ -223,9 +223,7 @@ class NodeComm:
             if absent is not None:
                 absent(like, op, _subset(groups, members))
             else:
-                work = reduce_identity(like, op)
-                with _staged(work) as t:
-                    self.transport.all_reduce(t, op, _subset(groups, members))
+                self._reduce_identity(like, op, _subset(groups, members))
         finally:
             self.transport_seconds += time.perf_counter() - t0
 
@@ -268,10 +266,15 @@ class NodeComm:
         with self._timed():
             if receive is not None:
                 return receive(like, op, _subset(groups, members))
-            out = reduce_identity(like, op)
-            with _staged(out) as t:
-                self.transport.all_reduce(t, op, _subset(groups, members))
-            return out
+            return self._reduce_identity(like, op, _subset(groups, members))
+
+    def _reduce_identity(self, like: torch.Tensor, op: str, members: list[int] | None) -> torch.Tensor:
+        """All-reduce ``op``'s identity shaped like ``like`` through the transport; return the
+        result (how a transport without absent or receive-only calls takes part in one)."""
+        out = reduce_identity(like, op)
+        with _staged(out) as t:
+            self.transport.all_reduce(t, op, members)
+        return out
 
     def all_gather(
         self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
