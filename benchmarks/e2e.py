@@ -16,9 +16,10 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
+
+from timed_children import run_child  # (first: see there; this folder is the script's first import path)
 
 from exogym.cli import quiet_interrupt, script_parser
 
@@ -138,26 +139,10 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _timed(mode: str, args: argparse.Namespace) -> dict:
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "--mode",
-        mode,
-        "--nodes",
-        str(args.nodes),
-        "--steps",
-        str(args.steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--warmup",
-        str(args.warmup),
-        *(["--workers", str(args.workers)] if args.workers else []),
-    ]
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    total = time.perf_counter() - t0
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": total}
+    flags = ["--mode", mode, "--nodes", str(args.nodes), "--steps", str(args.steps)]
+    flags += ["--batch-size", str(args.batch_size), "--warmup", str(args.warmup)]
+    flags += ["--workers", str(args.workers)] if args.workers else []
+    return run_child(__file__, flags, prestart=mode != "inprocess")
 
 
 @quiet_interrupt

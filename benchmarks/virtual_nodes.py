@@ -20,9 +20,10 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from timed_children import run_child  # (first: see there; this folder is the script's first import path)
 
 from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
@@ -117,18 +118,6 @@ def _inprocess(clients: int, sampling: float, rounds: int) -> dict:
     return {"fit_s": time.perf_counter() - t0, "examples": examples}
 
 
-def run_child(script: str, args: list[str]) -> dict:
-    """Run ``script --child *args`` in a fresh Python; its last stdout line (JSON) plus
-    ``total_s``, the wall time from the process's start to its end."""
-    t0 = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(script), "--child", *args], capture_output=True, text=True, check=False
-    )
-    if out.returncode:
-        raise RuntimeError(f"benchmark child failed:\n{out.stderr[-3000:]}")
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "total_s": time.perf_counter() - t0}
-
-
 def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repeat: int) -> None:
     """Time ExoGym and the in-process loop ``repeat`` times, alternating which goes first (this
     machine's speed drifts between runs); a row per pair, the median ratio at the end."""
@@ -142,7 +131,10 @@ def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repea
     ratios = []
     for i in range(repeat):
         sides = ["exogym", "inprocess"] if i % 2 == 0 else ["inprocess", "exogym"]
-        out = {side: run_child(__file__, ["fedavg", "--clients", k, "--side", side, *common]) for side in sides}
+        out = {
+            side: run_child(__file__, ["fedavg", "--clients", k, "--side", side, *common], prestart=side == "exogym")
+            for side in sides
+        }
         ex, base = out["exogym"], out["inprocess"]
         assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])  # the same sampled work
         ratios.append(ex["total_s"] / base["total_s"])

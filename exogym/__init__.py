@@ -5,9 +5,15 @@ collectives; strategies live in :mod:`exogym.strategy`, communicator modules in 
 ``communicators`` package.
 """
 
-from exogym.runtime.faults import Faults
-from exogym.runtime.launch import NodeFailedError
-from exogym.trainer import LocalTrainer, Trainer
+# First, before torch is imported: the fork server's imports run beside the rest of the
+# caller's start-up (see exogym.runtime.forkserver; EXOGYM_PRESTART=0 turns it off).
+from exogym.runtime import forkserver as _forkserver
+
+_forkserver.prestart()
+
+from exogym.runtime.faults import Faults  # noqa: E402
+from exogym.runtime.launch import NodeFailedError  # noqa: E402
+from exogym.trainer import LocalTrainer, Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 

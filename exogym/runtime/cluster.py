@@ -27,9 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exogym.runtime.forkserver import TORCHRUN_ENV
+
 #: The variables ``torchrun`` sets that ExoGym needs (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
 #: default to the rank and world size where a launcher does not set them).
-REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+REQUIRED_ENV = TORCHRUN_ENV
 #: ``fit(torchrun_mode=...)`` values.
 MODES = ("deploy", "simulate")
 

@@ -39,6 +39,8 @@ from typing import Any
 import cloudpickle
 import torch
 
+from exogym.runtime import forkserver
+from exogym.runtime.forkserver import start_method
 from exogym.runtime.virtual import block_of
 
 logger = logging.getLogger(__name__)
@@ -76,44 +78,19 @@ def check_main_guard() -> None:
         )
 
 
-#: Modules the fork server imports once, so that node processes start with them loaded.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.worker", "exogym.ops", "communicators"]
-
-
-def start_method() -> str:
-    """``forkserver`` where available (nodes fork from a server that has torch imported: no
-    per-node import of torch, about 1-2 s of CPU each), else ``spawn``; ``EXOGYM_START_METHOD``
-    overrides."""
-    method = os.environ.get("EXOGYM_START_METHOD") or (
-        "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    )
-    if method not in ("forkserver", "spawn"):
-        raise ValueError(f"EXOGYM_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
-    return method
-
-
-def _context() -> Any:
-    method = start_method()
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-    return ctx
-
-
 def start_processes_server(wait: bool = True) -> float:
-    """Start the fork server now (it imports :data:`PRELOAD`, a few seconds) instead of at the
-    first node process; return the seconds this call took (0 when nodes are spawned).
+    """Make sure the fork server runs (it imports :data:`~exogym.runtime.forkserver.PRELOAD`, a
+    few seconds; ``import exogym`` usually started it already) before the first node process;
+    return the seconds this call took (0 when nodes are spawned).
 
     ``wait=True`` returns once the imports are done, to keep that one-off cost out of the first
     run's wall time (``exogym compare``); ``wait=False`` returns at once, so that the imports
     overlap what the caller does next (``fit`` checks the strategy meanwhile). Idempotent."""
     if start_method() != "forkserver":
         return 0.0
-    import multiprocessing.forkserver
-
-    ctx = _context()
+    ctx = forkserver.context()
     t0 = time.perf_counter()
-    multiprocessing.forkserver.ensure_running()
+    forkserver.ensure_server()
     if not wait:
         return time.perf_counter() - t0
     probe = ctx.Process(target=_noop, name="exogym-warm-up")  # returns once the preload is done
@@ -214,7 +191,9 @@ def _entry(
     the result or the exception to the parent, then exit without the interpreter's teardown.
 
     ``env`` is the parent's environment when the run started: a fork server's children would
-    otherwise see the environment of the moment the server started.
+    otherwise see the environment of the moment the server started (usually ``import exogym``).
+    multiprocessing itself gives them the parent's working directory and ``sys.path`` of the
+    moment they start.
     """
     _die_with_parent(alive)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
@@ -289,7 +268,7 @@ def run_nodes(
     has been stopped; on Ctrl-C, ``KeyboardInterrupt`` after the same teardown.
     """
     payload = serialize_job((fn, job))
-    ctx = _context()
+    ctx = forkserver.context()
     queue = ctx.SimpleQueue()
     alive_r, alive_w = ctx.Pipe(duplex=False)
     env, spec = dict(os.environ), _main_spec()

@@ -1,0 +1,158 @@
+"""The fork server that worker processes start from, and its start when ``exogym`` is imported.
+
+Workers are forked from a server process that has imported torch, ``torch._dynamo`` (which every
+optimizer step imports) and ExoGym once: about 3.5 s of imports on a small machine, which
+would otherwise sit between the call to ``fit`` and the first training step. ``import exogym``
+therefore starts the server (:func:`prestart`): its imports run beside the rest of your
+script's start-up (torch's own import where ``exogym`` is imported first, then loading data and
+building the model) on another core. ``fit`` uses that server, or starts one if there is none.
+
+The server is not started early where it would not be used or cannot be started cleanly:
+``EXOGYM_PRESTART=0``; ``EXOGYM_START_METHOD=spawn`` (or a platform without fork servers); a
+process that multiprocessing started (a node, a ``DataLoader`` worker, the server itself); a
+``torchrun`` rank; an import outside the main thread. It ignores Ctrl-C (the parent decides
+what Ctrl-C stops), and a process that started it early stops it when it exits, so that a
+script which imports ``exogym`` and never trains leaves nothing behind.
+
+Standard library only: ``exogym/__init__.py`` calls :func:`prestart` before it imports torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import multiprocessing.forkserver
+import multiprocessing.util
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+#: Modules the fork server imports once, so that worker processes start with them loaded.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.worker", "exogym.ops", "communicators"]
+
+#: ``EXOGYM_PRESTART=0`` (or ``false``, ``no``, ``off``): no fork server at ``import exogym``.
+PRESTART_ENV = "EXOGYM_PRESTART"
+#: ``EXOGYM_START_METHOD=spawn|forkserver`` overrides :func:`start_method`.
+START_METHOD_ENV = "EXOGYM_START_METHOD"
+#: The variables ``torchrun`` sets that ExoGym needs: where all are set, this process is a
+#: launcher's rank (see :mod:`exogym.runtime.cluster`), which starts no worker processes.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+_OFF = ("0", "false", "no", "off")
+#: The process that started the server early (only it stops the server at exit).
+_owner: int | None = None
+
+
+def start_method() -> str:
+    """``forkserver`` where available (workers fork from a server that has torch imported: no
+    per-worker import of torch, about 1-2 s of CPU each), else ``spawn``;
+    ``EXOGYM_START_METHOD`` overrides. Raises ``ValueError`` for any other value."""
+    method = os.environ.get(START_METHOD_ENV) or (
+        "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    )
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"{START_METHOD_ENV} must be 'forkserver' or 'spawn', got {method!r}")
+    return method
+
+
+def context() -> Any:
+    """The multiprocessing context workers start from (the fork server's preload set)."""
+    method = start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def server_pid() -> int | None:
+    """The pid of this process's fork server, ``None`` while none runs."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process meanwhile (only on the main thread; elsewhere nothing
+    changes): a process started now keeps ignoring it, and Python installs no
+    ``KeyboardInterrupt`` handler in a process that starts with SIGINT ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ensure_server() -> None:
+    """Start the fork server unless it runs (returns at once; its imports go on in the
+    background). The server ignores Ctrl-C and starts no server of its own. Call only when
+    :func:`start_method` is ``forkserver``."""
+    context()
+    if server_pid() is not None:
+        multiprocessing.forkserver.ensure_running()  # restarts one that died
+        return
+    previous = os.environ.get(PRESTART_ENV)
+    os.environ[PRESTART_ENV] = "0"  # the server imports exogym: it must not start a server itself
+    try:
+        with _sigint_ignored():
+            multiprocessing.forkserver.ensure_running()
+    finally:
+        if previous is None:
+            del os.environ[PRESTART_ENV]
+        else:
+            os.environ[PRESTART_ENV] = previous
+
+
+def prestart() -> bool:
+    """Start the fork server now, at ``import exogym``, where a later ``fit`` would use it (see
+    the module's docstring for where it does not); return whether it runs. Never raises: a
+    setting that ``fit`` would refuse is left for ``fit`` to report."""
+    global _owner
+    if os.environ.get(PRESTART_ENV, "").strip().lower() in _OFF:
+        return False
+    if mp.parent_process() is not None or all(k in os.environ for k in TORCHRUN_ENV):
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if start_method() != "forkserver":
+            return False
+        ensure_server()
+    except Exception:  # noqa: BLE001 - fit starts (and reports on) the server as it always did
+        return False
+    if _owner is None:
+        _owner = os.getpid()
+        atexit.register(_stop_at_exit)
+    return True
+
+
+def _stop_at_exit() -> None:
+    """End the server this process started early (it may still be importing torch, when it
+    would not notice the parent's exit until its imports are done). Its workers have ended:
+    ``fit`` stops them before it returns or raises."""
+    if _owner != os.getpid():  # a child forked from the owner exits: the server is not its own
+        return
+    server = multiprocessing.forkserver._forkserver
+    pid = server_pid()
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)
+    # multiprocessing's own bookkeeping, as its ForkServer._stop does.
+    alive, address = getattr(server, "_forkserver_alive_fd", None), getattr(server, "_forkserver_address", None)
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+    if address and not multiprocessing.util.is_abstract_socket_namespace(address):
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+    server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+
+
+__all__ = ["PRELOAD", "PRESTART_ENV", "START_METHOD_ENV", "TORCHRUN_ENV", "context", "prestart", "start_method"]
