@@ -450,20 +450,26 @@ class TrainNode:
         ``absent`` nodes); the summed loss."""
         cfg = self.cfg
         self.strategy.zero_grad()
-        loss_sum = torch.zeros((), dtype=torch.float64)
         counter = None
         if self._step_flops is None and cfg.network.counts_flops:
             counter = FlopCounterMode(display=False)  # the first training step only
-        with counter or contextlib.nullcontext():
-            for mb in D.split_batch(batch, cfg.accumulation):
-                loss = self._forward(D.to_device(mb, self.device))
-                (loss / cfg.accumulation).backward()
-                loss_sum += loss.detach().double().cpu()
-        if counter is not None:
-            self._step_flops = float(counter.get_total_flops())
+        if cfg.accumulation == 1 and counter is None:  # most steps: no tensor bookkeeping around them
+            loss = self._forward(D.to_device(batch, self.device))
+            loss.backward()
+            loss_value = loss.item()
+        else:
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            with counter or contextlib.nullcontext():
+                for mb in D.split_batch(batch, cfg.accumulation):
+                    loss = self._forward(D.to_device(mb, self.device))
+                    (loss / cfg.accumulation).backward()
+                    loss_sum += loss.detach().double().cpu()
+            if counter is not None:
+                self._step_flops = float(counter.get_total_flops())
+            loss_value = loss_sum.item()
         with self.comm.leaving_out(absent):
             self.strategy.step()
-        return loss_sum.item()
+        return loss_value
 
     @torch.no_grad()
     def _evaluate(self, model: torch.nn.Module) -> tuple[float, float, float, float]:
