@@ -188,6 +188,12 @@ class QuantizeCommunicator(Communicator):
         )  # type: ignore[arg-type]
         self.inner._init_node(inner_ctx)
 
+    def idle_steps(self, step: int) -> int:
+        """``inner``'s (a quantized FedAvg with client sampling leaves its unsampled clients idle
+        as the plain one does). They receive each round's mean: ``inner`` never sits a round out
+        here (:meth:`overwritten_at` stays ``None``; a quantized payload has no absent form)."""
+        return self.inner.idle_steps(step)
+
     def before_optim(self, step: int) -> None:
         self.qcomm.begin_round()
         self.inner.before_optim(step)

@@ -129,3 +129,21 @@ def test_error_feedback_is_refused_for_payloads_whose_entries_change() -> None:
 
     with pytest.raises(ValueError, match="error_feedback"):
         QuantizeCommunicator(SparseCommunicator(p=0.1), "int8", error_feedback=True)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_quantized_fedavg_with_sampling_trains_only_the_sampled_clients_and_they_agree(workers) -> None:
+    """Unsampled clients of a quantized FedAvg sit their rounds out as in the plain one (no
+    compute, no data read); every client holds the same decoded mean after each round."""
+    from communicators.islands import draw_participants
+    from tests.helpers import regression_data
+
+    k, h, rounds, frac, seed = 6, 3, 4, 0.34, 7
+    make = lambda: CommunicateOptimizeStrategy(  # noqa: E731
+        [QuantizeCommunicator(AveragingCommunicator(h, "params", client_sampling=frac), "int8")], optim_spec=SGD
+    )
+    out = train_ranks(k, make, h * rounds, seed=seed, dataset=regression_data(n=k * 8 * h * rounds), workers=workers)
+    sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
+    for rank in range(k):
+        assert out[rank]["node"].batches_drawn == h * sum(rank in s for s in sampled)
+    assert _identical_ranks(out) == [list(range(k))] * k
