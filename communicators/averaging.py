@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -109,6 +110,27 @@ class AveragingCommunicator(Communicator):
             comm.all_reduce_absent(flat, "sum", groups=islands)
             nbytes = flat.numel() * flat.element_size()
             comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag)
+
+    def sit_out_rounds(self, steps: Sequence[int]) -> bool:
+        """:meth:`sit_out` at each of ``steps`` (ascending; the node is idle in between), in one
+        go: the absent calls first (one queued call for all of them where every round averages
+        over the world and there is one bucket), then the charges, per step one per bucket."""
+        drawn = [self._round_groups(s) for s in steps]
+        rank, comm, tag = self.ctx.rank, self.ctx.comm, f"average_{self.target}"
+        for s, (_, _, participants) in zip(steps, drawn, strict=True):
+            if rank in participants:
+                raise RuntimeError(f"rank {rank} is sampled for the round of step {s}: it cannot sit it out")
+        if len(self.buckets) == 1 and all(islands is None for islands, _, _ in drawn):
+            comm.all_reduce_absent(self.buckets[0].buffer.buffer, "sum", repeat=len(steps))
+        else:
+            for islands, _, _ in drawn:
+                for bucket in self.buckets:
+                    comm.all_reduce_absent(bucket.buffer.buffer, "sum", groups=islands)
+        for _, members, participants in drawn:
+            for bucket in self.buckets:
+                flat = bucket.buffer.buffer
+                comm.charge("broadcast", len(members) - len(participants) + 1, flat.numel() * flat.element_size(), tag)
+        return True
 
     def _mean_(
         self, flat: torch.Tensor, islands: list[list[int]] | None, members: list[int], participants: list[int]

@@ -140,8 +140,8 @@ def _node_body(
         records: list[Any] = []
         end_step = comm.ledger.end_step
 
-        def record_step() -> Any:
-            records.append(end_step())
+        def record_step(count: int | None = None) -> Any:
+            records.append(end_step(count))
             return records[-1]
 
         comm.ledger.end_step = record_step  # type: ignore[method-assign]

@@ -102,6 +102,15 @@ class Communicator:
         it. The default communicates. Collective."""
         self.communicate(step)
 
+    def sit_out_rounds(self, steps: Sequence[int]) -> bool:
+        """:meth:`sit_out` at each of ``steps`` (ascending, each allowed by
+        :meth:`overwritten_at`, the node idle in between) in one call: the node loop's fast way
+        through the rounds a FedAvg client sleeps. Charges one record per bucket for each step,
+        in order (the loop splits the ledger's records evenly by step). ``False`` (the
+        default): not supported, and nothing done; the loop then sits each round out itself.
+        Collective."""
+        return False
+
     def supports_dropout(self) -> bool:
         """Whether this module can run a round with nodes missing (fault injection, see
         :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
@@ -202,6 +211,13 @@ class Pipeline(Communicator):
             if m.is_due(step):
                 m.sit_out(step)
 
+    def sit_out_rounds(self, steps: Sequence[int]) -> bool:
+        """A pipeline of one module at its own communications: that module's; else ``False``."""
+        leaves = self._leaves
+        if len(leaves) != 1 or not all(leaves[0].is_due(s) for s in steps):
+            return False
+        return leaves[0].sit_out_rounds(steps)
+
     def before_optim(self, step: int) -> None:
         for m in self.modules:
             m.before_optim(step)
@@ -293,6 +309,14 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def overwritten_at(self, step: int) -> int | None:
         return self.pipeline.overwritten_at(step)
+
+    def sit_out_rounds(self, steps: Sequence[int]) -> bool:
+        """The pipeline's (see :meth:`exogym.core.pipeline.Communicator.sit_out_rounds`); the
+        step counter does not move. ``False`` for a subclass that overrides :meth:`idle_step`:
+        it sees every round's."""
+        if type(self).idle_step is not CommunicateOptimizeStrategy.idle_step:
+            return False
+        return self.pipeline.sit_out_rounds(steps)
 
     def idle_step(self, sit_out: bool = False) -> None:
         """The last step of an idle span: no optimizer step; the parameter-space modules due

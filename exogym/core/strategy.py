@@ -206,6 +206,13 @@ class Strategy(ABC):
         strategy: ``None``."""
         return None
 
+    def sit_out_rounds(self, steps: list[int]) -> bool:
+        """Sit out the communications at ``steps`` (ascending, each allowed by
+        :meth:`overwritten_at`, the node idle in between) in one call, charging them, without
+        moving the step counter; ``False`` (the default): not supported, nothing done, and the
+        node loop calls :meth:`idle_step` at each of them instead. Collective."""
+        return False
+
     def idle_step(self, sit_out: bool = False) -> None:
         """The last step of an idle span, where the node takes part in the collectives due
         then (with ``sit_out``, without contributing or receiving: allowed only where

@@ -191,14 +191,18 @@ class TrainNode:
                 sit_out = n == idle and self._may_sit_out(step + n - 1)
                 if self._offloader is not None:  # receiving the round's result needs the state on the device
                     (self._offloader.to_host if n < idle or sit_out else self._offloader.to_device)()
-                self.strategy.skip_steps(quiet)
-                metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
-                if n == idle:
-                    with self.comm.leaving_out(absent):
-                        self.strategy.idle_step(sit_out=sit_out)
-                    self._rejoin(step + n - 1)  # idle spans end at communications, so at round ends
-                    self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start, step + n - 1)
-                done = step + n
+                slept = self._sleep(step, n, metrics, start, flush_every, transport0) if sit_out else None
+                if slept is not None:
+                    done = slept
+                else:
+                    self.strategy.skip_steps(quiet)
+                    metrics.add_idle(quiet, self.strategy.lr, time.perf_counter() - start)
+                    if n == idle:
+                        with self.comm.leaving_out(absent):
+                            self.strategy.idle_step(sit_out=sit_out)
+                        self._rejoin(step + n - 1)  # idle spans end at communications, so at round ends
+                        self._add_sample(metrics, 0.0, 0.0, 0.0, t0, transport0, start, step + n - 1)
+                    done = step + n
             else:
                 loss_sum = self._train_step(next(batches), absent)
                 self._rejoin(step)
@@ -387,6 +391,46 @@ class TrainNode:
         vi = self.cfg.val_interval
         next_read = min(self.max_steps, -(-(step + 1) // vi) * vi) if vi else self.max_steps
         return next_read > until
+
+    def _sleep(
+        self, step: int, n: int, metrics: MetricsBuffer, start: float, flush_every: int, transport0: float
+    ) -> int | None:
+        """Sleep through the idle span of ``n`` steps from ``step``, whose last communication this
+        node sits out, and through every following round that it sits out whole and may sit out
+        the end of, up to the loop's next own collective (a FedAvg client sleeps from one
+        participation, or flush, to the next). The strategy sits all those communications out
+        in one call (:meth:`~exogym.core.strategy.Strategy.sit_out_rounds`); each round still
+        gets what the loop would give it: its quiet steps and LR schedule, its charges and
+        modelled time in its own sample (the transport time of the calls is shared out
+        evenly). Returns the step after the last one slept, or ``None`` (nothing done) where
+        the strategy sits rounds out one at a time."""
+        strategy = self.strategy
+        sync = self._next_sync(step, flush_every)
+        spans, ends = [n], [step + n - 1]
+        while ends[-1] + 1 < sync:
+            s = ends[-1] + 1
+            m = min(strategy.idle_steps(s), self.max_steps - s)
+            if not m or s + m > sync or not self._may_sit_out(s + m - 1):
+                break
+            spans.append(m)
+            ends.append(s + m - 1)
+        if not strategy.sit_out_rounds(ends):
+            return None
+        ledger = self.comm.ledger
+        per = len(ledger.step_records) // len(spans)  # the same charges every round, in order
+        comm_wall = (self.comm.transport_seconds - transport0) / len(spans)
+        network = self.cfg.network
+        for m, end in zip(spans, ends, strict=True):
+            strategy.skip_steps(m - 1)
+            metrics.add_idle(m - 1, strategy.lr, time.perf_counter() - start)
+            strategy.skip_steps(1)
+            self._rejoin(end)
+            mine = ledger.end_step(per)
+            sent, received = sum(r.sent for r in mine), sum(r.received for r in mine)
+            wall = time.perf_counter() - start
+            sim = network.records_time(mine, 0.0)
+            metrics.add(StepSample(0.0, 0.0, 0.0, sent, received, 0.0, sim, comm_wall, wall, 0.0, strategy.lr))
+        return ends[-1] + 1
 
     def _next_sync(self, step: int, flush_every: int) -> int:
         """The first ``done > step`` after which the loop itself communicates (metrics flush,

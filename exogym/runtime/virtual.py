@@ -94,6 +94,9 @@ class _Call:
     receives: bool = False
     #: The node waits for this call (a real one, or the last one a full queue takes).
     waits: bool = False
+    #: How many consecutive collectives this queued entry stands for (an absent node sitting
+    #: several rounds out in one call).
+    repeat: int = 1
     done: bool = False
     result: torch.Tensor | None = None
 
@@ -264,7 +267,7 @@ class VirtualHub:
     def _execute(self) -> list[int]:
         """Run the collective every node's queue starts with; return the nodes whose real call
         it completed (in order)."""
-        calls = [q.popleft() for q in self._queued]
+        calls = [q.popleft() if q[0].repeat == 1 else q[0] for q in self._queued]
         present = [c for c in calls if not c.absent]
         first = present[0] if present else calls[0]
         for j, c in enumerate(calls):
@@ -289,7 +292,12 @@ class VirtualHub:
             self._all_gather(calls)
         for c in calls:
             c.done = True
-        return [j for j, c in enumerate(calls) if c.waits]
+        released = [j for j, c in enumerate(calls) if c.waits]
+        for c in calls:
+            if c.repeat > 1:  # still queued for the collectives after this one; its node runs on
+                c.repeat -= 1
+                c.waits = False
+        return released
 
     def _broadcast(self, calls: list[_Call], src: int) -> None:
         owner = worker_of(src, self.num_nodes, self.workers)
@@ -430,10 +438,13 @@ class VirtualTransport:
     def barrier(self) -> None:
         self.hub.collective(self.index, _Call("barrier"))
 
-    def all_reduce_absent(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        """Sit an all-reduce out: contribute nothing, receive nothing. Returns at once; ``like``
-        (its dtype and size only) is never read or written. Collective, in call order."""
-        self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), like, absent=True))
+    def all_reduce_absent(
+        self, like: torch.Tensor, op: str, members: Sequence[int] | None = None, repeat: int = 1
+    ) -> None:
+        """Sit an all-reduce out (``repeat`` consecutive ones of the same group, dtype and size):
+        contribute nothing, receive nothing. Returns at once; ``like`` (its dtype and size only)
+        is never read or written. Collective, in call order."""
+        self.hub.sit_out(self.index, _Call("all_reduce", op, _key(members), like, absent=True, repeat=repeat))
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         """Contribute ``tensor`` to an all-reduce and need no result: returns at once; the hub

@@ -605,3 +605,48 @@ def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_afte
     finally:
         built.restore()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("island", [None, 6])
+@pytest.mark.parametrize("workers", [None, 2])
+def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metric_row(
+    monkeypatch: pytest.MonkeyPatch, island: int | None, workers: int | None
+) -> None:
+    """A client that sits several rounds out in a row sleeps through them in one call
+    (``Strategy.sit_out_rounds``); every parameter, every step's ledger records and every metric
+    row but the wall-clock columns equal those of sitting the rounds out one at a time (with a
+    warm-up schedule, so each row's learning rate differs)."""
+    from exogym.core.comm.network import Network
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+
+    def run() -> list[dict]:
+        return train_ranks(
+            12,
+            lambda: FedAvgStrategy(
+                H=2, island_size=island, client_sampling=0.17, optim_spec=SGD, lr=0.1, warmup_steps=6
+            ),
+            24,
+            seed=3,
+            dataset=regression_data(n=12 * 8 * 24),
+            workers=workers,
+            network=Network(1e8, 0.03, compute=0.01),  # modelled compute: rows free of timings
+        )
+
+    calls = []
+    original = CommunicateOptimizeStrategy.sit_out_rounds
+
+    def counted(self: CommunicateOptimizeStrategy, steps: list[int]) -> bool:
+        calls.append(len(steps))
+        return original(self, steps)
+
+    monkeypatch.setattr(CommunicateOptimizeStrategy, "sit_out_rounds", counted)
+    bulk = run()
+    assert max(calls) > 1  # some client slept through several rounds at once
+    monkeypatch.setattr(CommunicateOptimizeStrategy, "sit_out_rounds", lambda self, steps: False)
+    one_by_one = run()
+    clock = ("wall_time", "comm_time", "peak_memory")  # measured, not modelled
+    for a, b in zip(bulk, one_by_one, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
+        assert a["records"] == b["records"]
+    rows = [[{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (bulk, one_by_one)]
+    assert rows[0] == rows[1] and len(rows[0]) == 24

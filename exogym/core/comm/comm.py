@@ -204,26 +204,36 @@ class NodeComm:
             self.ledger.record("all_reduce", n, _nbytes(tensor), tag)
         return tensor
 
-    def all_reduce_absent(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
-        """Take part in an all-reduce without contributing or receiving.
+    def all_reduce_absent(
+        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
+    ) -> None:
+        """Take part in an all-reduce without contributing or receiving; ``repeat`` times: as
+        many consecutive all-reduces of the same ``op``, ``groups``, dtype and size.
 
         For a node whose share is ``op``'s identity (zeros for a sum) and whose result would be
         overwritten before anything reads it, e.g. a FedAvg client that sits this round and the
         next out. ``like`` gives the payload's dtype and size (it is neither read nor written);
         the peers call :meth:`all_reduce` (or this) with the same ``op`` and ``groups``. Nothing
         is charged: charge what the algorithm sends with :meth:`charge`. Virtual nodes queue
-        the call and run on at once; other transports reduce the identity. Collective.
+        the call (once, whatever ``repeat``) and run on at once; other transports reduce the
+        identity. Collective.
         """
         if op not in ("sum", "max", "min", "product"):
             raise ValueError(f"op must be one of sum, max, min, product (mean counts every member); got {op!r}")
+        if repeat < 1:
+            raise ValueError(f"repeat must be >= 1, got {repeat}")
         _, members = self._my_group(groups)
         absent = getattr(self.transport, "all_reduce_absent", None)
         t0 = time.perf_counter()  # (what _timed does, inline: idle virtual nodes call this a lot)
         try:
             if absent is not None:
-                absent(like, op, _subset(groups, members))
+                if repeat == 1:
+                    absent(like, op, _subset(groups, members))
+                else:
+                    absent(like, op, _subset(groups, members), repeat)
             else:
-                self._reduce_identity(like, op, _subset(groups, members))
+                for _ in range(repeat):
+                    self._reduce_identity(like, op, _subset(groups, members))
         finally:
             self.transport_seconds += time.perf_counter() - t0
 

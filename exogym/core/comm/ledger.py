@@ -112,7 +112,13 @@ class Ledger:
         self.total_collectives += 1
         return rec
 
-    def end_step(self) -> list[CollectiveRecord]:
-        """Return the records charged since the last call and start a new step."""
-        records, self.step_records = self.step_records, []
+    def end_step(self, count: int | None = None) -> list[CollectiveRecord]:
+        """Return the records charged since the last call and start a new step; with ``count``,
+        only the first ``count`` of them, the rest staying pending for the steps after (a node
+        that sat several rounds out in one call, charged round after round, closes them one by
+        one)."""
+        if count is None:
+            records, self.step_records = self.step_records, []
+        else:
+            records, self.step_records = self.step_records[:count], self.step_records[count:]
         return records
