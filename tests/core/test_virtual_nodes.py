@@ -650,3 +650,29 @@ def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metr
         assert a["records"] == b["records"]
     rows = [[{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (bulk, one_by_one)]
     assert rows[0] == rows[1] and len(rows[0]) == 24
+
+
+def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also_from_a_full_queue() -> None:
+    """Node 1 contributes to ``MAX_QUEUED - 1`` all-reduces (its queue is then full) and sits the
+    next five out in one call, which parks it once; node 0's sums show each call's members."""
+    from exogym.runtime.virtual import MAX_QUEUED
+
+    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    got = []
+
+    def body(rank, transport):
+        n = MAX_QUEUED - 1
+        if rank == 0:
+            for _ in range(n + 6):
+                t = torch.ones(1)
+                transport.all_reduce(t, "sum")
+                got.append(t.item())
+        else:
+            for _ in range(n):
+                transport.all_reduce_contribute(torch.ones(1), "sum")
+            transport.all_reduce_absent(torch.ones(1), "sum", None, 5)
+            transport.all_reduce(torch.ones(1), "sum")
+
+    hub.run(body)
+    assert got == [2.0] * (MAX_QUEUED - 1) + [1.0] * 5 + [2.0]
+    assert not any(hub._queued)
