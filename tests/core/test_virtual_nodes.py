@@ -676,3 +676,36 @@ def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also
     hub.run(body)
     assert got == [2.0] * (MAX_QUEUED - 1) + [1.0] * 5 + [2.0]
     assert not any(hub._queued)
+
+
+def test_metrics_flush_every_64_steps_or_64_per_64_nodes_a_worker_hosts() -> None:
+    from exogym.runtime.node import flush_interval
+
+    assert flush_interval(1, 8, 2) == 64
+    assert flush_interval(10, 8, 8) == 70  # a whole number of train rows
+    assert flush_interval(1, 256, 2) == 128  # 128 nodes per worker
+    assert flush_interval(10, 1000, 2) == 450  # 500 per worker: 7 x 64 = 448, rounded up to rows
+    assert flush_interval(1, 1000, 1000) == 64  # one node per process
+
+
+def test_rows_of_a_worker_with_many_nodes_equal_those_of_workers_with_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    """130 clients on one worker flush every 128 steps, on three workers every 64: the metric
+    rows (modelled columns) are the same (the loss up to the summation order of the averages)."""
+    from exogym.core.comm.network import Network
+
+    def rows(workers: int) -> list[dict]:
+        out = train_ranks(
+            130,
+            lambda: FedAvgStrategy(H=4, client_sampling=0.03, optim_spec=SGD, lr=0.1),
+            150,
+            seed=1,
+            dataset=regression_data(n=130 * 8 * 8),
+            workers=workers,
+            network=Network(1e8, 0.03, compute=0.01),
+        )
+        clock = ("wall_time", "comm_time", "peak_memory")
+        return [{k: v for k, v in r.items() if k not in clock} for r in out[0]["node"].history]
+
+    one, three = rows(1), rows(3)
+    assert [r["step"] for r in one] == list(range(1, 151))
+    assert one == [{**r, "train_loss": pytest.approx(r["train_loss"], rel=1e-5)} for r in three]
