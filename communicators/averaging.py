@@ -101,15 +101,7 @@ class AveragingCommunicator(Communicator):
     def sit_out(self, step: int) -> None:
         """The unsampled client's share of the round (charged as when it receives), without
         moving data: it contributes zeros and its parameters are replaced next round."""
-        islands, members, participants = self._round_groups(step)
-        if self.ctx.rank in participants:
-            raise RuntimeError(f"rank {self.ctx.rank} is sampled for the round of step {step}: it cannot sit it out")
-        comm, tag = self.ctx.comm, f"average_{self.target}"
-        for bucket in self.buckets:
-            flat = bucket.buffer.buffer
-            comm.all_reduce_absent(flat, "sum", groups=islands)
-            nbytes = flat.numel() * flat.element_size()
-            comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag)
+        self.sit_out_rounds([step])
 
     def sit_out_rounds(self, steps: Sequence[int]) -> bool:
         """:meth:`sit_out` at each of ``steps`` (ascending; the node is idle in between), in one

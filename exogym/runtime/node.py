@@ -24,6 +24,7 @@ from exogym import data as D
 from exogym.config import FitConfig
 from exogym.core.comm.comm import NodeComm
 from exogym.core.comm.flat import dtype_buckets, group_by_dtype
+from exogym.core.comm.ledger import CollectiveRecord
 from exogym.core.strategy import Strategy
 from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
@@ -420,17 +421,13 @@ class TrainNode:
         ledger = self.comm.ledger
         per = len(ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - transport0) / len(spans)
-        network = self.cfg.network
         for m, end in zip(spans, ends, strict=True):
             strategy.skip_steps(m - 1)
             metrics.add_idle(m - 1, strategy.lr, time.perf_counter() - start)
             strategy.skip_steps(1)
             self._rejoin(end)
-            mine = ledger.end_step(per)
-            sent, received = sum(r.sent for r in mine), sum(r.received for r in mine)
-            wall = time.perf_counter() - start
-            sim = network.records_time(mine, 0.0)
-            metrics.add(StepSample(0.0, 0.0, 0.0, sent, received, 0.0, sim, comm_wall, wall, 0.0, strategy.lr))
+            # (No compute to time: the step's start, t0, is not read.)
+            self._add_sample(metrics, 0.0, 0.0, 0.0, 0.0, transport0, start, end, ledger.end_step(per), comm_wall)
         return ends[-1] + 1
 
     def _next_sync(self, step: int, flush_every: int) -> int:
@@ -462,12 +459,15 @@ class TrainNode:
         transport0: float,
         start: float,
         step: int,
+        records: list[CollectiveRecord] | None = None,
+        comm_wall: float | None = None,
     ) -> None:
         """Close the step begun at ``t0`` (its last step is ``step``): its ledger records and
-        timings become a sample."""
+        timings become a sample. ``records`` and ``comm_wall`` (the transport's seconds) default
+        to everything since the last sample and since ``transport0``."""
         t1 = time.perf_counter()
-        records = self.comm.ledger.end_step()
-        comm_wall = self.comm.transport_seconds - transport0
+        records = self.comm.ledger.end_step() if records is None else records
+        comm_wall = self.comm.transport_seconds - transport0 if comm_wall is None else comm_wall
         network = self.cfg.network
         compute = 0.0
         if count:

@@ -227,10 +227,7 @@ class NodeComm:
         t0 = time.perf_counter()  # (what _timed does, inline: idle virtual nodes call this a lot)
         try:
             if absent is not None:
-                if repeat == 1:
-                    absent(like, op, _subset(groups, members))
-                else:
-                    absent(like, op, _subset(groups, members), repeat)
+                absent(like, op, _subset(groups, members), repeat)
             else:
                 for _ in range(repeat):
                     self._reduce_identity(like, op, _subset(groups, members))
