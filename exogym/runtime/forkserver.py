@@ -11,8 +11,10 @@ The server is not started early where it would not be used or cannot be started 
 ``EXOGYM_PRESTART=0``; ``EXOGYM_START_METHOD=spawn`` (or a platform without fork servers); a
 process that multiprocessing started (a node, a ``DataLoader`` worker, the server itself); a
 ``torchrun`` rank; an import outside the main thread. It ignores Ctrl-C (the parent decides
-what Ctrl-C stops), and a process that started it early stops it when it exits, so that a
-script which imports ``exogym`` and never trains leaves nothing behind.
+what Ctrl-C stops) and ends with its parent: the process that started it stops it when it
+exits, so that a script which imports ``exogym`` and never trains leaves nothing behind, and
+on Linux the kernel kills it when the parent dies without exiting (``kill -TERM`` or ``-9``
+before ``fit`` handles signals), even while it still imports torch.
 
 Standard library only: ``exogym/__init__.py`` calls :func:`prestart` before it imports torch.
 """
@@ -21,17 +23,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import multiprocessing as mp
 import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-#: Modules the fork server imports once, so that worker processes start with them loaded.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "exogym.runtime.worker", "exogym.ops", "communicators"]
+#: Modules the fork server imports once, so that worker processes start with them loaded. ExoGym
+#: comes first: ``import exogym`` is where the server ties its life to its parent's
+#: (:func:`prestart`), before the seconds of torch's import.
+PRELOAD = [
+    "exogym",
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "exogym.runtime.worker",
+    "exogym.ops",
+    "communicators",
+]
 
 #: ``EXOGYM_PRESTART=0`` (or ``false``, ``no``, ``off``): no fork server at ``import exogym``.
 PRESTART_ENV = "EXOGYM_PRESTART"
@@ -40,6 +54,9 @@ START_METHOD_ENV = "EXOGYM_START_METHOD"
 #: The variables ``torchrun`` sets that ExoGym needs: where all are set, this process is a
 #: launcher's rank (see :mod:`exogym.runtime.cluster`), which starts no worker processes.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+#: Set in the fork server's environment: the pid of the process that started it.
+SERVER_ENV = "_EXOGYM_FORKSERVER_PARENT"
 
 _OFF = ("0", "false", "no", "off")
 #: The process that started the server early (only it stops the server at exit).
@@ -87,24 +104,26 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def exit_with_parent() -> None:
+    """Have the kernel kill this process (SIGKILL) when its parent ends, however the parent
+    ends (Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing happens)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def ensure_server() -> None:
     """Start the fork server unless it runs (returns at once; its imports go on in the
-    background). The server ignores Ctrl-C and starts no server of its own. Call only when
-    :func:`start_method` is ``forkserver``."""
+    background; one that died is started again). The server ignores Ctrl-C, ends with this
+    process and starts no server of its own. Call only when :func:`start_method` is
+    ``forkserver``."""
     context()
-    if server_pid() is not None:
-        multiprocessing.forkserver.ensure_running()  # restarts one that died
-        return
-    previous = os.environ.get(PRESTART_ENV)
-    os.environ[PRESTART_ENV] = "0"  # the server imports exogym: it must not start a server itself
+    os.environ[SERVER_ENV] = str(os.getpid())  # the server's own import of exogym reads it
     try:
         with _sigint_ignored():
             multiprocessing.forkserver.ensure_running()
     finally:
-        if previous is None:
-            del os.environ[PRESTART_ENV]
-        else:
-            os.environ[PRESTART_ENV] = previous
+        del os.environ[SERVER_ENV]
 
 
 def prestart() -> bool:
@@ -112,6 +131,12 @@ def prestart() -> bool:
     the module's docstring for where it does not); return whether it runs. Never raises: a
     setting that ``fit`` would refuse is left for ``fit`` to report."""
     global _owner
+    parent = os.environ.get(SERVER_ENV)
+    if parent is not None:  # this is the server, importing exogym first: it ends with its parent
+        exit_with_parent()
+        if str(os.getppid()) != parent:  # the parent ended before that took effect
+            os._exit(0)
+        return False
     if os.environ.get(PRESTART_ENV, "").strip().lower() in _OFF:
         return False
     if mp.parent_process() is not None or all(k in os.environ for k in TORCHRUN_ENV):
@@ -155,4 +180,14 @@ def _stop_at_exit() -> None:
     server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
-__all__ = ["PRELOAD", "PRESTART_ENV", "START_METHOD_ENV", "TORCHRUN_ENV", "context", "prestart", "start_method"]
+__all__ = [
+    "PRELOAD",
+    "PRESTART_ENV",
+    "SERVER_ENV",
+    "START_METHOD_ENV",
+    "TORCHRUN_ENV",
+    "context",
+    "exit_with_parent",
+    "prestart",
+    "start_method",
+]

@@ -21,7 +21,6 @@ programs without a script file (stdin, ``-c``, notebooks) are not re-imported.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import logging
 import multiprocessing as mp
@@ -166,9 +165,7 @@ def _import_main(spec: tuple[str, str] | None) -> None:
 def _die_with_parent(alive: Any) -> None:
     """End this process when the parent goes: PR_SET_PDEATHSIG where Linux offers it, and a
     watchdog thread that waits for EOF on the parent's pipe (everywhere)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    forkserver.exit_with_parent()
 
     def watch() -> None:
         with contextlib.suppress(EOFError, OSError):

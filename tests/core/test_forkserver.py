@@ -3,9 +3,11 @@ ignores Ctrl-C, starts no server of its own and ends with the program, and that 
 where ``fit`` was called (its working directory and ``sys.path``), not where exogym was imported."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -176,3 +178,35 @@ def test_nodes_run_in_the_directory_and_sys_path_of_fit_not_of_import(tmp_path) 
     proc = _run(program, cwd=str(tmp_path))
     assert _server(proc) is not None  # started before the change of directory
     assert "TRAINED" in proc.stdout, proc.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_a_parent_killed_before_fit_takes_its_importing_server_with_it(sig: signal.Signals) -> None:
+    """No atexit runs when the parent is killed (before ``fit`` handles signals): the kernel
+    ends the server, still importing torch, at once instead of when its imports are done."""
+    program = REPORT + "import time\nprint('READY', flush=True)\ntime.sleep(60)\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("EXOGYM_PRESTART", "EXOGYM_START_METHOD")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": ROOT}
+    )
+    try:
+        pid = int(proc.stdout.readline().split()[1])  # "SERVER <pid>", right after import exogym
+        assert proc.stdout.readline().strip() == "READY"
+        os.kill(proc.pid, sig)
+        proc.wait(10)
+        deadline = time.monotonic() + 1.0
+        while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", "the fork server outlived its parent"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
