@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -90,6 +91,14 @@ class AveragingCommunicator(Communicator):
         _, _, participants = self._round_groups(step)
         return 0 if self.ctx.rank in participants else self.H - step % self.H
 
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """With ``client_sampling`` on parameters: the round's participants of every island
+        (the nodes that train in it), ascending; else ``None``."""
+        if self.client_sampling is None or self.target != "params":
+            return None
+        drawn = draw_round(num_nodes, self.island_size, self.client_sampling, seed, step // self.H)
+        return sorted(r for group in drawn.participants for r in group)
+
     def overwritten_at(self, step: int) -> int | None:
         """An unsampled client of parameter averaging that is not sampled in the next round
         either receives that round's mean, which replaces this round's: it may sit this round's
@@ -118,10 +127,16 @@ class AveragingCommunicator(Communicator):
             for islands, _, _ in drawn:
                 for bucket in self.buckets:
                     comm.all_reduce_absent(bucket.buffer.buffer, "sum", groups=islands)
-        for _, members, participants in drawn:
+        sizes = [len(members) - len(participants) + 1 for _, members, participants in drawn]
+        if len(self.buckets) == 1:  # runs of equal rounds in one charge each
+            flat = self.buckets[0].buffer.buffer
+            for size, run in itertools.groupby(sizes):
+                comm.charge("broadcast", size, flat.numel() * flat.element_size(), tag, count=len(list(run)))
+            return True
+        for size in sizes:
             for bucket in self.buckets:
                 flat = bucket.buffer.buffer
-                comm.charge("broadcast", len(members) - len(participants) + 1, flat.numel() * flat.element_size(), tag)
+                comm.charge("broadcast", size, flat.numel() * flat.element_size(), tag)
         return True
 
     def _mean_(

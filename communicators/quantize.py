@@ -144,8 +144,10 @@ class QuantizedComm:
     def barrier(self) -> None:
         self.base.barrier()
 
-    def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
-        self.base.charge(kind, group_size, payload, tag, is_root)
+    def charge(
+        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False, count: int = 1
+    ) -> None:
+        self.base.charge(kind, group_size, payload, tag, is_root, count)
 
     def present(self, groups: Groups | None = None) -> list[int]:
         return self.base.present(groups)
@@ -193,6 +195,10 @@ class QuantizeCommunicator(Communicator):
         as the plain one does). They receive each round's mean: ``inner`` never sits a round out
         here (:meth:`overwritten_at` stays ``None``; a quantized payload has no absent form)."""
         return self.inner.idle_steps(step)
+
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """``inner``'s."""
+        return self.inner.sampled_nodes(num_nodes, seed, step)
 
     def before_optim(self, step: int) -> None:
         self.qcomm.begin_round()

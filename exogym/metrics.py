@@ -34,6 +34,7 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -152,6 +153,18 @@ class MetricsBuffer:
         block[:] = 0.0
         block[:, 8] = wall
         block[:, 10] = lr
+
+    def add_rounds(self, idle: Sequence[int], idle_lrs: Sequence[float], samples: Sequence[StepSample]) -> None:
+        """Record rounds this node sat out whole, in one write: per round ``i``, ``idle[i]``
+        idle steps (as :meth:`add_idle`, at ``idle_lrs[i]`` and the wall time of the round's
+        sample), then ``samples[i]``, its last step (as :meth:`add`; it computed nothing)."""
+        counts = np.asarray(idle, dtype=np.int64) + 1
+        block = self._reserve(int(counts.sum()))
+        table = np.asarray(samples, dtype=np.float64).reshape(len(samples), len(StepSample._fields))
+        block[:] = 0.0
+        block[:, 8] = np.repeat(table[:, 8], counts)
+        block[:, 10] = np.repeat(np.asarray(idle_lrs, dtype=np.float64), counts)
+        block[np.cumsum(counts) - 1] = table
 
     def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they

@@ -23,6 +23,7 @@ from exogym.runtime.faults import FaultPlan, Faults, check_supported, round_step
 from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job, start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.node import NodeJob
+from exogym.runtime.placement import place_nodes
 from exogym.runtime.worker import worker_process
 
 logger = logging.getLogger(__name__)
@@ -324,13 +325,16 @@ class Trainer:
             meta = {**ckpt.fingerprint(self.model, strategy, num_nodes, batch_size, seed), "max_steps": cfg.max_steps}
             if resume_folder is not None:
                 _check_resume(resume_folder, meta, strategy)
-        job = NodeJob(self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger, meta)
+        placement = place_nodes(strategy, num_nodes, n_workers, seed, cfg.max_steps)
+        job = NodeJob(
+            self.model, strategy, self.train_dataset, self.val_dataset, cfg, name, run_logger, meta, placement
+        )
         if launch is not None:
             out = _run_under_torchrun(job, plan, launch, mode)
         else:
             try:
                 results = run_nodes(
-                    worker_process, n_workers, job, (plan,), world_size=None if n_workers == num_nodes else num_nodes
+                    worker_process, n_workers, job, (plan,), placement=None if n_workers == num_nodes else placement
                 )
             finally:
                 plan.close()

@@ -182,7 +182,8 @@ def train_ranks(
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
     """
-    from exogym.runtime.virtual import VirtualHub, block_of
+    from exogym.runtime.placement import place_nodes
+    from exogym.runtime.virtual import VirtualHub
     from tests.helpers import TinyNet, regression_data
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
@@ -195,8 +196,9 @@ def train_ranks(
     body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)
+    placement = place_nodes(make_strategy(), k, workers, seed, steps)  # as fit places them
     hubs = [
-        VirtualHub(block_of(k, workers, w), k, workers, w, None, torch.device("cpu"), seed) for w in range(workers)
+        VirtualHub(placement, w, None, torch.device("cpu"), seed) for w in range(workers)
     ]  # made here, one after another: each seeds its nodes' random streams through the global one
 
     def worker(w: int, outer: NodeComm) -> dict[int, Any]:

@@ -96,6 +96,13 @@ class Communicator:
         values (step, rank, seed)."""
         return None
 
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """The nodes this module lets train in the round of ``step`` (the others idle), drawn
+        from the shared ``seed``; ``None`` (the default): every node trains. Asked on the
+        module as built, before it is bound to a node (see
+        :meth:`exogym.core.strategy.Strategy.sampled_nodes`)."""
+        return None
+
     def sit_out(self, step: int) -> None:
         """Take part in ``step``'s communication without contributing or receiving (see
         :meth:`overwritten_at`), with the ledger charged as :meth:`communicate` would charge
@@ -197,7 +204,11 @@ class Pipeline(Communicator):
     def overwritten_at(self, step: int) -> int | None:
         """Where every module due at ``step`` is overwritten at the same later step and the
         node is idle until then (no other module communicates in between)."""
-        due = [m for m in self._leaves if m.is_due(step)]
+        leaves = self._leaves
+        if len(leaves) == 1:  # its own answer keeps the node idle until then
+            m = leaves[0]
+            return m.overwritten_at(step) if m.space == "param" and m.is_due(step) else None
+        due = [m for m in leaves if m.is_due(step)]
         if not due:
             return None
         at = {m.overwritten_at(step) for m in due}
@@ -205,6 +216,11 @@ class Pipeline(Communicator):
             return None
         (t,) = at
         return t if self.idle_steps(step + 1) == t - step else None
+
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """A pipeline of one module: that module's; else ``None``."""
+        leaves = self.leaves()
+        return leaves[0].sampled_nodes(num_nodes, seed, step) if len(leaves) == 1 else None
 
     def sit_out(self, step: int) -> None:
         for m in self._leaves:
@@ -309,6 +325,10 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def overwritten_at(self, step: int) -> int | None:
         return self.pipeline.overwritten_at(step)
+
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """The pipeline's (see :meth:`exogym.core.pipeline.Communicator.sampled_nodes`)."""
+        return self.pipeline.sampled_nodes(num_nodes, seed, step)
 
     def sit_out_rounds(self, steps: Sequence[int]) -> bool:
         """The pipeline's (see :meth:`exogym.core.pipeline.Communicator.sit_out_rounds`); the

@@ -199,6 +199,15 @@ class Strategy(ABC):
         progress bar; ``None`` (the base strategy) otherwise."""
         return None
 
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """The nodes that train in the round of ``step`` where the strategy samples its
+        clients from the shared ``seed`` (the others are idle through the round), or ``None``:
+        every node trains (the base strategy). Asked before any node exists, on the strategy as
+        built: ``fit`` spreads each round's sampled nodes evenly over the worker processes
+        (:func:`exogym.runtime.placement.place_nodes`). A hint for where nodes run: a wrong
+        answer costs time, never correctness."""
+        return None
+
     def overwritten_at(self, step: int) -> int | None:
         """For a node idle at ``step`` (the last step of an idle span): the later step whose
         communication replaces all it would receive at ``step``, the node idle until then, or

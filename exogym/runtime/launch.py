@@ -40,7 +40,7 @@ import torch
 
 from exogym.runtime import forkserver
 from exogym.runtime.forkserver import start_method
-from exogym.runtime.virtual import block_of
+from exogym.runtime.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -251,13 +251,13 @@ def _sigterm_as_exception() -> Iterator[None]:
 
 
 def run_nodes(
-    fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = (), world_size: int | None = None
+    fn: Callable[..., Any], num_nodes: int, job: Any = None, args: tuple = (), placement: Placement | None = None
 ) -> dict[int, Any]:
     """Run ``fn(rank, job, *args)`` in ``num_nodes`` new processes; return ``{rank: result}``.
 
-    ``world_size`` is the number of simulated nodes when the processes are workers that host
-    several each (errors then name the node, ``node 17 of 100 (worker 1)``); by default each
-    process is one node.
+    ``placement`` says which simulated nodes each process hosts when the processes are workers
+    that host several each (errors then name the node, ``node 17 of 100 (worker 1 of 2)``); by
+    default each process is one node.
 
     ``fn`` and ``job`` travel with cloudpickle (the user's objects; a function or class of
     ``__main__`` by value); ``args`` with multiprocessing's pickler (shared-memory tensors are
@@ -304,7 +304,7 @@ def run_nodes(
     finally:
         with contextlib.suppress(OSError):
             alive_r.close()
-    return _outcome(num_nodes, results, errors, failed, codes, world_size)
+    return _outcome(num_nodes, results, errors, failed, codes, placement)
 
 
 def _outcome(
@@ -313,14 +313,14 @@ def _outcome(
     errors: list[tuple],
     failed: list[int],
     codes: dict[int, int | None],
-    world_size: int | None = None,
+    placement: Placement | None = None,
 ) -> dict[int, Any]:
-    unit = "node" if world_size is None else "worker"
+    unit = "node" if placement is None else "worker"
 
     def who(proc: int, node: int) -> str:
-        if world_size is None:
+        if placement is None:
             return f"node {node} of {num_nodes}"
-        return f"node {node} of {world_size} (worker {proc} of {num_nodes})"
+        return f"node {node} of {placement.num_nodes} (worker {proc} of {num_nodes})"
 
     silent = [r for r in failed if r not in {e[1] for e in errors}]
     if silent:
@@ -329,9 +329,8 @@ def _outcome(
         r = silent[0]
         others = "".join(f"\n  then {who(e[1], e[5])}: {e[4]}" for e in sorted(errors))
         hosted = ""
-        if world_size is not None:
-            block = block_of(world_size, num_nodes, r)
-            hosted = f" (hosting nodes {block[0]}-{block[-1]} of {world_size})"
+        if placement is not None:
+            hosted = f" (hosting {placement.describe(r)} of {placement.num_nodes})"
         raise NodeFailedError(
             r,
             f"{unit} {r} of {num_nodes}{hosted} exited with code {codes[r]}{_signal_name(codes[r])} "

@@ -30,6 +30,7 @@ from exogym.metrics import MetricsBuffer, StepSample
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import faults as F
 from exogym.runtime.offload import Offloader
+from exogym.runtime.placement import Placement
 from exogym.runtime.replicate import ModelReplicator
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class NodeJob:
     logger: Any = None
     #: What a checkpoint records of the run (:func:`exogym.runtime.checkpoint.fingerprint`).
     checkpoint_meta: dict[str, Any] | None = None
+    #: Which worker hosts which nodes (``None``: contiguous blocks).
+    placement: Placement | None = None
     _replicator: ModelReplicator | None = field(default=None, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -421,13 +424,21 @@ class TrainNode:
         ledger = self.comm.ledger
         per = len(ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - transport0) / len(spans)
+        idle_lrs, samples = [], []
+        priced: tuple[list[CollectiveRecord], float, float, float] | None = None
         for m, end in zip(spans, ends, strict=True):
             strategy.skip_steps(m - 1)
-            metrics.add_idle(m - 1, strategy.lr, time.perf_counter() - start)
+            idle_lrs.append(strategy.lr)
             strategy.skip_steps(1)
             self._rejoin(end)
-            # (No compute to time: the step's start, t0, is not read.)
-            self._add_sample(metrics, 0.0, 0.0, 0.0, 0.0, transport0, start, end, ledger.end_step(per), comm_wall)
+            records = ledger.end_step(per)
+            if priced is None or records != priced[0]:  # (rounds charged alike share their records)
+                sent, received = sum(r.sent for r in records), sum(r.received for r in records)
+                priced = (records, sent, received, self.cfg.network.records_time(records))
+            _, sent, received, sim = priced
+            wall = time.perf_counter() - start
+            samples.append(StepSample(0.0, 0.0, 0.0, sent, received, 0.0, sim, comm_wall, wall, 0.0, strategy.lr))
+        metrics.add_rounds([m - 1 for m in spans], idle_lrs, samples)  # what add_idle and _add_sample would add
         return ends[-1] + 1
 
     def _next_sync(self, step: int, flush_every: int) -> int:

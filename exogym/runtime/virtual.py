@@ -1,6 +1,6 @@
 """Virtual nodes: many nodes in one worker process, with real collectives between them.
 
-A worker hosts the nodes ``ranks`` (a contiguous block of the world). Each node runs the ordinary
+A worker hosts some nodes of the world (:mod:`exogym.runtime.placement` says which). Each node runs the ordinary
 :class:`~exogym.runtime.node.TrainNode` loop on a thread of its own, but only one thread runs at
 a time: a node runs until its next collective, parks there and hands the turn to the next node
 of the worker. The last node to arrive combines the worker's contributions (reduced locally,
@@ -42,23 +42,9 @@ from typing import Any
 import torch
 
 from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_identity, reduce_rows_into
+from exogym.runtime.placement import Placement
 
 logger = logging.getLogger(__name__)
-
-
-def block_of(num_nodes: int, workers: int, worker: int) -> range:
-    """The ranks worker ``worker`` hosts: contiguous blocks, the first ``num_nodes % workers``
-    blocks one node larger."""
-    base, extra = divmod(num_nodes, workers)
-    start = worker * base + min(worker, extra)
-    return range(start, start + base + (1 if worker < extra else 0))
-
-
-def worker_of(rank: int, num_nodes: int, workers: int) -> int:
-    """The worker that hosts ``rank`` under :func:`block_of`."""
-    base, extra = divmod(num_nodes, workers)
-    big = extra * (base + 1)
-    return rank // (base + 1) if rank < big else extra + (rank - big) // base
 
 
 #: Calls a node may have queued (ones it does not wait for, see :meth:`VirtualHub.sit_out`).
@@ -112,10 +98,8 @@ class VirtualHub:
     """The turn-taking and local combining of one worker's virtual nodes.
 
     Args:
-        ranks: the global ranks this worker hosts (ascending, contiguous).
-        num_nodes: the world size K.
-        workers: the number of workers W.
-        worker: this worker's index.
+        placement: which worker hosts which ranks (of the world of K nodes, on W workers).
+        worker: this worker's index (it hosts ``placement.ranks(worker)``).
         outer: the transport between workers (``None`` when ``workers == 1``).
         device: the worker's device (its random stream is swapped per node as well).
         seed: node ``r``'s random stream starts from ``torch.manual_seed(seed + r)``, as in a run
@@ -124,17 +108,16 @@ class VirtualHub:
 
     def __init__(
         self,
-        ranks: Sequence[int],
-        num_nodes: int,
-        workers: int,
+        placement: Placement,
         worker: int,
         outer: Transport | None,
         device: torch.device,
         seed: int,
     ) -> None:
-        self.ranks = list(ranks)
+        self.placement = placement
+        self.ranks = list(placement.ranks(worker))
         self.n = len(self.ranks)
-        self.num_nodes, self.workers, self.worker = num_nodes, workers, worker
+        self.num_nodes, self.workers, self.worker = placement.num_nodes, placement.workers, worker
         self.outer = outer
         self.device = device
         self._turn = [threading.Event() for _ in self.ranks]
@@ -300,8 +283,8 @@ class VirtualHub:
         return released
 
     def _broadcast(self, calls: list[_Call], src: int) -> None:
-        owner = worker_of(src, self.num_nodes, self.workers)
-        buf = calls[src - self.ranks[0]].tensor if owner == self.worker else calls[0].tensor
+        owner = self.placement.worker_of(src)
+        buf = calls[self.placement.slot_of(src)].tensor if owner == self.worker else calls[0].tensor
         assert buf is not None
         if self.outer is not None:
             self.outer.broadcast(buf, owner)
@@ -346,7 +329,7 @@ class VirtualHub:
         out = []
         for key in partials:
             span = range(self.num_nodes) if key is None else key
-            if any(worker_of(r, self.num_nodes, self.workers) != self.worker for r in span):
+            if any(self.placement.worker_of(r) != self.worker for r in span):
                 out.append(key)
         return sorted(out, key=self._group_key)
 
@@ -392,7 +375,7 @@ class VirtualHub:
         """Every node's tensor, flattened and indexed by rank (padded through the workers)."""
         outer = self.outer
         assert outer is not None
-        slots = -(-self.num_nodes // self.workers)
+        slots = max(len(h) for h in self.placement.hosts)
         sizes = torch.zeros(self.workers * slots, dtype=torch.float64)
         if uniform:
             width = tensors[0].numel()
@@ -404,12 +387,11 @@ class VirtualHub:
         for r, t in enumerate(tensors):
             table[r, : t.numel()] = t.reshape(-1)
         gathered = outer.all_gather(table)
-        world = []
+        world: list[torch.Tensor] = [gathered[0, 0]] * self.num_nodes
         for w in range(self.workers):
-            block = block_of(self.num_nodes, self.workers, w)
-            for j in range(len(block)):
+            for j, r in enumerate(self.placement.ranks(w)):
                 n = width if uniform else int(sizes[w * slots + j])
-                world.append(gathered[w, j, :n])
+                world[r] = gathered[w, j, :n]
         return world
 
 
@@ -468,4 +450,4 @@ def _key(members: Sequence[int] | None) -> tuple[int, ...] | None:
     return None if members is None else tuple(int(r) for r in members)
 
 
-__all__ = ["VirtualHub", "VirtualNodeError", "VirtualTransport", "block_of", "worker_of"]
+__all__ = ["VirtualHub", "VirtualNodeError", "VirtualTransport"]

@@ -1,7 +1,7 @@
 """The worker process: connect the transport, host one or more nodes, run :class:`TrainNode`.
 
 :func:`worker_process` is what :func:`exogym.runtime.launch.run_nodes` runs in each process of a
-local run. Worker ``w`` hosts the nodes :func:`~exogym.runtime.virtual.block_of` gives it. With
+local run. Worker ``w`` hosts the nodes ``job.placement`` gives it (:mod:`exogym.runtime.placement`). With
 one node per worker, the node runs on the worker's main thread and talks through the worker's
 transport directly; with several, they are virtual nodes (:mod:`exogym.runtime.virtual`) that
 take turns and combine their collectives before the worker's transport carries them. Everything
@@ -21,7 +21,8 @@ from exogym.core.comm.comm import NodeComm, set_current
 from exogym.core.comm.plan import TransportPlan
 from exogym.core.comm.transport import Transport
 from exogym.runtime.node import NodeJob, TrainNode
-from exogym.runtime.virtual import VirtualHub, VirtualNodeError, block_of
+from exogym.runtime.placement import Placement
+from exogym.runtime.virtual import VirtualHub, VirtualNodeError
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,9 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     :class:`~exogym.runtime.virtual.VirtualNodeError`, which names the node.
     """
     cfg = job.config
-    ranks = block_of(cfg.num_nodes, cfg.workers, worker)
-    label = f"node {ranks[0]}" if len(ranks) == 1 else f"worker {worker}: nodes {ranks[0]}-{ranks[-1]}"
+    placement = job.placement or Placement.blocks(cfg.num_nodes, cfg.workers)
+    ranks = placement.ranks(worker)
+    label = f"node {ranks[0]}" if len(ranks) == 1 else f"worker {worker}: {placement.describe(worker)}"
     logging.basicConfig(level=cfg.log_level, format=f"[{label}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(cfg.threads_per_worker)
     device = cfg.worker_device(worker)
@@ -56,7 +58,7 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
         assert outer is not None
         result = _run_node(ranks[0], job, outer, device, keep)
     else:
-        hub = VirtualHub(ranks, cfg.num_nodes, cfg.workers, worker, outer, device, cfg.seed)
+        hub = VirtualHub(placement, worker, outer, device, cfg.seed)
         built = _AfterBuilding(len(ranks))
         try:
             results = hub.run(

@@ -46,6 +46,11 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
         self.local_epochs = local_epochs
         super().__init__([self.averaging], **strategy_kwargs)
 
+    def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
+        """As for any pipeline, but ``None`` with ``local_epochs`` (the round's length is
+        known only inside the nodes)."""
+        return None if self.local_epochs is not None else super().sampled_nodes(num_nodes, seed, step)
+
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         if self.local_epochs is not None:
             self.averaging.H = self.local_epochs * self.steps_per_epoch

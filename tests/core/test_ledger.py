@@ -34,6 +34,16 @@ def test_ledger_totals_and_step_reset() -> None:
     assert led.total_payload == 500 and led.total_collectives == 2
 
 
+def test_a_charge_with_a_count_is_that_many_identical_charges() -> None:
+    one, many = Ledger(), Ledger()
+    for _ in range(3):
+        one.record("broadcast", 7, 120, "t")
+    many.record("broadcast", 7, 120, "t", count=3)
+    assert many.step_records == one.step_records and len(many.step_records) == 3
+    assert (many.total_sent, many.total_received, many.total_payload, many.total_collectives) == (0.0, 360.0, 360, 3)
+    assert many.end_step(1) == one.step_records[:1] and len(many.step_records) == 2
+
+
 def test_all_reduce_mean_and_charge() -> None:
     def fn(rank, comm):
         t = torch.full((5,), float(rank))

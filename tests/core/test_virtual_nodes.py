@@ -11,7 +11,8 @@ from torch import nn
 from communicators.islands import draw_islands, draw_participants
 from exogym import Trainer
 from exogym.runtime.launch import NodeFailedError
-from exogym.runtime.virtual import VirtualHub, VirtualNodeError, block_of, worker_of
+from exogym.runtime.placement import Placement, block_of
+from exogym.runtime.virtual import VirtualHub, VirtualNodeError
 from exogym.strategy import (
     DeMoStrategy,
     DiLoCoStrategy,
@@ -249,7 +250,7 @@ def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampli
 
 
 def test_virtual_nodes_calling_different_collectives_raise_naming_both() -> None:
-    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank == 0:
@@ -263,7 +264,7 @@ def test_virtual_nodes_calling_different_collectives_raise_naming_both() -> None
 
 
 def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> None:
-    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank != 1:
@@ -277,7 +278,7 @@ def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> Non
 
 
 def test_the_last_virtual_node_finishing_while_others_wait_fails_instead_of_hanging() -> None:
-    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank != 2:
@@ -297,7 +298,7 @@ def test_nodes_sitting_an_all_reduce_out_add_nothing_even_when_a_whole_worker_sl
     from exogym.core.comm.comm import NodeComm
 
     values = {r: float(10**r) for r in range(4)}
-    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     got: dict[tuple[int, int], float] = {}
 
     def node(rank, transport):
@@ -336,7 +337,7 @@ def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_eve
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
-    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     events: list[tuple[str, int]] = []
     got: list[float] = []
 
@@ -385,7 +386,7 @@ def test_receiving_nodes_get_the_sum_of_the_others_shares_without_reading_their_
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
-    hubs = [VirtualHub(block_of(4, 2, w), 4, 2, w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     got: dict[int, list[torch.Tensor]] = {r: [] for r in range(4)}
     likes: dict[int, torch.Tensor] = {}
 
@@ -414,7 +415,7 @@ def test_receiving_nodes_get_the_sum_of_the_others_shares_without_reading_their_
 
 
 def test_the_receiving_nodes_of_a_worker_share_one_result_tensor() -> None:
-    hub = VirtualHub(range(3), 3, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
     got: dict[int, torch.Tensor] = {}
 
     def body(rank, transport):
@@ -448,7 +449,7 @@ def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() ->
     # than MAX_QUEUED calls (it parks when full), and node 0 still gets its own value each time.
     from exogym.runtime.virtual import MAX_QUEUED
 
-    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
     longest = [0]
     got = []
 
@@ -485,7 +486,7 @@ def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:
 
 
 def test_a_collective_one_node_sits_out_and_no_node_makes_fails_the_run() -> None:
-    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank == 0:
@@ -564,7 +565,9 @@ def test_blocks_cover_every_rank_once_and_worker_of_inverts_them(k: int, w: int)
     assert ranks == list(range(k))
     sizes = [len(block_of(k, w, i)) for i in range(w)]
     assert max(sizes) - min(sizes) <= 1
-    assert all(worker_of(r, k, w) == i for i in range(w) for r in block_of(k, w, i))
+    placement = Placement.blocks(k, w)
+    assert all(placement.worker_of(r) == i for i in range(w) for r in block_of(k, w, i))
+    assert all(placement.slot_of(r) == j for i in range(w) for j, r in enumerate(block_of(k, w, i)))
 
 
 def test_round_steps_is_the_period_of_the_module_that_samples_clients() -> None:
@@ -657,7 +660,7 @@ def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also
     next five out in one call, which parks it once; node 0's sums show each call's members."""
     from exogym.runtime.virtual import MAX_QUEUED
 
-    hub = VirtualHub(range(2), 2, 1, 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
     got = []
 
     def body(rank, transport):

@@ -59,8 +59,11 @@ class Comm(Protocol):
         """Block until every rank arrives."""
         ...
 
-    def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
-        """Record a logical collective in the ledger without moving data. Not a collective."""
+    def charge(
+        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False, count: int = 1
+    ) -> None:
+        """Record a logical collective in the ledger without moving data (``count``: that many
+        identical ones in a row, e.g. for rounds a node sits out). Not a collective."""
         ...
 
     def present(self, groups: Groups | None = None) -> list[int]:
@@ -165,10 +168,13 @@ class NodeComm:
         i = index[self.rank]
         return i, members[i]
 
-    def charge(self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False) -> None:
+    def charge(
+        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False, count: int = 1
+    ) -> None:
         """Charge a logical collective without moving data (for algorithms whose physical
-        implementation differs from what they would send, e.g. client sampling)."""
-        self.ledger.record(kind, group_size, payload, tag, is_root)
+        implementation differs from what they would send, e.g. client sampling); ``count``
+        identical ones in a row."""
+        self.ledger.record(kind, group_size, payload, tag, is_root, count)
 
     # -- collectives ----------------------------------------------------------------------
     def all_reduce(

@@ -100,16 +100,20 @@ class Ledger:
             self.overlap_steps = previous
 
     def record(
-        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False
+        self, kind: str, group_size: int, payload: int, tag: str = "", is_root: bool = False, count: int = 1
     ) -> CollectiveRecord:
-        """Charge one collective to this node and return its record."""
+        """Charge one collective to this node (``count`` identical ones in a row: the same
+        record ``count`` times) and return its record."""
         sent, received = wire_bytes(kind, group_size, payload, is_root)
         rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag, self.overlap_steps)
-        self.step_records.append(rec)
-        self.total_sent += sent
-        self.total_received += received
-        self.total_payload += rec.payload
-        self.total_collectives += 1
+        if count == 1:
+            self.step_records.append(rec)
+        else:
+            self.step_records.extend([rec] * count)
+        self.total_sent += sent * count
+        self.total_received += received * count
+        self.total_payload += rec.payload * count
+        self.total_collectives += count
         return rec
 
     def end_step(self, count: int | None = None) -> list[CollectiveRecord]:
