@@ -13,6 +13,8 @@ from exogym.core.comm.flat import Bucket, dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
 TARGETS = ("params", "grads")
+#: Rounds whose draw a node keeps (:meth:`AveragingCommunicator._round_groups`).
+KEPT_ROUNDS = 64
 
 
 class AveragingCommunicator(Communicator):
@@ -64,13 +66,15 @@ class AveragingCommunicator(Communicator):
     def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
         """(islands or None, this rank's island, its participants) for the round of ``step``.
 
-        Drawn once per round and kept for two rounds (the node loop asks at every step and
-        looks one round ahead)."""
+        Drawn once per round and kept for the next :data:`KEPT_ROUNDS` rounds asked about (the
+        node loop asks at every step; a sleeping client asks about every round up to its next
+        participation, several times)."""
         round_ = step // self.H
         groups = self._drawn.get(round_)
         if groups is None:
             groups = self._draw_groups(round_)
-            self._drawn = {r: g for r, g in self._drawn.items() if r > round_ - 2}
+            if len(self._drawn) >= KEPT_ROUNDS:  # the earliest half goes (rounds are asked about in order)
+                self._drawn = dict(sorted(self._drawn.items())[KEPT_ROUNDS // 2 :])
             self._drawn[round_] = groups
         return groups
 

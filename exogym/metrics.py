@@ -154,17 +154,32 @@ class MetricsBuffer:
         block[:, 8] = wall
         block[:, 10] = lr
 
-    def add_rounds(self, idle: Sequence[int], idle_lrs: Sequence[float], samples: Sequence[StepSample]) -> None:
+    def add_rounds(
+        self,
+        idle: Sequence[int],
+        idle_lr: Sequence[float],
+        lr: Sequence[float],
+        sent: Sequence[float],
+        received: Sequence[float],
+        comm_sim: Sequence[float],
+        comm_wall: float,
+        wall: float,
+    ) -> None:
         """Record rounds this node sat out whole, in one write: per round ``i``, ``idle[i]``
-        idle steps (as :meth:`add_idle`, at ``idle_lrs[i]`` and the wall time of the round's
-        sample), then ``samples[i]``, its last step (as :meth:`add`; it computed nothing)."""
+        idle steps (as :meth:`add_idle`, at ``idle_lr[i]``), then the round's last step (as
+        :meth:`add` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
+        and ``comm_wall`` transport seconds); ``wall`` is the wall time of every one."""
         counts = np.asarray(idle, dtype=np.int64) + 1
         block = self._reserve(int(counts.sum()))
-        table = np.asarray(samples, dtype=np.float64).reshape(len(samples), len(StepSample._fields))
         block[:] = 0.0
-        block[:, 8] = np.repeat(table[:, 8], counts)
-        block[:, 10] = np.repeat(np.asarray(idle_lrs, dtype=np.float64), counts)
-        block[np.cumsum(counts) - 1] = table
+        block[:, 8] = wall
+        block[:, 10] = np.repeat(idle_lr, counts)
+        last = np.cumsum(counts) - 1
+        block[last, 3] = sent
+        block[last, 4] = received
+        block[last, 6] = comm_sim
+        block[last, 7] = comm_wall
+        block[last, 10] = lr
 
     def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they

@@ -424,21 +424,32 @@ class TrainNode:
         ledger = self.comm.ledger
         per = len(ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - transport0) / len(spans)
-        idle_lrs, samples = [], []
+        idle_lr: list[float] = []
+        lr: list[float] = []
+        sent: list[float] = []
+        received: list[float] = []
+        sim: list[float] = []
         priced: tuple[list[CollectiveRecord], float, float, float] | None = None
         for m, end in zip(spans, ends, strict=True):
             strategy.skip_steps(m - 1)
-            idle_lrs.append(strategy.lr)
+            idle_lr.append(strategy.lr)
             strategy.skip_steps(1)
+            lr.append(strategy.lr)
             self._rejoin(end)
             records = ledger.end_step(per)
             if priced is None or records != priced[0]:  # (rounds charged alike share their records)
-                sent, received = sum(r.sent for r in records), sum(r.received for r in records)
-                priced = (records, sent, received, self.cfg.network.records_time(records))
-            _, sent, received, sim = priced
-            wall = time.perf_counter() - start
-            samples.append(StepSample(0.0, 0.0, 0.0, sent, received, 0.0, sim, comm_wall, wall, 0.0, strategy.lr))
-        metrics.add_rounds([m - 1 for m in spans], idle_lrs, samples)  # what add_idle and _add_sample would add
+                priced = (
+                    records,
+                    sum(r.sent for r in records),
+                    sum(r.received for r in records),
+                    self.cfg.network.records_time(records),
+                )
+            sent.append(priced[1])
+            received.append(priced[2])
+            sim.append(priced[3])
+        # What add_idle and _add_sample would add round by round.
+        wall = time.perf_counter() - start
+        metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall)
         return ends[-1] + 1
 
     def _next_sync(self, step: int, flush_every: int) -> int:
