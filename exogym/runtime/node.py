@@ -85,6 +85,41 @@ class TrainNode:
     def __init__(self, job: NodeJob, rank: int, comm: NodeComm, device: torch.device) -> None:
         cfg = job.config
         self.cfg, self.rank, self.comm, self.device = cfg, rank, comm, device
+        train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
+        shared = not D.is_factory(job.train_dataset)
+        self.loader, self.sampler = D.train_loader(
+            train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed, cfg.dataloader_kwargs
+        )
+        val_ds = D.node_dataset(job.val_dataset, rank, cfg.num_nodes, train=False)
+        self.val_loader = None
+        if val_ds is not None and cfg.val_size > 0:
+            sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
+            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size, **cfg.dataloader_kwargs)
+        self.checkpoint_meta = job.checkpoint_meta
+        self.logger = job.logger if rank == 0 else None
+        self.run_name = job.run_name
+        self.history: list[dict[str, Any]] = []
+        #: Training batches this node has taken from its data (nodes that sit steps out take none).
+        self.batches_drawn = 0
+        self._step_flops: float | None = None  # FLOPs of a training step, for Network(compute="flops")
+        self._avg_model: torch.nn.Module | None = None
+        # The node is built for its own data's steps per epoch, then the nodes agree on the
+        # fewest (a collective, last: virtual nodes take turns, and what a node built after a
+        # collective would run after rank 0 has started training and its clock). A node whose
+        # data gives more is built again for the agreed count.
+        local = D.steps_per_epoch(len(train_ds), shared, cfg.num_nodes, cfg.batch_size)
+        self._check_steps_per_epoch(local)
+        self._build(job, local)
+        if not shared:
+            agreed = self._agree_on_steps_per_epoch(local)
+            if agreed != local:
+                self._build(job, agreed)
+
+    def _build(self, job: NodeJob, steps_per_epoch: int) -> None:
+        """The node's model copy, strategy, offloader and fault plan, for ``steps_per_epoch``."""
+        cfg, device = self.cfg, self.device
+        self.steps_per_epoch = steps_per_epoch
+        self.max_steps = cfg.max_steps or steps_per_epoch * cfg.num_epochs
         # An own copy of the model: several nodes may share one job's model (threads).
         self.model = job.model_copy()
         # Only virtual nodes offload: a node with a process of its own frees nothing for others.
@@ -94,49 +129,29 @@ class TrainNode:
         if not (offloads and device.type != "cpu") and any(t.device != device for t in tensors):
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
         self.model.train()
-        train_ds = D.node_dataset(job.train_dataset, rank, cfg.num_nodes, train=True)
-        shared = not D.is_factory(job.train_dataset)
-        self.loader, self.sampler = D.train_loader(
-            train_ds, shared, rank, cfg.num_nodes, cfg.batch_size, cfg.shuffle, cfg.seed, cfg.dataloader_kwargs
-        )
-        self.steps_per_epoch = self._agree_on_steps_per_epoch(len(train_ds), shared)
-        self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
-        val_ds = D.node_dataset(job.val_dataset, rank, cfg.num_nodes, train=False)
-        self.val_loader = None
-        if val_ds is not None and cfg.val_size > 0:
-            sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
-            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size, **cfg.dataloader_kwargs)
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = copy.deepcopy(job.strategy)
-        self.strategy._attach(comm, self.max_steps, cfg.seed, self.steps_per_epoch)
-        self.checkpoint_meta = job.checkpoint_meta
-        self.strategy._init_node(self.model, rank, cfg.num_nodes)
+        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch)
+        self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
-        self.logger = job.logger if rank == 0 else None
-        self.run_name = job.run_name
-        self.history: list[dict[str, Any]] = []
-        #: Training batches this node has taken from its data (nodes that sit steps out take none).
-        self.batches_drawn = 0
-        self._step_flops: float | None = None  # FLOPs of a training step, for Network(compute="flops")
-        self._avg_model: torch.nn.Module | None = None
         self.faults = None
         if cfg.faults is not None:
             self.faults = F.FaultPlan(cfg.faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
             self.faults.check()  # again: a dataset factory's length is known only here
 
-    def _agree_on_steps_per_epoch(self, n: int, shared: bool) -> int:
-        """Full batches per epoch. Factory datasets may differ in size, but every node must run
-        the same number of steps, so the nodes take the minimum (one uncharged all-reduce)."""
-        local = D.steps_per_epoch(n, shared, self.cfg.num_nodes, self.cfg.batch_size)
-        if not shared:
-            t = torch.tensor([float(local)])
-            self.comm.all_reduce(t, op="min", charge=False)
-            local = int(t.item())
+    def _agree_on_steps_per_epoch(self, local: int) -> int:
+        """The fewest full batches per epoch over the nodes' factory datasets (their sizes may
+        differ, but every node must run the same number of steps): one uncharged all-reduce.
+        Collective."""
+        t = torch.tensor([float(local)])
+        self.comm.all_reduce(t, op="min", charge=False)
+        return int(t.item())
+
+    def _check_steps_per_epoch(self, local: int) -> None:
         if local < 1:
             raise ValueError(
                 f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on"
             )
-        return local
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.autocast is None:

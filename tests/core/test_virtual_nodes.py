@@ -712,3 +712,28 @@ def test_rows_of_a_worker_with_many_nodes_equal_those_of_workers_with_few(monkey
     one, three = rows(1), rows(3)
     assert [r["step"] for r in one] == list(range(1, 151))
     assert one == [{**r, "train_loss": pytest.approx(r["train_loss"], rel=1e-5)} for r in three]
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_nodes_of_unequal_factory_datasets_are_built_for_the_fewest_steps_per_epoch(workers: int | None) -> None:
+    # Node r holds r + 2 batches: each is built for its own count, then rebuilt for the fewest
+    # (2), so FedAvg(local_epochs=1) averages every 2 steps on every node.
+    def data(rank: int, num_nodes: int, train: bool):
+        return regression_data(n=8 * (rank + 2), seed=rank)
+
+    out = train_ranks(
+        4, lambda: FedAvgStrategy(local_epochs=1, optim_spec=SGD, lr=0.1), 4, dataset=data, workers=workers
+    )
+    assert [o["node"].steps_per_epoch for o in out] == [2, 2, 2, 2]
+    assert [o["strategy"].averaging.H for o in out] == [2, 2, 2, 2]
+    for o in out[1:]:  # every node holds the last round's average
+        torch.testing.assert_close(o["params"], out[0]["params"], rtol=0, atol=0)
+
+
+def test_a_factory_that_gives_a_node_less_than_a_batch_fails_the_run_naming_the_fix() -> None:
+    def data(rank: int, num_nodes: int, train: bool):
+        return regression_data(n=4 if rank == 1 else 16, seed=rank)
+
+    with pytest.raises(VirtualNodeError, match="fewer than batch_size=8 examples") as err:
+        train_ranks(3, lambda: FedAvgStrategy(H=1, optim_spec=SGD, lr=0.1), 2, dataset=data, workers=1)
+    assert err.value.node_rank == 1
