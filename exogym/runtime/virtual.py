@@ -84,6 +84,8 @@ class _Call:
     #: How many consecutive collectives this queued entry stands for (an absent node sitting
     #: several rounds out in one call).
     repeat: int = 1
+    #: The node's contribution was reduced on arrival (``tensor`` is a stand-in on "meta").
+    folded: bool = False
     done: bool = False
     result: torch.Tensor | None = None
 
@@ -138,6 +140,11 @@ class VirtualHub:
         self._to_run: list[int] = list(range(self.n))
         self._cursor = 0
         self._failure: VirtualNodeError | None = None
+        #: Collectives executed so far (every node's queue starts at the next one).
+        self._executed = 0
+        #: Running reductions of the contributions queued for a later collective, by (its
+        #: index, group): a contributing node's tensor is folded in when it arrives, not kept.
+        self._folded: dict[tuple[int, tuple[int, ...] | None], torch.Tensor] = {}
         self._cuda = device.type == "cuda"
         self._rng: list[Any] = []
         for r in self.ranks:
@@ -238,12 +245,31 @@ class VirtualHub:
         """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
         or only contributes, ``call.detached``): the call is queued and the node runs on, unless
         it has :data:`MAX_QUEUED` calls queued: then it waits for them, which bounds the memory
-        they hold and how far the worker's nodes drift apart."""
+        they hold and how far the worker's nodes drift apart. A contribution is folded into the
+        collective's running reduction at once (the worker holds one tensor per collective and
+        group, not one per node: the final average of 500 nodes would hold 500 model copies)."""
         queue = self._queued[i]
+        if call.detached and call.tensor is not None and call.tensor.dtype not in (torch.float16, torch.bfloat16):
+            self._fold(call, self._executed + sum(c.repeat for c in queue))
         if len(queue) + 1 < MAX_QUEUED:
             queue.append(call)
         else:
             self.collective(i, call)
+
+    def _fold(self, call: _Call, index: int) -> None:
+        """Reduce ``call``'s tensor into the running result of collective ``index`` for its
+        group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
+        are left out: :func:`reduce_rows_into` adds those in float32 at once."""
+        t = call.tensor
+        assert t is not None and call.op is not None
+        key = (index, call.members)
+        acc = self._folded.get(key)
+        if acc is None:
+            self._folded[key] = t.clone()
+        else:
+            reduce_rows_into([acc, t], call.op, acc)
+        call.tensor = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        call.folded = True
 
     def collective(self, i: int, call: _Call) -> _Call:
         """Node ``i`` arrives at a collective: park until every hosted node has queued a call
@@ -286,6 +312,7 @@ class VirtualHub:
             self._all_reduce(present, first)
         else:
             self._all_gather(calls)
+        self._executed += 1
         released = []
         for j, c in enumerate(calls):
             c.done = True
@@ -312,7 +339,11 @@ class VirtualHub:
         assert op is not None and first.tensor is not None
         groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
         for c in present:
-            if not c.receives:
+            if c.folded:  # the group's folded contributions, once, where its first one sits
+                folded = self._folded.pop((self._executed, c.members), None)
+                if folded is not None:
+                    groups.setdefault(c.members, []).append(folded)
+            elif not c.receives:
                 groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
         partials = {}
         for key, tensors in groups.items():

@@ -737,3 +737,36 @@ def test_a_factory_that_gives_a_node_less_than_a_batch_fails_the_run_naming_the_
     with pytest.raises(VirtualNodeError, match="fewer than batch_size=8 examples") as err:
         train_ranks(3, lambda: FedAvgStrategy(H=1, optim_spec=SGD, lr=0.1), 2, dataset=data, workers=1)
     assert err.value.node_rank == 1
+
+
+def test_contributions_are_folded_on_arrival_into_one_tensor_per_collective_and_group() -> None:
+    # 6 nodes, node 5 waits (it runs last): when it arrives, the five others' contributions to
+    # each of three collectives are already folded (one tensor per collective and group; the
+    # queued calls keep a shape-only stand-in), and the results are the plain reductions.
+    from exogym.core.comm.comm import NodeComm
+
+    hub = VirtualHub(Placement.blocks(6, 1), 0, None, torch.device("cpu"), 0)
+    seen: dict[str, object] = {}
+    got: list[list[float]] = []
+    groups = [[0, 1, 2], [3, 4, 5]]
+
+    def node(rank, transport):
+        comm = NodeComm(rank, 6, transport)
+        values = [torch.full((3,), float(rank + 1)), torch.full((3,), float(10 - rank)), torch.full((3,), rank + 0.5)]
+        ops = ["sum", "max", "sum"]
+        kwargs = [{}, {}, {"groups": groups}]
+        if rank < 5:
+            for v, op, kw in zip(values, ops, kwargs, strict=True):
+                comm.all_reduce_contribute(v, op, **kw)
+            return rank
+        seen["folded"] = {k: v.clone() for k, v in hub._folded.items()}
+        seen["devices"] = {c.tensor.device.type for q in hub._queued[:5] for c in q}
+        for v, op, kw in zip(values, ops, kwargs, strict=True):
+            got.append(comm.all_reduce(v, op, **kw).tolist())
+        return rank
+
+    hub.run(node)
+    assert sorted(seen["folded"]) == [(0, None), (1, None), (2, (0, 1, 2)), (2, (3, 4, 5))]
+    assert seen["devices"] == {"meta"}
+    assert got == [[21.0] * 3, [10.0] * 3, [3.5 + 4.5 + 5.5] * 3]  # 1+..+6; max(10-r); node 5 and its group
+    assert hub._folded == {}
