@@ -169,12 +169,16 @@ class MetricsBuffer:
         idle steps (as :meth:`add_idle`, at ``idle_lr[i]``), then the round's last step (as
         :meth:`add` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
         and ``comm_wall`` transport seconds); ``wall`` is the wall time of every one."""
-        counts = np.asarray(idle, dtype=np.int64) + 1
-        block = self._reserve(int(counts.sum()))
+        counts = [m + 1 for m in idle]
+        block = self._reserve(sum(counts))
         block[:] = 0.0
         block[:, 8] = wall
-        block[:, 10] = np.repeat(idle_lr, counts)
-        last = np.cumsum(counts) - 1
+        block[:, 10] = idle_lr[0] if len(set(idle_lr)) == 1 else np.repeat(idle_lr, counts)
+        last: slice | np.ndarray  # the rows of the rounds' last steps
+        if len(set(counts[1:])) <= 1:  # rounds of one length after the first: a strided view
+            last = slice(counts[0] - 1, None, counts[-1])
+        else:
+            last = np.cumsum(counts) - 1
         block[last, 3] = sent
         block[last, 4] = received
         block[last, 6] = comm_sim
