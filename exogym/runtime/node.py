@@ -103,6 +103,7 @@ class TrainNode:
         self.batches_drawn = 0
         self._step_flops: float | None = None  # FLOPs of a training step, for Network(compute="flops")
         self._avg_model: torch.nn.Module | None = None
+        self._holds_grads = False  # it trained since it last slept
         # The node is built for its own data's steps per epoch, then the nodes agree on the
         # fewest (a collective, last: virtual nodes take turns, and what a node built after a
         # collective would run after rank 0 has started training and its clock). A node whose
@@ -209,6 +210,12 @@ class TrainNode:
                 n = min(idle, self._next_sync(step, flush_every) - step)
                 quiet = n if n < idle else n - 1
                 sit_out = n == idle and self._may_sit_out(step + n - 1)
+                if sit_out and self._holds_grads:
+                    # Idle spans communicate parameters only: its gradients are not read before its
+                    # next step clears them. A client that sits rounds out holds its state only
+                    # (on virtual nodes, every client that had trained kept a model's worth).
+                    self.strategy.zero_grad()
+                    self._holds_grads = False
                 if self._offloader is not None:  # receiving the round's result needs the state on the device
                     (self._offloader.to_host if n < idle or sit_out else self._offloader.to_device)()
                 slept = self._sleep(step, n, metrics, start, flush_every, transport0) if sit_out else None
@@ -532,6 +539,7 @@ class TrainNode:
         ``absent`` nodes); the summed loss."""
         cfg = self.cfg
         self.strategy.zero_grad()
+        self._holds_grads = True
         counter = None
         if self._step_flops is None and cfg.network.counts_flops:
             counter = FlopCounterMode(display=False)  # the first training step only

@@ -770,3 +770,27 @@ def test_contributions_are_folded_on_arrival_into_one_tensor_per_collective_and_
     assert seen["devices"] == {"meta"}
     assert got == [[21.0] * 3, [10.0] * 3, [3.5 + 4.5 + 5.5] * 3]  # 1+..+6; max(10-r); node 5 and its group
     assert hub._folded == {}
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_client_that_sleeps_after_training_holds_no_gradients(workers: int | None) -> None:
+    # 10 clients, 2 per round, 8 rounds. A client that trained and then sleeps (not sampled in
+    # the last two rounds) drops its gradients; the last round's participants still hold theirs.
+    k, h, rounds, frac, seed = 10, 2, 8, 0.2, 1
+    out = train_ranks(
+        k,
+        lambda: FedAvgStrategy(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
+        h * rounds,
+        seed=seed,
+        dataset=regression_data(n=k * 8 * h * rounds),
+        workers=workers,
+    )
+    sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
+    slept_after_training = [
+        r for r in range(k) if any(r in s for s in sampled[:-2]) and r not in sampled[-2] + sampled[-1]
+    ]
+    assert slept_after_training
+    for r in slept_after_training:
+        assert all(p.grad is None for p in out[r]["node"].model.parameters()), r
+    for r in sampled[-1]:
+        assert all(p.grad is not None for p in out[r]["node"].model.parameters()), r
