@@ -13,8 +13,10 @@ from exogym.core.comm.flat import Bucket, dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
 
 TARGETS = ("params", "grads")
-#: Rounds whose draw a node keeps (:meth:`AveragingCommunicator._round_groups`).
-KEPT_ROUNDS = 64
+#: Rounds whose draw a node keeps (:meth:`AveragingCommunicator._round_groups`): few, since a
+#: round's islands are lists of every rank, and a node that sleeps far ahead may hold draws that
+#: :func:`~communicators.islands.draw_round`'s cache has already let go (copies of its own).
+KEPT_ROUNDS = 4
 
 
 class AveragingCommunicator(Communicator):
@@ -67,8 +69,7 @@ class AveragingCommunicator(Communicator):
         """(islands or None, this rank's island, its participants) for the round of ``step``.
 
         Drawn once per round and kept for the next :data:`KEPT_ROUNDS` rounds asked about (the
-        node loop asks at every step; a sleeping client asks about every round up to its next
-        participation, several times)."""
+        node loop asks at every step and looks one round ahead)."""
         round_ = step // self.H
         groups = self._drawn.get(round_)
         if groups is None:

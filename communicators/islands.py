@@ -56,17 +56,27 @@ class RoundGroups(NamedTuple):
     participants: list[list[int]]
 
 
+@functools.lru_cache(maxsize=8)
+def _one_group(num_nodes: int) -> tuple[list[int], list[int]]:
+    """All ranks, and every rank's group index (0), shared by the rounds without islands."""
+    return list(range(num_nodes)), [0] * num_nodes
+
+
 @functools.lru_cache(maxsize=64)
 def draw_round(num_nodes: int, island_size: int | None, fraction: float | None, seed: int, round_: int) -> RoundGroups:
     """:func:`draw_islands` and :func:`draw_participants` of a round for all ranks at once,
-    cached: the virtual nodes of a worker draw each round once, not once per node. (They run
-    one after another, each at most :data:`exogym.runtime.virtual.MAX_QUEUED` collectives
-    ahead of the others: the cache holds more rounds than that.)"""
+    cached: the virtual nodes of a worker draw each round once, not once per node, while the
+    rounds they ask about stay within 64 of each other (a sleeping client plans up to its next
+    participation or metrics flush; beyond that a round is drawn again, the same draw)."""
     islands = draw_islands(num_nodes, island_size, seed, round_) if island_size else None
-    groups = islands or [list(range(num_nodes))]
-    island_of = [0] * num_nodes
-    for i, g in enumerate(groups):
-        for r in g:
-            island_of[r] = i
+    if islands is None:  # one group of everyone: the same lists every round (nodes keep rounds)
+        everyone, island_of = _one_group(num_nodes)
+        groups = [everyone]
+    else:
+        groups = islands
+        island_of = [0] * num_nodes
+        for i, g in enumerate(groups):
+            for r in g:
+                island_of[r] = i
     participants = [g if fraction is None else draw_participants(g, fraction, seed, round_) for g in groups]
     return RoundGroups(islands, groups, island_of, participants)

@@ -107,3 +107,17 @@ def test_bad_arguments() -> None:
         FedAvgStrategy(H=2, local_epochs=1)
     with pytest.raises(TypeError, match="unexpected keyword"):
         FedAvgStrategy(H=2, island=3)
+
+
+def test_rounds_without_islands_share_their_lists_and_a_client_keeps_few_draws() -> None:
+    # Memory of long sampled runs: a round without islands adds only its participants, and a
+    # client that sleeps far ahead (here 60 rounds of H=1) keeps a bounded number of draws.
+    from communicators.averaging import KEPT_ROUNDS
+    from communicators.islands import draw_round
+
+    a, b = draw_round(500, None, 0.02, 3, 0), draw_round(500, None, 0.02, 3, 1)
+    assert a.groups[0] is b.groups[0] and a.island_of is b.island_of
+    assert a.groups[0] == list(range(500)) and a.island_of == [0] * 500
+    assert a.participants == [draw_participants(list(range(500)), 0.02, 3, 0)]
+    out = train_ranks(20, lambda: FedAvgStrategy(H=1, client_sampling=0.1, optim_spec="sgd", lr=0.1), 60, workers=2)
+    assert max(len(o["strategy"].averaging._drawn) for o in out) <= KEPT_ROUNDS
