@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from communicators.islands import draw_islands, draw_participants
-from exogym.runtime.placement import Placement, block_of, place_nodes
+from exogym.runtime.placement import PLANNED_ROUNDS, Placement, block_of, place_nodes
 from exogym.strategy import DiLoCoStrategy, FedAvgStrategy, SimpleReduceStrategy
 from tests import fake_world as fw
 from tests.helpers import regression_data
@@ -98,3 +98,35 @@ def test_virtual_nodes_placed_by_the_sampling_end_as_one_process_per_node() -> N
         for a, b in zip(placed[r]["params"], reference[r]["params"], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert placed[r]["records"] == reference[r]["records"]
+
+
+def test_a_run_whose_length_is_not_known_yet_is_placed_by_its_first_rounds() -> None:
+    # fit(num_epochs=...) over dataset factories: max_steps is known only inside the nodes.
+    strategy = FedAvgStrategy(H=2, client_sampling=0.02)
+    placement = place_nodes(strategy, 1000, 2, 5, None)
+    assert placement != Placement.blocks(1000, 2)
+    assert placement == Placement.balanced(1000, 2, [_sampled(1000, None, 0.02, 5, r) for r in range(PLANNED_ROUNDS)])
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_fit_by_epochs_over_dataset_factories_places_sampled_clients() -> None:
+    from exogym import Trainer
+    from tests.helpers import TinyNet, child_pids
+
+    def data(rank: int, num_nodes: int, train: bool):
+        return regression_data(n=32, seed=rank)
+
+    trainer = Trainer(TinyNet(), data)
+    trainer.fit(
+        FedAvgStrategy(H=2, client_sampling=0.25, optim_spec=SGD, lr=0.05),
+        num_nodes=8,
+        workers=2,
+        num_epochs=1,
+        batch_size=8,
+        progress=False,
+        logger=False,
+        val_size=0,
+    )
+    assert trainer.result["max_steps"] == 4  # one epoch of 4 batches
+    assert child_pids() == []
