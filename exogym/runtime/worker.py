@@ -75,6 +75,9 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     return result
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
 def _one_malloc_arena() -> None:
     """Let every thread of this process allocate from one malloc arena (glibc; elsewhere a
     no-op). glibc gives threads arenas of their own, up to eight per core; the virtual nodes'
@@ -82,9 +85,6 @@ def _one_malloc_arena() -> None:
     and never reused by the others (a worker of 500 nodes grew 2 MB a round)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
-
-
-_M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class _AfterBuilding:
