@@ -112,6 +112,33 @@ class AveragingCommunicator(Communicator):
             return None  # sampled now, or the next round ends after the run
         return step + self.H if self.idle_steps(step + 1) == self.H else None
 
+    def _idle_round(self, round_: int) -> bool:
+        """Whether this node is not sampled for ``round_`` (with ``client_sampling``), from the
+        worker's shared draw (not kept: asked while planning a sleep)."""
+        drawn = draw_round(self.ctx.num_nodes, self.island_size, self.client_sampling, self.ctx.seed, round_)
+        return self.ctx.rank not in drawn.participants[drawn.island_of[self.ctx.rank]]
+
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """The rounds from ``step`` (a round's first step) that this client sits out in a row,
+        round by round as :meth:`idle_steps` and :meth:`overwritten_at` answer (not sampled in the
+        round nor in the next, which ends before the run does), without asking them per round:
+        a FedAvg client that sleeps through most of a long run plans it at once."""
+        H = self.H
+        if self.client_sampling is None or self.target != "params" or step % H:
+            return super().idle_span_ends(step, stop, read_at)
+        # The round of end e counts while e < stop, e + H < max_steps and e + H < read_at.
+        last = min(stop - 1, self.ctx.max_steps - H - 1, read_at - H - 1)
+        ends: list[int] = []
+        round_, end = step // H, step + H - 1
+        idle = end <= last and self._idle_round(round_)
+        while idle and end <= last:
+            idle = self._idle_round(round_ + 1)  # the next round's mean replaces this one's
+            if not idle:
+                break
+            ends.append(end)
+            round_, end = round_ + 1, end + H
+        return ends
+
     def sit_out(self, step: int) -> None:
         """The unsampled client's share of the round (charged as when it receives), without
         moving data: it contributes zeros and its parameters are replaced next round."""
@@ -121,7 +148,7 @@ class AveragingCommunicator(Communicator):
         """:meth:`sit_out` at each of ``steps`` (ascending; the node is idle in between), in one
         go: the absent calls first (one queued call for all of them where every round averages
         over the world and there is one bucket), then the charges, per step one per bucket."""
-        drawn = [self._round_groups(s) for s in steps]
+        drawn = [self._draw_groups(s // self.H) for s in steps]  # (not kept: no later step asks)
         rank, comm, tag = self.ctx.rank, self.ctx.comm, f"average_{self.target}"
         for s, (_, _, participants) in zip(steps, drawn, strict=True):
             if rank in participants:

@@ -22,7 +22,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from exogym.core.comm.comm import Comm
 from exogym.core.optim import OptimSpec
-from exogym.core.strategy import Strategy
+from exogym.core.strategy import Strategy, chain_idle_spans
 
 
 @dataclass
@@ -95,6 +95,13 @@ class Communicator:
         (it checks that nothing reads the node's state in between). Depends only on shared
         values (step, rank, seed)."""
         return None
+
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """The last steps of the idle spans in a row from ``step`` that the node may sit out
+        (see :meth:`exogym.core.strategy.Strategy.idle_span_ends`). The default asks
+        :meth:`idle_steps` and :meth:`overwritten_at` span by span; a module that makes nodes
+        idle for many rounds may answer at once (the same answer)."""
+        return chain_idle_spans(self.idle_steps, self.overwritten_at, step, stop, read_at)
 
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
         """The nodes this module lets train in the round of ``step`` (the others idle), drawn
@@ -217,6 +224,14 @@ class Pipeline(Communicator):
         (t,) = at
         return t if self.idle_steps(step + 1) == t - step else None
 
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """A pipeline of one parameter-space module: that module's (its idle spans end where it
+        communicates); else asked span by span."""
+        leaves = self._leaves
+        if len(leaves) == 1 and leaves[0].space == "param":
+            return leaves[0].idle_span_ends(step, stop, read_at)
+        return chain_idle_spans(self.idle_steps, self.overwritten_at, step, stop, read_at)
+
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
         """A pipeline of one module: that module's; else ``None``."""
         leaves = self.leaves()
@@ -325,6 +340,10 @@ class CommunicateOptimizeStrategy(Strategy):
 
     def overwritten_at(self, step: int) -> int | None:
         return self.pipeline.overwritten_at(step)
+
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """The pipeline's (see :meth:`exogym.core.pipeline.Communicator.idle_span_ends`)."""
+        return self.pipeline.idle_span_ends(step, stop, read_at)
 
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
         """The pipeline's (see :meth:`exogym.core.pipeline.Communicator.sampled_nodes`)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +28,32 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from exogym.core.comm.comm import Comm
 from exogym.core.optim import OptimSpec
 from exogym.core.schedule import build_scheduler, check_scheduler
+
+
+def chain_idle_spans(
+    idle_steps: Callable[[int], int],
+    overwritten_at: Callable[[int], int | None],
+    step: int,
+    stop: int,
+    read_at: int,
+) -> list[int]:
+    """The last steps of the idle spans in a row from ``step`` that a node may sit out, asked
+    span by span: a span of ``idle_steps(s)`` steps from ``s`` counts if it is not empty, ends
+    before ``stop`` and ``overwritten_at`` its last step is a step before ``read_at``; the next
+    span starts after it. (See :meth:`Strategy.idle_span_ends`.)"""
+    ends: list[int] = []
+    s = step
+    while s < stop:
+        m = idle_steps(s)
+        if not m or s + m > stop:
+            break
+        until = overwritten_at(s + m - 1)
+        if until is None or until >= read_at:
+            break
+        ends.append(s + m - 1)
+        s += m
+    return ends
+
 
 #: The inner optimizer when none is given.
 DEFAULT_OPTIM = OptimSpec(torch.optim.AdamW, lr=1e-3)
@@ -214,6 +241,15 @@ class Strategy(ABC):
         ``None`` (see :meth:`exogym.core.pipeline.Communicator.overwritten_at`). The base
         strategy: ``None``."""
         return None
+
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """The node loop's plan of a sleep: from ``step`` (where an idle span starts), the last
+        steps of the idle spans in a row that the node may sit out whole, each span idle from its
+        first step (:meth:`idle_steps`), ending before ``stop``, and its communication replaced
+        (:meth:`overwritten_at`) before step ``read_at``, where something reads the node's state.
+        The default asks those two span by span (:func:`chain_idle_spans`); an override must
+        give the same answer, faster."""
+        return chain_idle_spans(self.idle_steps, self.overwritten_at, step, stop, read_at)
 
     def sit_out_rounds(self, steps: list[int]) -> bool:
         """Sit out the communications at ``steps`` (ascending, each allowed by

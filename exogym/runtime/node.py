@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -411,13 +412,15 @@ class TrainNode:
         if self.faults is not None and self.faults.drops:
             return False
         until = self.strategy.overwritten_at(step)
-        if until is None:
-            return False
+        return until is not None and until < self._next_read(step)
+
+    def _next_read(self, step: int) -> int:
+        """The first step after ``step`` at whose end validation reads this node's state (the
+        end of the run), or ``sys.maxsize`` without validation."""
         if self.val_loader is None:
-            return True
+            return sys.maxsize
         vi = self.cfg.val_interval
-        next_read = min(self.max_steps, -(-(step + 1) // vi) * vi) if vi else self.max_steps
-        return next_read > until
+        return min(self.max_steps, -(-(step + 1) // vi) * vi) if vi else self.max_steps
 
     def _sleep(
         self, step: int, n: int, metrics: MetricsBuffer, start: float, flush_every: int, transport0: float
@@ -432,15 +435,9 @@ class TrainNode:
         evenly). Returns the step after the last one slept, or ``None`` (nothing done) where
         the strategy sits rounds out one at a time."""
         strategy = self.strategy
-        sync = self._next_sync(step, flush_every)
-        spans, ends = [n], [step + n - 1]
-        while ends[-1] + 1 < sync:
-            s = ends[-1] + 1
-            m = min(strategy.idle_steps(s), self.max_steps - s)
-            if not m or s + m > sync or not self._may_sit_out(s + m - 1):
-                break
-            spans.append(m)
-            ends.append(s + m - 1)
+        ends = [step + n - 1]
+        ends += strategy.idle_span_ends(step + n, self._next_sync(step, flush_every), self._next_read(step))
+        spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
         if not strategy.sit_out_rounds(ends):
             return None
         ledger = self.comm.ledger
@@ -448,16 +445,21 @@ class TrainNode:
         comm_wall = (self.comm.transport_seconds - transport0) / len(spans)
         idle_lr: list[float] = []
         lr: list[float] = []
+        if strategy.scheduler is None and self.faults is None:  # one LR, no rejoins: the counter moves at once
+            strategy.skip_steps(sum(spans))
+            idle_lr = lr = [strategy.lr] * len(spans)
+        else:
+            for m, end in zip(spans, ends, strict=True):
+                strategy.skip_steps(m - 1)
+                idle_lr.append(strategy.lr)
+                strategy.skip_steps(1)
+                lr.append(strategy.lr)
+                self._rejoin(end)
         sent: list[float] = []
         received: list[float] = []
         sim: list[float] = []
         priced: tuple[list[CollectiveRecord], float, float, float] | None = None
-        for m, end in zip(spans, ends, strict=True):
-            strategy.skip_steps(m - 1)
-            idle_lr.append(strategy.lr)
-            strategy.skip_steps(1)
-            lr.append(strategy.lr)
-            self._rejoin(end)
+        for _ in spans:
             records = ledger.end_step(per)
             if priced is None or records != priced[0]:  # (rounds charged alike share their records)
                 priced = (

@@ -121,3 +121,31 @@ def test_rounds_without_islands_share_their_lists_and_a_client_keeps_few_draws()
     assert a.participants == [draw_participants(list(range(500)), 0.02, 3, 0)]
     out = train_ranks(20, lambda: FedAvgStrategy(H=1, client_sampling=0.1, optim_spec="sgd", lr=0.1), 60, workers=2)
     assert max(len(o["strategy"].averaging._drawn) for o in out) <= KEPT_ROUNDS
+
+
+@pytest.mark.parametrize(
+    "island,frac,h,max_steps", [(None, 0.1, 3, 90), (5, 0.4, 2, 41), (None, 0.5, 1, 30), (4, 1.0, 2, 20)]
+)
+def test_planned_sleep_of_a_sampled_client_is_the_span_by_span_answer(island, frac, h, max_steps) -> None:
+    """``idle_span_ends`` (a sleep planned at once, what the node loop calls) equals asking
+    ``idle_steps`` and ``overwritten_at`` span by span (``chain_idle_spans``, the definition),
+    for every rank, start step, stop and validation step, directly and through a pipeline."""
+    from exogym.core.pipeline import NodeContext, Pipeline
+    from exogym.core.strategy import chain_idle_spans
+
+    k = 12
+    gen = torch.Generator().manual_seed(h)
+    longest = 0  # rounds in the longest planned sleep
+    for rank in range(k):
+        comm = AveragingCommunicator(H=h, island_size=island, client_sampling=frac)
+        pipe = Pipeline([AveragingCommunicator(H=h, island_size=island, client_sampling=frac)])
+        for c in (comm, pipe):
+            c._init_node(NodeContext(TinyNet(), rank, k, None, None, 7, max_steps, None))
+        for step in range(max_steps):
+            stop = int(torch.randint(step + 1, max_steps + 1, (), generator=gen))
+            read_at = int(torch.randint(step, max_steps + 2, (), generator=gen)) if step % 3 else 2**62
+            for c in (comm, pipe):
+                expected = chain_idle_spans(c.idle_steps, c.overwritten_at, step, stop, read_at)
+                assert c.idle_span_ends(step, stop, read_at) == expected, (rank, step, stop, read_at)
+            longest = max(longest, len(comm.idle_span_ends(step, max_steps, 2**62)))
+    assert (longest > 1) == (frac < 1.0)  # not vacuous: clients sleep several rounds (unless all train)

@@ -610,15 +610,16 @@ def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_afte
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize("island", [None, 6])
+@pytest.mark.parametrize("island,warmup", [(None, 6), (6, 6), (None, None)])
 @pytest.mark.parametrize("workers", [None, 2])
 def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metric_row(
-    monkeypatch: pytest.MonkeyPatch, island: int | None, workers: int | None
+    monkeypatch: pytest.MonkeyPatch, island: int | None, warmup: int | None, workers: int | None
 ) -> None:
     """A client that sits several rounds out in a row sleeps through them in one call
     (``Strategy.sit_out_rounds``); every parameter, every step's ledger records and every metric
     row but the wall-clock columns equal those of sitting the rounds out one at a time (with a
-    warm-up schedule, so each row's learning rate differs)."""
+    warm-up schedule, so each row's learning rate differs, and without a schedule, where the
+    sleep moves the step counter at once)."""
     from exogym.core.comm.network import Network
     from exogym.core.pipeline import CommunicateOptimizeStrategy
 
@@ -626,7 +627,7 @@ def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metr
         return train_ranks(
             12,
             lambda: FedAvgStrategy(
-                H=2, island_size=island, client_sampling=0.17, optim_spec=SGD, lr=0.1, warmup_steps=6
+                H=2, island_size=island, client_sampling=0.17, optim_spec=SGD, lr=0.1, warmup_steps=warmup
             ),
             24,
             seed=3,
