@@ -96,6 +96,11 @@ class AveragingCommunicator(Communicator):
         _, _, participants = self._round_groups(step)
         return 0 if self.ctx.rank in participants else self.H - step % self.H
 
+    @property
+    def round_steps(self) -> int | None:
+        """``H`` with ``client_sampling`` (each round samples its clients), else ``None``."""
+        return self.H if self.client_sampling else None
+
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
         """With ``client_sampling`` on parameters: the round's participants of every island
         (the nodes that train in it), ascending; else ``None``."""

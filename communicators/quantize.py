@@ -196,6 +196,11 @@ class QuantizeCommunicator(Communicator):
         here (:meth:`overwritten_at` stays ``None``; a quantized payload has no absent form)."""
         return self.inner.idle_steps(step)
 
+    @property
+    def round_steps(self) -> int | None:
+        """``inner``'s."""
+        return self.inner.round_steps
+
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:
         """``inner``'s."""
         return self.inner.sampled_nodes(num_nodes, seed, step)

@@ -96,6 +96,13 @@ class Communicator:
         values (step, rank, seed)."""
         return None
 
+    @property
+    def round_steps(self) -> int | None:
+        """Steps per round where this module samples the clients that train in each round
+        (:meth:`sampled_nodes`; the progress bar counts rounds, ``fit`` places nodes by them);
+        ``None`` (the default): it samples none."""
+        return None
+
     def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
         """The last steps of the idle spans in a row from ``step`` that the node may sit out
         (see :meth:`exogym.core.strategy.Strategy.idle_span_ends`). The default asks
@@ -224,6 +231,11 @@ class Pipeline(Communicator):
         (t,) = at
         return t if self.idle_steps(step + 1) == t - step else None
 
+    @property
+    def round_steps(self) -> int | None:
+        """The first module's that samples clients (nested pipelines and wrappers included)."""
+        return next((m.round_steps for m in self.modules if m.round_steps), None)
+
     def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
         """A pipeline of one parameter-space module: that module's (its idle spans end where it
         communicates); else asked span by span."""
@@ -335,8 +347,8 @@ class CommunicateOptimizeStrategy(Strategy):
 
     @property
     def round_steps(self) -> int | None:
-        """The period of the first module that samples clients (``client_sampling``), if any."""
-        return next((m.H for m in self.pipeline.leaves() if getattr(m, "client_sampling", None)), None)
+        """The pipeline's: the period of its first module that samples clients, if any."""
+        return self.pipeline.round_steps
 
     def overwritten_at(self, step: int) -> int | None:
         return self.pipeline.overwritten_at(step)

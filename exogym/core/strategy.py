@@ -223,7 +223,8 @@ class Strategy(ABC):
     @property
     def round_steps(self) -> int | None:
         """Steps per round where nodes are sampled per round (client sampling), for the
-        progress bar; ``None`` (the base strategy) otherwise."""
+        progress bar and for placing nodes (:meth:`sampled_nodes`); ``None`` (the base
+        strategy) otherwise."""
         return None
 
     def sampled_nodes(self, num_nodes: int, seed: int, step: int) -> list[int] | None:

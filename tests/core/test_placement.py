@@ -130,3 +130,13 @@ def test_fit_by_epochs_over_dataset_factories_places_sampled_clients() -> None:
     )
     assert trainer.result["max_steps"] == 4  # one epoch of 4 batches
     assert child_pids() == []
+
+
+def test_a_quantized_fedavg_with_sampling_is_placed_as_the_plain_one() -> None:
+    from communicators import AveragingCommunicator, QuantizeCommunicator
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+
+    quantized = CommunicateOptimizeStrategy([QuantizeCommunicator(AveragingCommunicator(5, client_sampling=0.02))])
+    plain = place_nodes(FedAvgStrategy(H=5, client_sampling=0.02), 400, 2, 9, 100)
+    assert plain != Placement.blocks(400, 2)
+    assert place_nodes(quantized, 400, 2, 9, 100) == plain

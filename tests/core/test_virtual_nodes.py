@@ -575,6 +575,14 @@ def test_round_steps_is_the_period_of_the_module_that_samples_clients() -> None:
     assert FedAvgStrategy(H=5).round_steps is None
     assert DiLoCoStrategy(H=5).round_steps is None
     assert SimpleReduceStrategy().round_steps is None
+    # Found inside wrappers and nested pipelines too.
+    from communicators import AveragingCommunicator, QuantizeCommunicator
+    from exogym.core.pipeline import CommunicateOptimizeStrategy, Pipeline
+
+    quantized = QuantizeCommunicator(AveragingCommunicator(4, client_sampling=0.1))
+    assert CommunicateOptimizeStrategy([quantized]).round_steps == 4
+    assert CommunicateOptimizeStrategy([Pipeline([AveragingCommunicator(2), quantized])]).round_steps == 4
+    assert CommunicateOptimizeStrategy([QuantizeCommunicator(AveragingCommunicator(4))]).round_steps is None
 
 
 def test_the_progress_bar_of_a_sampled_run_shows_the_rounds(monkeypatch, capsys) -> None:
