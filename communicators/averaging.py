@@ -63,7 +63,9 @@ class AveragingCommunicator(Communicator):
         super()._init_node(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self._drawn: dict[int, tuple] = {}
-        self.buckets = dtype_buckets(self.params)
+        # With client sampling a node averages in the rounds it is sampled for: its flat buffer
+        # exists only then (1,000 clients would hold a model's worth each for the run).
+        self.buckets = dtype_buckets(self.params, lazy=self.client_sampling is not None)
 
     def _round_groups(self, step: int) -> tuple[list[list[int]] | None, list[int], list[int]]:
         """(islands or None, this rank's island, its participants) for the round of ``step``.
@@ -159,20 +161,20 @@ class AveragingCommunicator(Communicator):
             if rank in participants:
                 raise RuntimeError(f"rank {rank} is sampled for the round of step {s}: it cannot sit it out")
         if len(self.buckets) == 1 and all(islands is None for islands, _, _ in drawn):
-            comm.all_reduce_absent(self.buckets[0].buffer.buffer, "sum", repeat=len(steps))
+            comm.all_reduce_absent(self.buckets[0].buffer.like, "sum", repeat=len(steps))
         else:
             for islands, _, _ in drawn:
                 for bucket in self.buckets:
-                    comm.all_reduce_absent(bucket.buffer.buffer, "sum", groups=islands)
+                    comm.all_reduce_absent(bucket.buffer.like, "sum", groups=islands)
         sizes = [len(members) - len(participants) + 1 for _, members, participants in drawn]
         if len(self.buckets) == 1:  # runs of equal rounds in one charge each
-            flat = self.buckets[0].buffer.buffer
+            flat = self.buckets[0].buffer.like
             for size, run in itertools.groupby(sizes):
                 comm.charge("broadcast", size, flat.numel() * flat.element_size(), tag, count=len(list(run)))
             return True
         for size in sizes:
             for bucket in self.buckets:
-                flat = bucket.buffer.buffer
+                flat = bucket.buffer.like
                 comm.charge("broadcast", size, flat.numel() * flat.element_size(), tag)
         return True
 
@@ -220,7 +222,7 @@ class AveragingCommunicator(Communicator):
         """A client that was not sampled takes the participants' mean into its parameters: what
         :meth:`_mean_` gives it, without writing its zero share anywhere (every node is present)."""
         comm, tag = self.ctx.comm, f"average_{self.target}"
-        total = comm.all_reduce_receive(bucket.buffer.buffer, "sum", groups=islands)
+        total = comm.all_reduce_receive(bucket.buffer.like, "sum", groups=islands)
         bucket.buffer.unpack_divided(total, bucket.tensors, len(participants))
         nbytes = total.numel() * total.element_size()
         comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag)
@@ -244,6 +246,8 @@ class AveragingCommunicator(Communicator):
                 flat = buf.pack(params)
                 self._mean_(flat, islands, members, participants)
                 buf.unpack(params)
+            if self.client_sampling is not None:
+                buf.release()
 
     def describe(self) -> str:
         extra = "".join(

@@ -143,3 +143,21 @@ def test_fit_refuses_offloading_on_the_cpu_before_starting_anything():
         trainer.fit(FedAvgStrategy(H=2, client_sampling=0.5), num_nodes=2, device="cpu", offload_idle_nodes=True)
     with pytest.raises(TypeError, match="offload_idle_nodes must be True or False"):
         trainer.fit(FedAvgStrategy(H=2), num_nodes=2, device="cpu", offload_idle_nodes="yes")  # type: ignore[arg-type]
+
+
+def test_a_lazy_flat_buffer_exists_only_between_its_first_use_and_its_release() -> None:
+    params = [torch.randn(3, 4), torch.randn(5)]
+    fb = FlatBuffer(params, lazy=True)
+    # The stand-in: the buffer's dtype, size and device in one element of memory.
+    assert (fb.like.dtype, fb.like.numel(), fb.like.untyped_storage().nbytes()) == (torch.float32, 17, 4)
+    assert not fb.allocated
+    flat = fb.pack(params)
+    assert fb.allocated and torch.equal(flat, torch.cat([p.reshape(-1) for p in params]))
+    out = [torch.zeros_like(p) for p in params]
+    fb.unpack(out)
+    assert all(torch.equal(a, b) for a, b in zip(out, params, strict=True))
+    fb.release()
+    assert not fb.allocated
+    fb.pack([None, params[1]])  # made again, with the same layout
+    assert fb.allocated and torch.equal(fb.buffer[:12], torch.zeros(12)) and torch.equal(fb.views[1], params[1])
+    assert FlatBuffer(params).allocated  # eager by default

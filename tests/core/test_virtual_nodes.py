@@ -782,9 +782,10 @@ def test_contributions_are_folded_on_arrival_into_one_tensor_per_collective_and_
 
 
 @pytest.mark.parametrize("workers", [None, 2])
-def test_a_client_that_sleeps_after_training_holds_no_gradients(workers: int | None) -> None:
+def test_a_client_that_sleeps_after_training_holds_no_gradients_and_no_flat_buffer(workers: int | None) -> None:
     # 10 clients, 2 per round, 8 rounds. A client that trained and then sleeps (not sampled in
     # the last two rounds) drops its gradients; the last round's participants still hold theirs.
+    # No client holds its averaging buffer after the run: it exists only while a client averages.
     k, h, rounds, frac, seed = 10, 2, 8, 0.2, 1
     out = train_ranks(
         k,
@@ -803,3 +804,6 @@ def test_a_client_that_sleeps_after_training_holds_no_gradients(workers: int | N
         assert all(p.grad is None for p in out[r]["node"].model.parameters()), r
     for r in sampled[-1]:
         assert all(p.grad is not None for p in out[r]["node"].model.parameters()), r
+    for r in range(k):
+        (averaging,) = out[r]["strategy"].pipeline.leaves()
+        assert not any(b.buffer.allocated for b in averaging.buckets), r

@@ -8,20 +8,80 @@ from dataclasses import dataclass
 
 import torch
 
+#: Released buffers by (elements, dtype, device), for the next buffer of that shape in this
+#: process: a FedAvg client makes its buffer again in every round it is sampled for, and taking
+#: a released one costs no allocation (nor the page faults of fresh memory). It holds at most
+#: as many buffers per shape as were in use at once. (List appends and pops are atomic: the
+#: threads of virtual nodes may share it.)
+_RELEASED: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
+
 
 class FlatBuffer:
     """A persistent contiguous buffer laid out for a fixed list of same-dtype tensors.
 
     Args:
         like: the tensors whose shapes define the layout (all one dtype and device).
+        lazy: allocate the buffer at its first use rather than now. With :meth:`release`, for
+            a node that communicates now and then (a FedAvg client sampled in few rounds): its
+            buffer then costs memory only while it communicates, not a model's worth for the
+            whole run.
     """
 
-    def __init__(self, like: Sequence[torch.Tensor]) -> None:
+    def __init__(self, like: Sequence[torch.Tensor], lazy: bool = False) -> None:
         if not like:
             raise ValueError("FlatBuffer needs at least one tensor")
         self.numels = [t.numel() for t in like]
-        self.buffer = torch.empty(sum(self.numels), dtype=like[0].dtype, device=like[0].device)
-        self.views = list(torch.split(self.buffer, self.numels))
+        #: Elements in the buffer.
+        self.numel = sum(self.numels)
+        #: A stand-in with the buffer's dtype, size and device that holds one element (a
+        #: zero-stride view): for calls that read only those, e.g.
+        #: :meth:`~exogym.core.comm.comm.NodeComm.all_reduce_absent`. It moves with the node's
+        #: state (:mod:`exogym.runtime.offload`), so the buffer is made where the state is.
+        self.like = torch.zeros(1, dtype=like[0].dtype, device=like[0].device).expand(self.numel)
+        self._buffer: torch.Tensor | None = None
+        self._views: list[torch.Tensor] | None = None
+        if not lazy:
+            self._allocate()
+
+    def _allocate(self) -> torch.Tensor:
+        like = self.like
+        released = _RELEASED.get((self.numel, like.dtype, like.device))
+        try:
+            self._buffer = released.pop() if released else None
+        except IndexError:  # (another thread took the last one)
+            self._buffer = None
+        if self._buffer is None:
+            self._buffer = torch.empty(self.numel, dtype=like.dtype, device=like.device)
+        self._views = list(torch.split(self._buffer, self.numels))
+        return self._buffer
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The flat buffer (made on first use after :meth:`release`; its contents are then
+        undefined)."""
+        return self._allocate() if self._buffer is None else self._buffer
+
+    @property
+    def views(self) -> list[torch.Tensor]:
+        """One view of :attr:`buffer` per tensor of the layout, flattened."""
+        if self._views is None:
+            self._allocate()
+        assert self._views is not None
+        return self._views
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the buffer exists now (it holds memory)."""
+        return self._buffer is not None
+
+    def release(self) -> None:
+        """Let the buffer go (its contents are lost); the next use makes it again. The memory is
+        kept for the process's next buffer of this shape."""
+        buf = self._buffer
+        if buf is None:
+            return
+        self._buffer = self._views = None
+        _RELEASED.setdefault((buf.numel(), buf.dtype, buf.device), []).append(buf)
 
     @torch.no_grad()
     def pack(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -65,8 +125,10 @@ class Bucket:
     buffer: FlatBuffer
 
 
-def dtype_buckets(tensors: Sequence[torch.Tensor]) -> list[Bucket]:
-    """One :class:`Bucket` per (dtype, device) of ``tensors``, in first-seen order."""
+def dtype_buckets(tensors: Sequence[torch.Tensor], lazy: bool = False) -> list[Bucket]:
+    """One :class:`Bucket` per (dtype, device) of ``tensors``, in first-seen order (``lazy``:
+    see :class:`FlatBuffer`)."""
     return [
-        Bucket(idx, [tensors[i] for i in idx], FlatBuffer([tensors[i] for i in idx])) for idx in group_by_dtype(tensors)
+        Bucket(idx, [tensors[i] for i in idx], FlatBuffer([tensors[i] for i in idx], lazy))
+        for idx in group_by_dtype(tensors)
     ]
