@@ -56,6 +56,25 @@ def test_quantized_averaging_is_charged_at_the_quantized_size(fmt, ratio) -> Non
         assert torch.equal(a, b)  # every rank decodes the same codes
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "bf16"])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_a_quantized_all_reduce_is_the_reduction_of_every_ranks_decoded_payload(fmt, op) -> None:
+    # Reference from the definition: each rank's payload quantized and decoded with the codec,
+    # then summed (or averaged) over the ranks; the same result, bit for bit, on every rank.
+    k, n = 3, 700
+    xs = [torch.randn(n, generator=torch.Generator().manual_seed(r)) * (r + 1) for r in range(k)]
+    decoded = [dequantize(*quantize(x, fmt, 64), fmt, 64) for x in xs]
+    expected = sum(decoded) / (k if op == "mean" else 1)
+
+    def fn(rank, comm):
+        return QuantizedComm(comm, fmt, chunk=64, error_feedback=False).all_reduce(xs[rank].clone(), op=op)
+
+    out = run_ranks(k, fn)
+    torch.testing.assert_close(out[0], expected, rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(o, out[0]) for o in out[1:])
+    assert not torch.allclose(out[0], sum(xs) / (k if op == "mean" else 1), rtol=0, atol=1e-4)  # not the dense sum
+
+
 def test_error_feedback_carries_the_residual() -> None:
     rounds = 50
     xs = [torch.randn(300, generator=torch.Generator().manual_seed(i)) * 0.01 for i in range(rounds)]
