@@ -200,20 +200,24 @@ class AveragingCommunicator(Communicator):
         comm.all_reduce(flat, op="sum", groups=islands, charge=False)
         flat.div_(len(participants))
         nbytes = flat.numel() * flat.element_size()
-        if rank in participants:
-            comm.charge("all_reduce", len(participants), nbytes, tag)
+        if rank in participants:  # (at what the comm sends: a quantizing one sends less)
+            wire = getattr(comm, "wire_payload", None)
+            sent, sent_tag = wire(flat, tag) if wire is not None else (nbytes, tag)
+            comm.charge("all_reduce", len(participants), sent, sent_tag)
         if rank not in participants or rank == participants[0]:
             comm.charge("broadcast", len(members) - len(participants) + 1, nbytes, tag, is_root=rank == participants[0])
 
     def _receives_only(self, participants: list[int]) -> bool:
         """Whether this node only receives the round's mean: it was not sampled, no node is
-        missing from the round, and its comm can receive without sending (a wrapper such as
-        :class:`~communicators.quantize.QuantizedComm` sends its zeros through its own codec)."""
+        missing from the round, and its comm can receive without sending (not
+        :class:`~communicators.quantize.QuantizedComm` with error feedback, whose zero payload
+        carries the node's residual: see its ``can_contribute_nothing``)."""
         comm = self.ctx.comm
         return (
             self.ctx.rank not in participants
             and not getattr(comm, "absent", True)
             and hasattr(comm, "all_reduce_receive")
+            and getattr(comm, "can_contribute_nothing", True)
         )
 
     def _receive_mean_(

@@ -18,6 +18,7 @@ next payload from that site (Seide et al. 2014; Karimireddy et al. 2019, EF-SGD)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -145,6 +146,45 @@ class QuantizedComm:
             )
         return decoded.view(decoded.shape[0], *tensor.shape).to(tensor.dtype)
 
+    def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
+        """``(bytes, tag)`` that :meth:`all_reduce` charges for ``tensor``: the quantized size
+        of a float payload (tag ``"<tag>+<fmt>"``), else its own; for a caller that charges an
+        all-reduce itself (client sampling charges the participants' all-reduce apart)."""
+        if not tensor.is_floating_point():
+            return tensor.numel() * tensor.element_size(), tag
+        return quantized_bytes(tensor.numel(), self.fmt, self.chunk), f"{tag}+{self.fmt}"
+
+    @property
+    def absent(self) -> frozenset[int]:
+        """The base's nodes missing from the round."""
+        return self.base.absent
+
+    @property
+    def can_contribute_nothing(self) -> bool:
+        """Whether a node may take part in a float all-reduce without a payload
+        (:meth:`all_reduce_receive`, :meth:`all_reduce_absent`) and get what sending zeros gives:
+        without error feedback, as zeros quantize to zero codes; with it, a node's zero payload
+        carries its residual, so every node sends."""
+        return not self.error_feedback
+
+    def _refuse_feedback(self, what: str) -> None:
+        if self.error_feedback:
+            raise RuntimeError(f"{what} with error feedback: a zero payload carries this node's residual; send it")
+
+    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
+        """As :meth:`NodeComm.all_reduce_receive` (contributing zeros, whose codes are zero).
+        Not with error feedback (see :attr:`can_contribute_nothing`)."""
+        self._refuse_feedback("all_reduce_receive")
+        return self.base.all_reduce_receive(like, op, groups)
+
+    def all_reduce_absent(
+        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
+    ) -> None:
+        """As :meth:`NodeComm.all_reduce_absent`. Not with error feedback (see
+        :attr:`can_contribute_nothing`)."""
+        self._refuse_feedback("all_reduce_absent")
+        self.base.all_reduce_absent(like, op, groups, repeat)
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
         """Passed through unquantized."""
         return self.base.broadcast(tensor, src, charge, tag)
@@ -200,9 +240,27 @@ class QuantizeCommunicator(Communicator):
 
     def idle_steps(self, step: int) -> int:
         """``inner``'s (a quantized FedAvg with client sampling leaves its unsampled clients idle
-        as the plain one does). They receive each round's mean: ``inner`` never sits a round out
-        here (:meth:`overwritten_at` stays ``None``; a quantized payload has no absent form)."""
+        as the plain one does)."""
         return self.inner.idle_steps(step)
+
+    def overwritten_at(self, step: int) -> int | None:
+        """``inner``'s without error feedback (an unsampled client sleeps through rounds as the
+        plain one does: its payload would be zeros, whose codes are zero); ``None`` with it (the
+        node's zero payload carries its residual, so it takes part in every round)."""
+        return None if self.error_feedback else self.inner.overwritten_at(step)
+
+    def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """``inner``'s without error feedback; none with it (see :meth:`overwritten_at`)."""
+        return [] if self.error_feedback else self.inner.idle_span_ends(step, stop, read_at)
+
+    def sit_out(self, step: int) -> None:
+        """``inner``'s (only where :meth:`overwritten_at` allows it: no error feedback)."""
+        self.qcomm.begin_round()
+        self.inner.sit_out(step)
+
+    def sit_out_rounds(self, steps: Sequence[int]) -> bool:
+        """``inner``'s; ``False`` with error feedback."""
+        return False if self.error_feedback else self.inner.sit_out_rounds(steps)
 
     @property
     def round_steps(self) -> int | None:

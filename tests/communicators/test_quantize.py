@@ -166,3 +166,71 @@ def test_quantized_fedavg_with_sampling_trains_only_the_sampled_clients_and_they
     for rank in range(k):
         assert out[rank]["node"].batches_drawn == h * sum(rank in s for s in sampled)
     assert _identical_ranks(out) == [list(range(k))] * k
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+@pytest.mark.parametrize("error_feedback", [False, True])
+def test_unsampled_quantized_clients_receive_or_sleep_as_if_they_sent_zero_codes(
+    monkeypatch, workers, error_feedback
+) -> None:
+    """Without error feedback an unsampled client of a quantized FedAvg receives the mean
+    without a payload, or sleeps through rounds, as the plain one does: the same parameters and
+    ledger records, step by step, as when it sends its zero payload through the codec. With
+    error feedback (a zero payload carries the residual) every client sends, every round."""
+    from exogym.core.pipeline import CommunicateOptimizeStrategy as COS
+    from tests.helpers import regression_data
+
+    k, h, rounds, frac, seed = 8, 2, 10, 0.25, 3
+
+    def run():
+        return train_ranks(
+            k,
+            lambda: COS(
+                [QuantizeCommunicator(AveragingCommunicator(h, client_sampling=frac), "int8", 64, error_feedback)],
+                optim_spec=SGD,
+            ),
+            h * rounds,
+            seed=seed,
+            dataset=regression_data(n=k * 8 * h * rounds),
+            workers=workers,
+        )
+
+    slept = []
+    original = COS.sit_out_rounds
+    monkeypatch.setattr(COS, "sit_out_rounds", lambda self, steps: slept.append(len(steps)) or original(self, steps))
+    fast = run()
+    assert (max(slept, default=0) > 1) == (not error_feedback)  # clients slept through rounds (without EF)
+    monkeypatch.setattr(QuantizedComm, "can_contribute_nothing", property(lambda self: False))
+    monkeypatch.setattr(COS, "sit_out_rounds", lambda self, steps: False)
+    monkeypatch.setattr(QuantizeCommunicator, "overwritten_at", lambda self, step: None)
+    sending = run()  # every unsampled client sends its zero payload, every round
+    for a, b in zip(fast, sending, strict=True):
+        for x, y in zip(a["params"], b["params"], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+        assert a["records"] == b["records"]
+
+
+def test_quantized_fedavg_with_sampling_charges_the_participants_all_reduce_at_the_quantized_size() -> None:
+    # Per round: the participants' all-reduce at the quantized size (n int8 codes plus a float32
+    # scale per chunk of 256), the mean's broadcast to the others at the dense size (4n bytes).
+    from communicators.islands import draw_participants
+    from exogym.core.pipeline import CommunicateOptimizeStrategy as COS
+    from tests.helpers import regression_data
+
+    k, h, rounds, frac, seed = 6, 1, 4, 0.34, 5  # (H=1: a node's ledger closes once a round, asleep or not)
+    out = train_ranks(
+        k,
+        lambda: COS([QuantizeCommunicator(AveragingCommunicator(h, client_sampling=frac), "int8")], optim_spec=SGD),
+        h * rounds,
+        seed=seed,
+        dataset=regression_data(n=k * 8 * h * rounds),
+    )
+    n = sum(p.numel() for p in TinyNet().parameters())
+    for rnd in range(rounds):
+        sampled = draw_participants(list(range(k)), frac, seed, rnd)
+        for rank in range(k):
+            kinds = {(r.kind, r.group_size, r.payload, r.tag) for r in out[rank]["records"][rnd]}
+            if rank in sampled:
+                assert ("all_reduce", len(sampled), n + 4 * math.ceil(n / 256), "average_params+int8") in kinds
+            else:
+                assert kinds == {("broadcast", k - len(sampled) + 1, 4 * n, "average_params")}
