@@ -155,13 +155,12 @@ def test_quantized_fedavg_with_sampling_trains_only_the_sampled_clients_and_they
     """Unsampled clients of a quantized FedAvg sit their rounds out as in the plain one (no
     compute, no data read); every client holds the same decoded mean after each round."""
     from communicators.islands import draw_participants
-    from tests.helpers import regression_data
 
     k, h, rounds, frac, seed = 6, 3, 4, 0.34, 7
     make = lambda: CommunicateOptimizeStrategy(  # noqa: E731
         [QuantizeCommunicator(AveragingCommunicator(h, "params", client_sampling=frac), "int8")], optim_spec=SGD
     )
-    out = train_ranks(k, make, h * rounds, seed=seed, dataset=regression_data(n=k * 8 * h * rounds), workers=workers)
+    out = train_ranks(k, make, h * rounds, seed=seed, workers=workers)
     sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
     for rank in range(k):
         assert out[rank]["node"].batches_drawn == h * sum(rank in s for s in sampled)
@@ -178,7 +177,6 @@ def test_unsampled_quantized_clients_receive_or_sleep_as_if_they_sent_zero_codes
     ledger records, step by step, as when it sends its zero payload through the codec. With
     error feedback (a zero payload carries the residual) every client sends, every round."""
     from exogym.core.pipeline import CommunicateOptimizeStrategy as COS
-    from tests.helpers import regression_data
 
     k, h, rounds, frac, seed = 8, 2, 10, 0.25, 3
 
@@ -191,7 +189,6 @@ def test_unsampled_quantized_clients_receive_or_sleep_as_if_they_sent_zero_codes
             ),
             h * rounds,
             seed=seed,
-            dataset=regression_data(n=k * 8 * h * rounds),
             workers=workers,
         )
 
@@ -215,7 +212,6 @@ def test_quantized_fedavg_with_sampling_charges_the_participants_all_reduce_at_t
     # scale per chunk of 256), the mean's broadcast to the others at the dense size (4n bytes).
     from communicators.islands import draw_participants
     from exogym.core.pipeline import CommunicateOptimizeStrategy as COS
-    from tests.helpers import regression_data
 
     k, h, rounds, frac, seed = 6, 1, 4, 0.34, 5  # (H=1: a node's ledger closes once a round, asleep or not)
     out = train_ranks(
@@ -223,7 +219,6 @@ def test_quantized_fedavg_with_sampling_charges_the_participants_all_reduce_at_t
         lambda: COS([QuantizeCommunicator(AveragingCommunicator(h, client_sampling=frac), "int8")], optim_spec=SGD),
         h * rounds,
         seed=seed,
-        dataset=regression_data(n=k * 8 * h * rounds),
     )
     n = sum(p.numel() for p in TinyNet().parameters())
     for rnd in range(rounds):

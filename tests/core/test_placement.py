@@ -79,7 +79,7 @@ def test_sampled_nodes_are_exactly_the_nodes_that_train_in_each_round() -> None:
     def make():
         return FedAvgStrategy(H=h, island_size=4, client_sampling=0.5, optim_spec=SGD, lr=0.1)
 
-    out = fw.train_ranks(k, make, h * rounds, seed=seed, dataset=regression_data(n=k * 8 * h * rounds))
+    out = fw.train_ranks(k, make, h * rounds, seed=seed)
     unbound = make()
     for rnd in range(rounds):
         trained = sorted(r for r in range(k) if out[r]["strategy"].idle_steps(rnd * h) == 0)

@@ -169,7 +169,6 @@ def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters
         lambda: Recording(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
         h * rounds,
         seed=seed,
-        dataset=regression_data(n=k * 8 * h * rounds),
         workers=workers,
     )
     sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
@@ -639,7 +638,6 @@ def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metr
             ),
             24,
             seed=3,
-            dataset=regression_data(n=12 * 8 * 24),
             workers=workers,
             network=Network(1e8, 0.03, compute=0.01),  # modelled compute: rows free of timings
         )
@@ -792,7 +790,6 @@ def test_a_client_that_sleeps_after_training_holds_no_gradients_and_no_flat_buff
         lambda: FedAvgStrategy(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
         h * rounds,
         seed=seed,
-        dataset=regression_data(n=k * 8 * h * rounds),
         workers=workers,
     )
     sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
