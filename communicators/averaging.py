@@ -122,8 +122,7 @@ class AveragingCommunicator(Communicator):
     def _idle_round(self, round_: int) -> bool:
         """Whether this node is not sampled for ``round_`` (with ``client_sampling``), from the
         worker's shared draw (not kept: asked while planning a sleep)."""
-        drawn = draw_round(self.ctx.num_nodes, self.island_size, self.client_sampling, self.ctx.seed, round_)
-        return self.ctx.rank not in drawn.participants[drawn.island_of[self.ctx.rank]]
+        return self.ctx.rank not in self._draw_groups(round_)[2]
 
     def idle_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
         """The rounds from ``step`` (a round's first step) that this client sits out in a row,
@@ -137,12 +136,11 @@ class AveragingCommunicator(Communicator):
         last = min(stop - 1, self.ctx.max_steps - H - 1, read_at - H - 1)
         ends: list[int] = []
         round_, end = step // H, step + H - 1
-        idle = end <= last and self._idle_round(round_)
+        idle = self._idle_round(round_)
         while idle and end <= last:
             idle = self._idle_round(round_ + 1)  # the next round's mean replaces this one's
-            if not idle:
-                break
-            ends.append(end)
+            if idle:
+                ends.append(end)
             round_, end = round_ + 1, end + H
         return ends
 

@@ -99,9 +99,13 @@ class QuantizedComm:
             self.residuals[site] = x - dequantize(codes, scales, self.fmt, self.chunk)
         return codes, scales
 
-    def _gather_decoded(self, tensor: torch.Tensor, groups: Groups | None, tag: str) -> torch.Tensor:
+    def _encode_next(self, tensor: torch.Tensor, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_encode` ``tensor`` as the round's next payload site."""
         self._site += 1
-        codes, scales = self._encode(tensor, (self._site, tag, tensor.numel(), tensor.dtype))
+        return self._encode(tensor, (self._site, tag, tensor.numel(), tensor.dtype))
+
+    def _gather_decoded(self, tensor: torch.Tensor, groups: Groups | None, tag: str) -> torch.Tensor:
+        codes, scales = self._encode_next(tensor, tag)
         all_codes = self.base.all_gather(codes, groups=groups, charge=False)
         all_scales = self.base.all_gather(scales, groups=groups, charge=False)
         return torch.stack([dequantize(c, s, self.fmt, self.chunk) for c, s in zip(all_codes, all_scales, strict=True)])
@@ -116,9 +120,7 @@ class QuantizedComm:
         # it, summed in float32. The decoding is the same on every node, so each decodes its own
         # and the sum travels as one plain all-reduce (not an all-gather that every node decodes
         # whole: K^2 decodings a round, 25 s a round for 200 virtual nodes).
-        self._site += 1
-        codes, scales = self._encode(tensor, (self._site, tag, tensor.numel(), tensor.dtype))
-        decoded = dequantize(codes, scales, self.fmt, self.chunk)
+        decoded = dequantize(*self._encode_next(tensor, tag), self.fmt, self.chunk)
         self.base.all_reduce(decoded, op, groups, charge=False)
         tensor.copy_(decoded.view_as(tensor))
         if charge:
