@@ -47,6 +47,9 @@ class NodeContext:
         seed: a seed every rank shares; derive shared randomness from it, never broadcast it.
         max_steps: the run's number of steps.
         steps_per_epoch: steps in one pass over a node's data (the same on every rank).
+        network: the run's network (:class:`~exogym.core.comm.network.Network`, node speeds
+            drawn): what asynchronous modules build their simulated timeline from; ``None``
+            where the node runs without one (unit tests).
     """
 
     model: torch.nn.Module
@@ -57,6 +60,7 @@ class NodeContext:
     seed: int
     max_steps: int
     steps_per_epoch: int
+    network: Any = None
 
     def optimizer_state(self, name: str) -> list[torch.Tensor]:
         """The inner optimizer's state tensor ``name`` of every trainable parameter of

@@ -195,7 +195,17 @@ class CommunicateOptimizeStrategy(Strategy):
         comm = self.comm
         if self.wire is not None:
             comm = self.wire_comm = self.wire.wrap(comm)
-        ctx = NodeContext(model, rank, num_nodes, comm, self.optim, self.seed, self.max_steps, self.steps_per_epoch)
+        ctx = NodeContext(
+            model,
+            rank,
+            num_nodes,
+            comm,
+            self.optim,
+            self.seed,
+            self.max_steps,
+            self.steps_per_epoch,
+            self.network,
+        )
         self.pipeline.bind(ctx)
 
     def communicate_phase(self, space: str, step: int) -> None:

@@ -140,7 +140,7 @@ class TrainNode:
         self.model.train()
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = copy.deepcopy(job.strategy)
-        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch)
+        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network)
         self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
         self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
@@ -329,6 +329,7 @@ class TrainNode:
             "max_steps": self.max_steps,
             "peak_memory": run.meter.metrics.peak_memory,
             "nodes": run.meter.metrics.clocks.table(),
+            "summary": self.strategy.run_summary(),
         }
 
     def due(self, done: int, interval: int | None) -> bool:

@@ -112,7 +112,9 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         # this process checks that the strategy builds: the two take seconds each.
         start_processes_server(wait=False)
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    preflight.check_strategy_builds(strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch)
+    preflight.check_strategy_builds(
+        strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
+    )
     if steps is not None:
         faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps)
         if faults is not None:

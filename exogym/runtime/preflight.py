@@ -135,6 +135,7 @@ def check_strategy_builds(
     steps: int | None,
     seed: int,
     per_epoch: int | None,
+    network: Any = None,
 ) -> None:
     """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
     as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
@@ -149,7 +150,7 @@ def check_strategy_builds(
         return
     dry = copy.deepcopy(strategy)
     comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
-    dry._attach(comm, steps or 1, seed, per_epoch or 1)
+    dry._attach(comm, steps or 1, seed, per_epoch or 1, network)
     set_current(comm)
     try:
         dry._init_node(copy.deepcopy(model), 0, num_nodes)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from exogym._lazy import lazy_exports
 
 __all__ = [
+    "AsyncDiLoCoStrategy",
     "CommunicateOptimizeStrategy",
     "Communicator",
     "DESLOCStrategy",
@@ -37,6 +38,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "AsyncDiLoCoStrategy": "exogym.strategy.async_diloco",
         "CommunicateOptimizeStrategy": "exogym.core.pipeline",
         "Communicator": "exogym.core.pipeline",
         "DESLOCStrategy": "exogym.strategy.desloc",
