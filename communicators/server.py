@@ -14,7 +14,9 @@ it, the events up to the next tick happen in simulated-time order:
 - ``deliver``: the node receives it (:meth:`ServerCommunicator.deliver`; charged as a transfer of
   the state from the server).
 
-After the run's last tick and its drain, every node holds the server's state (the run's result).
+After the run's last tick the strategy's ``finish`` drains the pushes still in flight (the
+server receives and applies them; their transfers are charged after the last metric row) and
+every node takes the server's state (the run's result).
 The server's state, the updates in flight and what was served but not delivered are part of the
 module's :meth:`~ServerCommunicator.state_dict`, so a checkpoint taken with updates in flight
 resumes bit-identically.
@@ -92,6 +94,7 @@ class ServerCommunicator(Communicator):
     """
 
     space = "param"
+    needs_step_seconds = True
 
     def __init__(self) -> None:
         super().__init__(H=1)
@@ -168,16 +171,25 @@ class ServerCommunicator(Communicator):
             for ev in tl.before:
                 if ev.kind == "deliver" and ev.rank == self.ctx.rank:
                     self._charge(is_root=False)
+        self._run(tl.after[step])
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """The drain, after the run's last step: the pushes in flight are received and applied;
+        then the node takes the server's state (the run's result). Collective."""
+        if self.timeline is not None:
+            self._run(self.timeline.drain)
+        self._write(self.server)
+
+    def _run(self, events: list[Event]) -> None:
         handlers = {
             "capture": self._on_capture,
             "receive": self._on_receive,
             "serve": self._on_serve,
             "deliver": self._on_deliver,
         }
-        for ev in tl.after[step]:
+        for ev in events:
             handlers[ev.kind](ev)
-        if step == len(tl.ticks) - 1:
-            self._write(self.server)
 
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:

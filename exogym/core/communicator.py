@@ -166,6 +166,10 @@ class Communicator:
     #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
+    #: Whether the module follows a simulated timeline (the asynchronous ones,
+    #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
+    #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
+    needs_step_seconds: ClassVar[bool] = False
     #: Whether the module can run a round with nodes missing (fault injection, see
     #: :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
@@ -265,6 +269,10 @@ class Wrapper(Communicator):
     @property  # type: ignore[override]
     def locates_payloads(self) -> bool:
         return self.inner.locates_payloads
+
+    @property  # type: ignore[override]
+    def needs_step_seconds(self) -> bool:
+        return self.inner.needs_step_seconds
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""

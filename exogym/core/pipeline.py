@@ -55,6 +55,10 @@ class Pipeline(Communicator):
     def locates_payloads(self) -> bool:
         return all(m.stable_payloads or m.locates_payloads for m in self.modules)
 
+    @property  # type: ignore[override]
+    def needs_step_seconds(self) -> bool:
+        return any(m.needs_step_seconds for m in self.modules)
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
@@ -184,6 +188,10 @@ class CommunicateOptimizeStrategy(Strategy):
 
     #: Clip the local gradients before the gradient-space modules instead of after them.
     clip_before_communication: bool = False
+
+    @property
+    def needs_step_seconds(self) -> bool:
+        return self.pipeline.needs_step_seconds
 
     @property
     def communication_modules(self) -> list[Communicator]:

@@ -179,6 +179,18 @@ class Strategy(ABC):
             self.scheduler.step()
         self.local_step += 1
 
+    @property
+    def needs_step_seconds(self) -> bool:
+        """Whether the strategy follows a simulated timeline that needs every node's step
+        seconds before the run (see :attr:`exogym.core.communicator.Communicator.needs_step_seconds`)."""
+        return False
+
+    def finish(self) -> None:
+        """End of the run, after the last step and its checkpoint, before the final state is
+        read: nothing, unless a strategy has work left (the asynchronous ones apply the updates
+        still in flight). Collective: every rank calls it."""
+        return None
+
     def run_summary(self) -> dict[str, Any]:
         """What the strategy reports of the run as a whole on rank 0, beside the metric rows
         (``Trainer.result["summary"]``): ``{}`` unless a strategy says more (the asynchronous

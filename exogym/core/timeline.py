@@ -79,8 +79,9 @@ class Timeline:
         ticks: the simulated second of each tick (the run's steps).
         trains: per tick, the nodes that start a training step at it.
         after: per tick, the events after its steps and before the next tick's, in order (the
-            last tick's include the drain).
+            last tick's: those before the first step the run does not take).
         before: the events before the first tick (deliveries of the initial state).
+        drain: the events after the run's last tick: the pushes still received and applied.
         steps: per node, the training steps it takes.
         updates: per update the server applies: ``(time received, rank, staleness)``.
         compute: per node, its seconds of compute.
@@ -91,6 +92,7 @@ class Timeline:
     trains: list[frozenset[int]] = field(default_factory=list)
     after: list[list[Event]] = field(default_factory=list)
     before: list[Event] = field(default_factory=list)
+    drain: list[Event] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     updates: list[tuple[float, int, int]] = field(default_factory=list)
     compute: list[float] = field(default_factory=list)
@@ -214,7 +216,7 @@ class Simulation:
             tl.end_time = max(tl.end_time, time)
             done = handlers[ev.kind](ev) or ev  # a handler may return the event with what it found
             if ev.kind != "start":
-                (tl.after[-1] if tl.after else tl.before).append(done)
+                (tl.drain if self.draining else tl.after[-1] if tl.after else tl.before).append(done)
         if len(tl.ticks) < self.max_ticks:
             raise DeadlockError(self.now, dict(self.waiting), len(tl.ticks), self.max_ticks)
         return tl

@@ -318,6 +318,7 @@ class TrainNode:
         run.progress.close()
         if self._offloader is not None:
             self._offloader.to_device()
+        self.strategy.finish()
         state = self.evaluator.averaged_state(needed=self.rank == 0 or keep_state)
         if self.logger is not None:
             self.logger.finish()

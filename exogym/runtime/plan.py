@@ -111,6 +111,10 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         # The fork server imports torch (and torch._dynamo, the optimizers need it) while
         # this process checks that the strategy builds: the two take seconds each.
         start_processes_server(wait=False)
+    if strategy.needs_step_seconds and run.network_model.counts_flops:
+        run.network_model = preflight.flops_as_seconds(
+            run.network_model, model, train_dataset, run.num_nodes, run.batch_size
+        )
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
