@@ -90,8 +90,7 @@ def transfer_seconds(params: Sequence[torch.Tensor], latency: float, bandwidth: 
 
 def batch_stream(ds: Any, k: int, rank: int) -> Iterator[Any]:
     """Node ``rank``'s batches in order; raises ``ValueError`` when the shard runs out."""
-    for batch in node_batches(ds, k, rank):
-        yield batch
+    yield from node_batches(ds, k, rank)
     raise ValueError(f"node {rank} ran out of batches: give the reference a dataset with more examples")
 
 
@@ -110,7 +109,9 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any) -
     opt.step()
 
 
-def check_world(k: int, max_steps: int, slowdown: Sequence[float], step_seconds: float, bandwidth: float, latency: float):
+def check_world(
+    k: int, max_steps: int, slowdown: Sequence[float], step_seconds: float, bandwidth: float, latency: float
+):
     """Raise ``ValueError`` naming the argument when the world description is not usable."""
     if k < 1:
         raise ValueError(f"k={k}: give at least one node")

@@ -81,7 +81,7 @@ class DelayedNesterov:
     def apply(self, params: list[torch.Tensor], g: list[torch.Tensor]) -> None:
         self.t += 1
         lr, beta, n, c = self.lr, self.beta, self.period, self.c
-        for p, m, delta, gi in zip(params, self.m, self.delta, g):
+        for p, m, delta, gi in zip(params, self.m, self.delta, g, strict=True):
             delta.add_(gi)
             if self.t % n == 0:
                 m.mul_(beta).add_(delta / n)
@@ -152,7 +152,7 @@ def reference_async_diloco(
             if payload:  # a segment starts from the pulled parameters
                 seg_start[r], seg_version[r], seg_done[r] = payload[0], payload[1], 0
                 with torch.no_grad():
-                    for p, s in zip(models[r].parameters(), seg_start[r]):
+                    for p, s in zip(models[r].parameters(), seg_start[r], strict=True):
                         p.copy_(s)
             if not ticks.admit(t):
                 continue
@@ -161,7 +161,7 @@ def reference_async_diloco(
             steps[r], seg_done[r] = steps[r] + 1, seg_done[r] + 1
             end_time = max(end_time, t + duration)
             if seg_done[r] == seg_steps[r]:
-                g = [s - p.detach() for s, p in zip(seg_start[r], models[r].parameters())]
+                g = [s - p.detach() for s, p in zip(seg_start[r], models[r].parameters(), strict=True)]
                 events.push(t + duration + transfer, RECEIPT, r, g, seg_version[r])
             else:
                 events.push(t + duration, STEP, r)

@@ -127,11 +127,11 @@ def reference_fedbuff(
             delta, tau = payload[0], version - payload[1]
             updates.append((t, r, tau))
             s = staleness_scale(tau)
-            for buf, d in zip(buffer, delta):
+            for buf, d in zip(buffer, delta, strict=True):
                 buf.add_(d * s)
             buffered += 1
             if buffered == buffer_size:
-                for p, buf in zip(server, buffer):
+                for p, buf in zip(server, buffer, strict=True):
                     p.add_(buf / buffer_size * server_lr)
                     buf.zero_()
                 version, buffered = version + 1, 0
@@ -145,7 +145,7 @@ def reference_fedbuff(
             if payload:  # a participation starts from the downloaded model, with a fresh optimizer
                 start[r], served_at[r], done[r] = payload[0], payload[1], 0
                 with torch.no_grad():
-                    for p, s0 in zip(models[r].parameters(), start[r]):
+                    for p, s0 in zip(models[r].parameters(), start[r], strict=True):
                         p.copy_(s0)
                 opts[r] = torch.optim.SGD(models[r].parameters(), lr=client_lr)
             if not ticks.admit(t):
@@ -155,7 +155,7 @@ def reference_fedbuff(
             steps[r], done[r] = steps[r] + 1, done[r] + 1
             end_time = max(end_time, t + duration)
             if done[r] == local_steps:
-                delta = [p.detach() - s0 for p, s0 in zip(models[r].parameters(), start[r])]
+                delta = [p.detach() - s0 for p, s0 in zip(models[r].parameters(), start[r], strict=True)]
                 events.push(t + duration + transfer, RECEIPT, r, delta, served_at[r])
             else:
                 events.push(t + duration, STEP, r)
