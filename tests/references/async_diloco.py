@@ -15,9 +15,10 @@ Dynamic local updates (Section 5.2, DyLU): a worker of speed ``v_r`` takes
 about as long as the fastest worker's ``H`` steps. With ``v = 1 / slowdown`` this is computed,
 in float64, as ``max(1, math.floor(H * min(slowdown) / slowdown[r]))``. ``dylu=False``: ``H_r = H``.
 
-Delayed Nesterov (Section 5.1, the DN algorithm box; ``N`` = ``dn_period``, default K; ``c`` =
-``dn_c`` in ``[0, 1/N]``). The server keeps a momentum ``m`` and a sum ``Delta`` (both zero at
-the start) and counts received pseudo-gradients ``t = 1, 2, ...``; on receiving ``g``:
+Delayed Nesterov (Section 5.1 and its DN algorithm box; ``N`` = ``dn_period``, default K, the
+number of workers; ``c`` = ``dn_c``, the paper's momentum activation, in ``[0, 1/N]``). The
+server keeps a momentum ``m`` and a sum ``Delta`` (both zero at the start) and counts received
+pseudo-gradients ``t = 1, 2, ...``; on receiving ``g``:
 
     Delta <- Delta + g
     if t % N == 0:   m <- beta * m + Delta / N

@@ -10,11 +10,14 @@ uploads ``Delta = y_Q - y_0`` (local minus downloaded parameters; the paper uplo
 ``y_0 - y_Q`` and subtracts it, the same update). A client's ``k``-th step over its whole life
 uses its ``k``-th batch: batches continue across participations.
 
-Server (Algorithm 1, server side; staleness scaling of Section 5). A receipt with staleness
-``tau`` (server versions since the client's download was served) adds
+Server (Algorithm 1, server side; staleness scaling of the experiments). A receipt with
+staleness ``tau`` (server versions since the client's download was served) adds
 ``s(tau) * Delta`` to the buffer, ``s(tau) = 1 / sqrt(1 + tau)`` (the paper's choice). When
 ``B`` = ``buffer_size`` updates are buffered: ``x <- x + eta_g * buffer / B``, version += 1,
-buffer cleared. Per parameter tensor, in this order of torch operations:
+buffer cleared. The buffer is averaged (``/ B``), so that ``eta_g`` means what FedAvg's server
+learning rate means: with ``B = C`` and no staleness a server step is a FedAvg round. A server
+step that adds the plain sum is this rule with ``eta_g`` times ``B``. Per parameter tensor,
+in this order of torch operations:
 ``buf.add_(delta * s)`` with ``s = 1 / math.sqrt(1 + tau)`` a Python float, and at a server step
 ``p.add_(buf / B * eta_g)``, ``buf.zero_()``.
 
@@ -22,8 +25,8 @@ Concurrency (Algorithm 1's ``C`` clients training at once). At time 0, ``C`` cli
 one after another and served the initial model; each starts training when its download arrives.
 At each receipt (ascending rank at one instant) the client received stops being in flight and
 one client is drawn among those not in flight; the server serves it the model at that instant
-after every receipt there and any server step they triggered. During the drain no client is
-drawn.
+after every receipt there and any server step they triggered. Clients drawn after the last
+tick never start a step, so draws made during the drain change nothing.
 
 Client draws (the rule ExoGym's preset uses): :func:`draw_client`, draw ``i`` (counted from 0
 over the whole run) picks uniformly among the free clients in ascending order with a generator
