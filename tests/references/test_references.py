@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import TinyNet, node_batches, regression_data
 from tests.references import transfer_seconds
-from tests.references.async_diloco import dylu_steps, reference_async_diloco
+from tests.references.async_diloco import DelayedNesterov, dylu_steps, reference_async_diloco
 from tests.references.fedbuff import draw_client, reference_fedbuff
 
 INF = float("inf")
@@ -87,6 +87,37 @@ def test_async_diloco_dylu_off_with_latency_gives_the_hand_computed_receipts_and
 
 
 # ---------------------------------------------------------------- Async DiLoCo: values
+
+
+def test_dn_box_by_hand_with_period_two_and_c_a_quarter() -> None:
+    # lr 1, beta 1/2, N 2, c 1/4; pushes g = 1, 3, 2 onto theta = 0:
+    # t=1: theta -= c*beta*m + g/N = 0 + 1/2                     -> -0.5
+    # t=2: m = beta*0 + (1+3)/2 = 2; theta -= (1-cN+c)*beta*m + g/N = 0.75*0.5*2 + 1.5 = 2.25 -> -2.75
+    # t=3: theta -= c*beta*m + g/N = 0.25*0.5*2 + 1 = 1.25       -> -4.0
+    theta = [torch.zeros(2)]
+    dn = DelayedNesterov(theta, lr=1.0, beta=0.5, period=2, c=0.25)
+    seen = []
+    for g in (1.0, 3.0, 2.0):
+        dn.apply(theta, [torch.full((2,), g)])
+        seen.append(theta[0][0].item())
+    assert seen == [-0.5, -2.75, -4.0]
+    assert dn.m[0][0].item() == 2.0 and dn.delta[0][0].item() == 2.0
+
+
+def test_async_diloco_with_no_ticks_returns_the_initial_model_and_no_updates(ds) -> None:
+    out = diloco(ds, 4, 0, slowdown=SPEEDS_1_1_2_4)
+    assert out["steps"] == [0] * 4 and out["updates"] == [] and out["end_time"] == 0.0
+    for got, want in zip(out["params"], TinyNet().parameters(), strict=True):
+        assert torch.equal(got, want.detach())
+
+
+def test_two_runs_of_each_reference_give_bitwise_equal_parameters(ds) -> None:
+    kw = {"slowdown": SPEEDS_1_1_2_4, "latency": 0.5}
+    a, b = diloco(ds, 4, 12, **kw), diloco(ds, 4, 12, **kw)
+    assert a["updates"] == b["updates"] and all(map(torch.equal, a["params"], b["params"]))
+    kw = {"slowdown": SIX, "concurrency": 2, "buffer_size": 2, "local_steps": 2, "latency": 0.5}
+    a, b = fedbuff(ds, 6, 12, **kw), fedbuff(ds, 6, 12, **kw)
+    assert a["updates"] == b["updates"] and all(map(torch.equal, a["params"], b["params"]))
 
 
 def synchronous_diloco(ds, k, rounds, H, outer_lr, beta, make_inner):
