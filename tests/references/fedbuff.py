@@ -6,8 +6,8 @@ arXiv 2106.06639), Algorithm 1 (FedBuff), read on ExoGym's timing model (see
 
 Clients (Algorithm 1, client side). A client downloads the server model ``x`` (a transfer),
 takes ``Q`` = ``local_steps`` SGD steps with a fresh ``torch.optim.SGD(lr=client_lr)`` and
-uploads ``Delta = y_Q - y_0`` (local minus downloaded parameters; the paper uploads
-``y_0 - y_Q`` and subtracts it, the same update). A client's ``k``-th step over its whole life
+uploads ``Delta = y_Q - y_0`` (local minus downloaded parameters; a server that receives
+``y_0 - y_Q`` and subtracts it makes the same update). A client's ``k``-th step over its whole life
 uses its ``k``-th batch: batches continue across participations.
 
 Server (Algorithm 1, server side; staleness scaling of the experiments). A receipt with
