@@ -3,12 +3,19 @@ arXiv 2401.09135): every node trains on its own clock and pushes its pseudo-grad
 server as soon as its local steps are done; the server applies each one as it arrives and sends
 the node its parameters back.
 
-- **Delayed Nesterov (DN)**: the server adds each pseudo-gradient ``g`` to a buffer ``D``; every
-  ``N``-th update (``dn_period``, default the number of nodes) it takes a Nesterov step on the
-  buffer's mean: ``m <- beta m + D / N``, ``theta <- theta - lr (D / N + beta m)``, ``D <- 0``;
-  in between it applies ``theta <- theta - lr c g`` (``dn_c``, default 0: the update waits for
-  the next momentum step). With equal speeds, ``N`` = the number of nodes and ``c = 0``, a round
-  in which every node's update arrives at one instant is synchronous DiLoCo's outer step.
+- **Delayed Nesterov (DN)** (the paper's Section 5.1): the server adds each pseudo-gradient
+  ``g`` to a buffer ``D`` and counts them; the ``t``-th, with ``N = dn_period`` (default the number
+  of nodes) and ``c = dn_c`` in ``[0, 1/N]`` (default 0)::
+
+      D <- D + g
+      if t % N == 0:  m <- beta m + D / N
+                      theta <- theta - lr ((1 - cN + c) beta m + g / N);  D <- 0
+      else:           theta <- theta - lr (c beta m + g / N)
+
+  Every update moves the parameters at once; the momentum changes only every ``N``-th, from the
+  mean of the last ``N``. With equal speeds, ``N`` = the number of nodes and ``c = 0``, a round in
+  which every node's update arrives at one instant is synchronous DiLoCo's outer step (Nesterov
+  SGD on the mean pseudo-gradient).
 - **Dynamic local updates (DyLU)**: node ``r`` takes ``H_r = max(1, floor(H * v_r / v_max))``
   local steps per segment (``v``: step speed), so every node's segment lasts about as long as the
   fastest node's ``H`` steps.
@@ -141,6 +148,8 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
     def setup(self, ctx: Any) -> None:
         super().setup(ctx)
         self.period = self.dn_period or ctx.num_nodes
+        if self.dn_c > 1 / self.period:
+            raise ValueError(f"dn_c must be in [0, 1/N] = [0, {1 / self.period:g}] (N = dn_period), got {self.dn_c}")
         self.momentum = torch.zeros_like(self.server)
         self.buffer = torch.zeros_like(self.server)
         self.count = 0
@@ -149,16 +158,15 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
         return start - local
 
     def apply(self, update: torch.Tensor, ev: Event) -> None:
-        self.buffer.add_(update)
+        lr, beta, n, c = self.outer_lr, self.outer_momentum, self.period, self.dn_c
         self.count += 1
-        lr, beta = self.outer_lr, self.outer_momentum
-        if self.count % self.period == 0:
-            mean = self.buffer.div_(self.period)
-            self.momentum.mul_(beta).add_(mean)
-            self.server.sub_(mean.add(self.momentum, alpha=beta), alpha=lr)
+        self.buffer.add_(update)
+        if self.count % n == 0:
+            self.momentum.mul_(beta).add_(self.buffer / n)
+            self.server.sub_(lr * ((1 - c * n + c) * beta * self.momentum + update / n))
             self.buffer.zero_()
-        elif self.dn_c:
-            self.server.sub_(update, alpha=lr * self.dn_c)
+        else:
+            self.server.sub_(lr * (c * beta * self.momentum + update / n))
 
     def server_state_dict(self) -> dict[str, Any]:
         return {"momentum": self.momentum, "buffer": self.buffer, "count": self.count}

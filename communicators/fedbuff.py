@@ -70,16 +70,17 @@ class FedBuffTiming(Simulation):
         self.version = 0
         self.buffered = 0
 
-    def _draw(self, time: float) -> None:
+    def _draw(self, time: float, source: int) -> None:
         free = [r for r in range(self.num_nodes) if r not in self.in_flight]
         r = draw_client(self.seed, self.draws, free)
         self.draws += 1
         self.in_flight.add(r)
-        self.schedule(time, "serve", r)
+        self.schedule(time, "serve", r, source=-1 if r == source else source)
 
     def begin(self) -> None:
         for _ in range(self.concurrency):
-            self._draw(0.0)
+            self._draw(0.0, -1)  # every node starts with the server's initial state
+        self.timeline.holders = frozenset(self.in_flight)
 
     def on_start(self, ev: Event) -> None:
         r = ev.rank
@@ -102,8 +103,8 @@ class FedBuffTiming(Simulation):
             self.buffered = 0
         self.in_flight.discard(ev.rank)
         if not self.draining:
-            self._draw(ev.time)
-        return replace(ev, staleness=staleness)
+            self._draw(ev.time, ev.rank)  # the client that leaves sends its copy to the next
+        return replace(ev, staleness=staleness, leaves=True)
 
     def on_serve(self, ev: Event) -> None:
         self.pulled[ev.rank] = self.version
@@ -154,21 +155,30 @@ class FedBuffCommunicator(ServerCommunicator):
         super().setup(ctx)
         self.buffer = torch.zeros_like(self.server)
         self.buffered = 0
+        self._count = torch.zeros(1, dtype=self.server.dtype)  # buffered, as a tensor to send along
 
     def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return local - start
 
     def apply(self, update: torch.Tensor, ev: Event) -> None:
-        self.buffer.add_(update, alpha=staleness_weight(ev.staleness))
+        self.buffer.add_(update * staleness_weight(ev.staleness))
         self.buffered += 1
         if self.buffered == self.buffer_size:
-            self.server.add_(self.buffer, alpha=self.server_lr / self.buffer_size)
+            self.server.add_(self.buffer / self.buffer_size * self.server_lr)
             self.buffer.zero_()
             self.buffered = 0
 
     def deliver(self, state: torch.Tensor) -> None:
         super().deliver(state)
         self.ctx.optimizer.state.clear()  # a fresh local optimizer per participation
+
+    def server_tensors(self) -> list[torch.Tensor]:
+        self._count.fill_(self.buffered)
+        return [self.buffer, self._count]
+
+    def _unpack(self, flat: torch.Tensor) -> None:
+        super()._unpack(flat)
+        self.buffered = int(self._count.item())
 
     def server_state_dict(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "buffered": self.buffered}

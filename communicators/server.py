@@ -123,6 +123,11 @@ class ServerCommunicator(Communicator):
         """Load the pulled server state into the node (default: the parameters)."""
         self._write(state)
 
+    def server_tensors(self) -> list[torch.Tensor]:
+        """The server's own state as tensors of its parameters' dtype (sent along with its
+        parameters to a node that starts following it), e.g. an optimizer's buffers."""
+        return []
+
     def server_state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -144,6 +149,9 @@ class ServerCommunicator(Communicator):
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
         self.incoming: torch.Tensor | None = None
+        #: Whether this node follows the server (keeps its copy current); ``leaving``: it stops
+        #: once it has handed its copy on.
+        self.holding, self.leaving = True, False
         network = ctx.network
         if network is None:
             self.timeline = None
@@ -153,6 +161,8 @@ class ServerCommunicator(Communicator):
         transfer = [transfer_seconds(network, r, self.nbytes) for r in range(k)]
         key = (type(self).__name__, self.timing_key(), tuple(seconds), tuple(transfer), ctx.max_steps, ctx.seed)
         self.timeline = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
+        holders = self.timeline.holders
+        self.holding = holders is None or ctx.rank in holders
 
     def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
         tl = self.timeline
@@ -177,8 +187,15 @@ class ServerCommunicator(Communicator):
     def finish(self) -> None:
         """The drain, after the run's last step: the pushes in flight are received and applied;
         then the node takes the server's state (the run's result). Collective."""
-        if self.timeline is not None:
-            self._run(self.timeline.drain)
+        tl = self.timeline
+        if tl is not None:
+            self._run(tl.drain)
+            if tl.final_holder >= 0:  # the nodes that stopped following the server get its state
+                comm = self.ctx.comm
+                if self.ctx.rank == tl.final_holder:
+                    comm.all_reduce(self._pack(), charge=False)
+                else:
+                    self._unpack(comm.all_reduce_receive(self._pack()))
         self._write(self.server)
 
     def _run(self, events: list[Event]) -> None:
@@ -197,15 +214,29 @@ class ServerCommunicator(Communicator):
             self._charge(is_root=True)
 
     def _on_receive(self, ev: Event) -> None:
-        comm = self.ctx.comm
-        if ev.rank == self.ctx.rank:
+        comm, me = self.ctx.comm, self.ctx.rank
+        if ev.rank == me:
             update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
-        else:
+            self.leaving = ev.leaves
+        elif self.holding:
             update = comm.all_reduce_receive(self.server)
+        else:  # this node does not follow the server now: its copy is sent when it is served
+            comm.all_reduce_absent(self.server)
+            return
         self.apply(update, ev)
 
     def _on_serve(self, ev: Event) -> None:
-        if ev.rank == self.ctx.rank:
+        comm, me = self.ctx.comm, self.ctx.rank
+        if ev.source >= 0:  # the served node gets the server's state from a node that holds it
+            if me == ev.source:
+                comm.all_reduce(self._pack(), charge=False)
+                self.holding = self.leaving = False
+            elif me == ev.rank:
+                self._unpack(comm.all_reduce_receive(self._pack()))
+            else:
+                comm.all_reduce_absent(self._pack())
+        if ev.rank == me:
+            self.holding, self.leaving = True, False
             self.incoming = self.server.clone()
 
     def _on_deliver(self, ev: Event) -> None:
@@ -215,6 +246,18 @@ class ServerCommunicator(Communicator):
             self.deliver(self.incoming)
             self.incoming = None
             self._charge(is_root=False)
+
+    def _pack(self) -> torch.Tensor:
+        """The server's state as one flat tensor: its parameters, then its own state's tensors."""
+        extra = [t.reshape(-1) for t in self.server_tensors()]
+        return torch.cat([self.server, *extra]) if extra else self.server.clone()
+
+    def _unpack(self, flat: torch.Tensor) -> None:
+        n = self.server.numel()
+        self.server.copy_(flat[:n])
+        for t in self.server_tensors():
+            t.copy_(flat[n : n + t.numel()].view_as(t))
+            n += t.numel()
 
     def _charge(self, is_root: bool) -> None:
         r = self.ctx.rank
@@ -241,6 +284,8 @@ class ServerCommunicator(Communicator):
             "start": self.start,
             "pending": dict(self.pending),
             "incoming": self.incoming,
+            "holding": self.holding,
+            "leaving": self.leaving,
             "server_state": self.server_state_dict(),
         }
 
@@ -249,6 +294,7 @@ class ServerCommunicator(Communicator):
         self.start.copy_(state["start"])
         self.pending = {int(k): v.clone() for k, v in state["pending"].items()}
         self.incoming = None if state["incoming"] is None else state["incoming"].clone()
+        self.holding, self.leaving = bool(state["holding"]), bool(state["leaving"])
         self.load_server_state_dict(state["server_state"])
 
 

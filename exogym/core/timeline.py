@@ -62,6 +62,11 @@ class Event:
         segment: the node's push it concerns (its count of pushes before it), else ``0``.
         staleness: for ``receive``: server versions applied between the version the node
             started the segment from and the one the update is applied to.
+        source: for ``serve``: the node whose copy of the server's state is sent to ``rank``
+            (a node that holds it current), or ``-1`` where ``rank`` holds it itself.
+        leaves: for ``receive``: the node stops following the server after this update (a
+            FedBuff client whose participation ends); it then sends its copy to the next one
+            served (as the ``source`` of that serve) and keeps no copy.
     """
 
     time: float
@@ -69,6 +74,8 @@ class Event:
     rank: int
     segment: int = 0
     staleness: int = 0
+    source: int = -1
+    leaves: bool = False
 
 
 @dataclass
@@ -85,7 +92,11 @@ class Timeline:
         steps: per node, the training steps it takes.
         updates: per update the server applies: ``(time received, rank, staleness)``.
         compute: per node, its seconds of compute.
-        end_time: the simulated second the last event happens.
+        end_time: the simulated second the run ends: its last step's end or the server's last
+            receipt, whichever is later.
+        holders: the nodes that follow the server from the start (keep a current copy of its
+            state); ``None``: every node. A node joins when its copy is sent to it (a ``serve``
+            with a ``source``) and leaves after handing its copy on (``leaves``).
     """
 
     ticks: list[float] = field(default_factory=list)
@@ -97,6 +108,13 @@ class Timeline:
     updates: list[tuple[float, int, int]] = field(default_factory=list)
     compute: list[float] = field(default_factory=list)
     end_time: float = 0.0
+    holders: frozenset[int] | None = None
+
+    @property
+    def final_holder(self) -> int:
+        """A node that holds the server's final state (the last update's sender), or ``-1``
+        where every node follows the server."""
+        return -1 if self.holders is None or not self.updates else self.updates[-1][1]
 
     def summary(self) -> dict[str, object]:
         """Per node its steps; over updates the staleness distribution (``{staleness: count}``),
@@ -149,17 +167,21 @@ class Simulation:
         self.draining = False
         self.now = 0.0
 
-    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, staleness: int = 0) -> None:
-        """Make event ``kind`` of node ``rank`` happen at simulated second ``time``."""
+    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1) -> None:
+        """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``
+        and ``source`` as in :class:`Event`)."""
         self._seq += 1
-        ev = Event(time, kind, rank, segment, staleness)
+        ev = Event(time, kind, rank, segment, source=source)
         heapq.heappush(self._heap, (time, _ORDER[kind], rank, self._seq, ev))
 
     def step_end(self, rank: int, start: float) -> float:
         """The end of node ``rank``'s step that starts at ``start`` (its compute counted)."""
-        self.timeline.steps[rank] += 1
-        self.timeline.compute[rank] += self.step_seconds[rank]
-        return start + self.step_seconds[rank]
+        tl = self.timeline
+        tl.steps[rank] += 1
+        tl.compute[rank] += self.step_seconds[rank]
+        end = start + self.step_seconds[rank]
+        tl.end_time = max(tl.end_time, end)
+        return end
 
     def record_update(self, time: float, rank: int, staleness: int) -> None:
         """Note an update the server applies (for the staleness report)."""
@@ -213,7 +235,8 @@ class Simulation:
                 self.waiting.pop(rank, None)
             elif self.draining and ev.kind not in ("receive", "capture"):
                 continue
-            tl.end_time = max(tl.end_time, time)
+            if ev.kind == "receive":
+                tl.end_time = max(tl.end_time, time)
             done = handlers[ev.kind](ev) or ev  # a handler may return the event with what it found
             if ev.kind != "start":
                 (tl.drain if self.draining else tl.after[-1] if tl.after else tl.before).append(done)
