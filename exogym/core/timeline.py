@@ -32,6 +32,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+#: Simulated times are kept to the nanosecond (this many decimals of a second): instants meant to
+#: coincide (two nodes' segments of 8 x 0.0025 s and 2 x 0.01 s) then do, where float sums
+#: would leave them a few 1e-18 s apart and split one tick into several.
+TIME_DIGITS = 9
+
 #: Event kinds in their order at one simulated instant.
 KINDS = ("capture", "receive", "serve", "deliver", "start")
 _ORDER = {k: i for i, k in enumerate(KINDS)}
@@ -171,6 +176,7 @@ class Simulation:
         """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``
         and ``source`` as in :class:`Event`)."""
         self._seq += 1
+        time = round(time, TIME_DIGITS)
         ev = Event(time, kind, rank, segment, source=source)
         heapq.heappush(self._heap, (time, _ORDER[kind], rank, self._seq, ev))
 
@@ -179,7 +185,7 @@ class Simulation:
         tl = self.timeline
         tl.steps[rank] += 1
         tl.compute[rank] += self.step_seconds[rank]
-        end = start + self.step_seconds[rank]
+        end = round(start + self.step_seconds[rank], TIME_DIGITS)
         tl.end_time = max(tl.end_time, end)
         return end
 
@@ -245,4 +251,4 @@ class Simulation:
         return tl
 
 
-__all__ = ["KINDS", "DeadlockError", "Event", "Simulation", "Timeline", "format_summary"]
+__all__ = ["KINDS", "TIME_DIGITS", "DeadlockError", "Event", "Simulation", "Timeline", "format_summary"]

@@ -70,11 +70,13 @@ if TYPE_CHECKING:
     from exogym.core.optim import OptimSpec
     from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
     from exogym.core.strategy import Strategy
+    from exogym.strategy.async_diloco import AsyncDiLoCoStrategy
     from exogym.strategy.demo import DeMoStrategy
     from exogym.strategy.desloc import DESLOCStrategy
     from exogym.strategy.diloco import DiLoCoStrategy
     from exogym.strategy.eager_diloco import EagerDiLoCoStrategy
     from exogym.strategy.federated_averaging import FedAvgStrategy
+    from exogym.strategy.fedbuff import FedBuffStrategy
     from exogym.strategy.muloco import MuLoCoStrategy
     from exogym.strategy.noloco import NoLoCoStrategy
     from exogym.strategy.powersgd import PowerSGDStrategy
