@@ -75,8 +75,8 @@ if TYPE_CHECKING:
     from exogym.strategy.desloc import DESLOCStrategy
     from exogym.strategy.diloco import DiLoCoStrategy
     from exogym.strategy.eager_diloco import EagerDiLoCoStrategy
-    from exogym.strategy.federated_averaging import FedAvgStrategy
     from exogym.strategy.fedbuff import FedBuffStrategy
+    from exogym.strategy.federated_averaging import FedAvgStrategy
     from exogym.strategy.muloco import MuLoCoStrategy
     from exogym.strategy.noloco import NoLoCoStrategy
     from exogym.strategy.powersgd import PowerSGDStrategy
