@@ -62,7 +62,7 @@ class FedBuffTiming(Simulation):
             raise ValueError(f"concurrency={concurrency} is more than the {self.num_nodes} nodes (clients)")
         self.transfer = transfer
         self.concurrency, self.buffer_size, self.local_steps, self.seed = concurrency, buffer_size, local_steps, seed
-        self.in_flight: set[int] = set()
+        self.in_flight = set()
         self.draws = 0
         self.in_segment = [0] * self.num_nodes
         self.segment = [0] * self.num_nodes
@@ -74,7 +74,7 @@ class FedBuffTiming(Simulation):
         free = [r for r in range(self.num_nodes) if r not in self.in_flight]
         r = draw_client(self.seed, self.draws, free)
         self.draws += 1
-        self.in_flight.add(r)
+        self.join(r)
         self.schedule(time, "serve", r, source=-1 if r == source else source)
 
     def begin(self) -> None:

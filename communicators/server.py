@@ -168,7 +168,10 @@ class ServerCommunicator(Communicator):
         tl = self.timeline
         if tl is None or step >= len(tl.trains):
             return None
-        return Participation(period=1, trains=tl.trains[step], replaces=False)
+        if tl.following is None:  # every node follows the server: everyone takes part
+            return Participation(period=1, trains=tl.trains[step], replaces=False)
+        # the others take no part in the tick's communication: it cannot concern them
+        return Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:

@@ -113,11 +113,15 @@ class Participation:
         replaces: whether the round's communication replaces a non-participant's state
             (FedAvg: it receives the participants' mean). Then a node idle in two rounds in a
             row may sleep through the first round's communication: the second replaces it.
+        receives: nodes that do not train in the round but must take part in its
+            communication whatever ``replaces`` says (an asynchronous client waiting for the
+            server's state, or following it); never asleep.
     """
 
     period: int
     trains: frozenset[int]
     replaces: bool = True
+    receives: frozenset[int] = frozenset()
 
     def idle(self, rank: int) -> bool:
         """Whether ``rank`` sits this round out."""

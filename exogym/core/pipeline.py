@@ -93,7 +93,8 @@ class Pipeline(Communicator):
         if len({p.period for p in stated}) != 1:
             return None
         trains = frozenset.intersection(*(p.trains for p in stated))
-        return Participation(stated[0].period, trains, all(p.replaces for p in stated))
+        receives = frozenset().union(*(p.receives for p in stated))
+        return Participation(stated[0].period, trains, all(p.replaces for p in stated), receives - trains)
 
     def state_dict(self) -> dict[str, Any]:
         return {str(i): m.state_dict() for i, m in enumerate(self.modules)}

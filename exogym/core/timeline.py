@@ -102,6 +102,9 @@ class Timeline:
         holders: the nodes that follow the server from the start (keep a current copy of its
             state); ``None``: every node. A node joins when its copy is sent to it (a ``serve``
             with a ``source``) and leaves after handing its copy on (``leaves``).
+        following: per tick, the nodes that follow the server at some event after it (``None``
+            where every node does): the others take no part in the tick's communication and may
+            sleep through it.
     """
 
     ticks: list[float] = field(default_factory=list)
@@ -114,6 +117,7 @@ class Timeline:
     compute: list[float] = field(default_factory=list)
     end_time: float = 0.0
     holders: frozenset[int] | None = None
+    following: list[frozenset[int]] | None = None
 
     @property
     def final_holder(self) -> int:
@@ -171,6 +175,18 @@ class Simulation:
         self.timeline = Timeline(steps=[0] * self.num_nodes, compute=[0.0] * self.num_nodes)
         self.draining = False
         self.now = 0.0
+        #: The nodes following the server now (``None``: every node); see :meth:`join`.
+        self.in_flight: set[int] | None = None
+
+    def join(self, rank: int) -> None:
+        """Node ``rank`` starts following the server (it is sent the server's state): it takes
+        part in the communication of the current tick and of every tick until it leaves
+        (removed from :attr:`in_flight`)."""
+        assert self.in_flight is not None
+        self.in_flight.add(rank)
+        tl = self.timeline
+        if tl.following:
+            tl.following[-1] = tl.following[-1] | {rank}
 
     def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1) -> None:
         """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``
@@ -237,6 +253,9 @@ class Simulation:
                     tl.ticks.append(time)
                     tl.trains.append(frozenset())
                     tl.after.append([])
+                    if self.in_flight is not None:
+                        tl.following = tl.following or []
+                        tl.following.append(frozenset(self.in_flight))
                 tl.trains[-1] = tl.trains[-1] | {rank}
                 self.waiting.pop(rank, None)
             elif self.draining and ev.kind not in ("receive", "capture"):
