@@ -55,6 +55,10 @@ class Pipeline(Communicator):
     def locates_payloads(self) -> bool:
         return all(m.stable_payloads or m.locates_payloads for m in self.modules)
 
+    @property  # type: ignore[override]
+    def coded_payloads(self) -> bool:
+        return any(m.coded_payloads for m in self.modules)
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
