@@ -59,3 +59,29 @@ def test_the_runtime_and_the_core_name_none_of_the_presets_or_their_modules() ->
     assert len(files) > 20
     hits = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for m in pattern.finditer(f.read_text())]
     assert hits == []
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_exogym_compare_knows_each_preset_by_its_name(name: str) -> None:
+    from exogym.strategy import registry
+
+    assert type(registry.build(name, lr=1e-3, H=5)) is PRESETS[name]
+
+
+PAGES = {
+    "sparseloco": "sparseloco.md",
+    "muloco": "muloco.md",
+    "eager_diloco": "eager-diloco.md",
+    "noloco": "noloco.md",
+    "desloc": "desloc.md",
+    "powersgd": "powersgd.md",
+    "topk_ef": "topk-ef.md",
+}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_preset_s_page_gives_the_paper_update_rule_bytes_choices_fidelity_and_many_clients(name: str) -> None:
+    page = (ROOT / "docs" / "algorithms" / PAGES[name]).read_text()
+    assert PRESETS[name].__name__ in page.splitlines()[0] and "**Paper.**" in page and "arXiv" in page
+    for section in ("## Update rule", "## Bytes", "## ExoGym's choices", "## Fidelity", "## Many clients"):
+        assert f"\n{section}\n" in page, section
