@@ -1,5 +1,7 @@
 """The 2024-2026 presets are compositions: each is a list of at most three small communicator
-modules around the inner optimizer, with no step of its own, and the runtime names none of them."""
+modules around the inner optimizer, with no step of its own, and the runtime names none of them;
+``exogym compare`` builds each by its name; each has its docs page; a quantizing wire applies to
+the ones whose payloads are float all-reduces."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from exogym.core.communicator import Communicator
 from exogym.core.pipeline import CommunicateOptimizeStrategy
@@ -20,6 +23,7 @@ from exogym.strategy import (
     SparseLoCoStrategy,
     TopKEFStrategy,
 )
+from tests.fake_world import train_ranks
 
 PRESETS = {
     "sparseloco": SparseLoCoStrategy,
@@ -85,3 +89,39 @@ def test_each_preset_s_page_gives_the_paper_update_rule_bytes_choices_fidelity_a
     assert PRESETS[name].__name__ in page.splitlines()[0] and "**Paper.**" in page and "arXiv" in page
     for section in ("## Update rule", "## Bytes", "## ExoGym's choices", "## Fidelity", "## Many clients"):
         assert f"\n{section}\n" in page, section
+
+
+@pytest.mark.parametrize("name", ["noloco", "powersgd", "desloc", "eager_diloco", "muloco"])
+def test_an_int8_wire_with_error_feedback_charges_every_payload_of_the_all_reduce_presets_at_int8_size(
+    name: str,
+) -> None:
+    """The wire applies to every preset whose payloads are float all-reduces, unchanged: each
+    collective is charged ``n + 4 * ceil(n / 256)`` bytes for the ``n`` float32 entries it
+    carries without the wire (one byte per entry, one float32 scale per 256)."""
+    from communicators.quantize import Int8
+
+    presets = {
+        "noloco": lambda: NoLoCoStrategy(H=3, gamma=0.3),
+        "powersgd": lambda: PowerSGDStrategy(rank=1, start_iter=2),
+        "desloc": lambda: DESLOCStrategy(Kx=2, Ku=3, Kv=6),
+        "eager_diloco": lambda: EagerDiLoCoStrategy(H=3),
+        "muloco": lambda: MuLoCoStrategy(H=3),
+    }
+
+    def make(wire: Int8 | None):
+        def strategy() -> CommunicateOptimizeStrategy:
+            preset = presets[name]()
+            return CommunicateOptimizeStrategy(preset.pipeline.modules, optim_spec=preset.optim_spec, wire=wire)
+
+        return strategy
+
+    plain, wired = train_ranks(2, make(None), 6), train_ranks(2, make(Int8(error_feedback=True)), 6)
+    for a, b in zip(plain, wired, strict=True):
+        pairs = [(r, q) for s, t in zip(a["records"], b["records"], strict=True) for r, q in zip(s, t, strict=True)]
+        assert pairs and len(pairs) == sum(len(s) for s in b["records"])
+        for r, q in pairs:
+            n = r.payload // 4
+            assert (q.kind, q.payload, q.tag) == (r.kind, n + 4 * -(-n // 256), f"{r.tag}+int8")
+    # the values travelled quantized too: the run moved off the unquantized one, not far
+    pa, pb = (torch.cat([p.flatten() for p in o[0]["params"]]) for o in (plain, wired))
+    assert not torch.equal(pa, pb) and torch.allclose(pa, pb, atol=0.05)
