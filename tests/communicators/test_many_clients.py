@@ -105,3 +105,21 @@ def test_all_gather_presets_on_32_virtual_nodes_equal_the_reference_and_send_k_m
     for o in out:
         records = [r for step in o["records"] for r in step]
         assert records and all(r.kind == "all_gather" and r.sent == (k - 1) * r.payload for r in records)
+
+
+def test_top_k_sends_about_k_times_k_of_ddp_s_bytes_so_more_than_ddp_past_one_over_k_nodes() -> None:
+    """The docs' break-even: TinyNet's 161 entries at ``k=0.25`` send 32 + 4 + 4 + 1 = 41 pairs
+    per step (0.255 of the entries), so top-k sends ``K * 41 / 161`` times DDP's bytes: less than
+    DDP at 3 nodes, more at 5 (past ``1 / k = 4``)."""
+    ratios = {}
+    for k in (3, 5):
+        sent = {}
+        for name, make in (
+            ("topk", lambda: topk_ef.TopKEFStrategy(k=0.25, optim_spec=topk_ef.SGD)),
+            ("ddp", lambda: topk_ef.SimpleReduceStrategy(optim_spec=topk_ef.SGD)),
+        ):
+            out = train_ranks(k, make, 2)
+            sent[name] = sum(r.sent for step in out[0]["records"] for r in step)
+        ratios[k] = sent["topk"] / sent["ddp"]
+    assert ratios == pytest.approx({3: 3 * 41 / 161, 5: 5 * 41 / 161})
+    assert ratios[3] < 1 < ratios[5]
