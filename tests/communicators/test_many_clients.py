@@ -31,7 +31,7 @@ from tests.fake_world import train_ranks
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 
 STEPS = 6  # two rounds of H=3 (DES-LOC: Kx=2, Ku=3, Kv=6 all end on the last step; PowerSGD: 3 compressed steps)
-#: MuLoCo's run is one round: its two-round run took about a minute on a quiet 2-core machine, 7 on a loaded one.
+#: MuLoCo's run is one round: two rounds took about a minute on a quiet 2-core machine, past 7 on a loaded one.
 ROUNDS_OF = {"muloco": 1}
 CLIENTS = 1000
 
