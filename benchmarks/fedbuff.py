@@ -118,7 +118,8 @@ def _loop() -> dict:
             m, opt, _ = models[r]
             batch = next(data[r], None) if r in data else None
             if batch is None:  # a client's first step, or its data used up: a fresh pass
-                data[r] = iter(DataLoader(client_data(r, CLIENTS, True), batch_size=BATCH, shuffle=True, drop_last=True))
+                shard = client_data(r, CLIENTS, True)
+                data[r] = iter(DataLoader(shard, batch_size=BATCH, shuffle=True, drop_last=True))
                 batch = next(data[r])
             opt.zero_grad()
             m(batch).backward()

@@ -16,7 +16,8 @@ Optional: :meth:`~Communicator.state_dict`/:meth:`~Communicator.load_state_dict`
 idle, when it may sleep through a round, where to place nodes) it derives from that statement
 (:mod:`exogym.runtime.schedule`). Capabilities are class attributes:
 :attr:`~Communicator.supports_dropout`, :attr:`~Communicator.stable_payloads`,
-:attr:`~Communicator.locates_payloads`.
+:attr:`~Communicator.locates_payloads`, :attr:`~Communicator.coded_payloads`,
+:attr:`~Communicator.needs_step_seconds`.
 
 :class:`Wrapper` wraps another communicator and forwards all of the above to it.
 """
@@ -139,7 +140,7 @@ class Communicator:
     (every tensor it keeps between steps, for checkpoints), :meth:`describe` (a label with its
     settings: logs, and the check that a resumed run has the settings of the checkpoint).
     Capabilities are class attributes: :attr:`supports_dropout`, :attr:`stable_payloads`,
-    :attr:`locates_payloads`.
+    :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -174,6 +175,11 @@ class Communicator:
     #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
     #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
+    #: Whether the module codes its payloads into bytes itself (values and indices packed into
+    #: one buffer, values already at a chosen precision): a wire transform that acts on float
+    #: payloads would pass them through unchanged, so a quantizing wire refuses the module
+    #: rather than do nothing (see :mod:`communicators.quantize`).
+    coded_payloads: ClassVar[bool] = False
     #: Whether the module can run a round with nodes missing (fault injection, see
     #: :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
@@ -277,6 +283,10 @@ class Wrapper(Communicator):
     @property  # type: ignore[override]
     def needs_step_seconds(self) -> bool:
         return self.inner.needs_step_seconds
+
+    @property  # type: ignore[override]
+    def coded_payloads(self) -> bool:
+        return self.inner.coded_payloads
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""

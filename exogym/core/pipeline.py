@@ -59,6 +59,10 @@ class Pipeline(Communicator):
     def needs_step_seconds(self) -> bool:
         return any(m.needs_step_seconds for m in self.modules)
 
+    @property  # type: ignore[override]
+    def coded_payloads(self) -> bool:
+        return any(m.coded_payloads for m in self.modules)
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
