@@ -112,7 +112,7 @@ class ServerCommunicator(Communicator):
 
     def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         """What a node pushes at the end of a segment, from its flat parameters at the
-        segment's start and now."""
+        segment's start and at its end."""
         raise NotImplementedError
 
     def apply(self, update: torch.Tensor, ev: Event) -> None:
@@ -223,7 +223,7 @@ class ServerCommunicator(Communicator):
             self.leaving = ev.leaves
         elif self.holding:
             update = comm.all_reduce_receive(self.server)
-        else:  # this node does not follow the server now: its copy is sent when it is served
+        else:  # a node not following the server: its copy is sent when it is served
             comm.all_reduce_absent(self.server)
             return
         self.apply(update, ev)

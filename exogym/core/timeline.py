@@ -174,8 +174,8 @@ class Simulation:
         self.waiting: dict[int, str] = {}
         self.timeline = Timeline(steps=[0] * self.num_nodes, compute=[0.0] * self.num_nodes)
         self.draining = False
-        self.now = 0.0
-        #: The nodes following the server now (``None``: every node); see :meth:`join`.
+        self.clock = 0.0
+        #: The nodes following the server at this point of the simulation (``None``: every node); see :meth:`join`.
         self.in_flight: set[int] | None = None
 
     def join(self, rank: int) -> None:
@@ -242,7 +242,7 @@ class Simulation:
         }
         while self._heap:
             time, _, rank, _, ev = heapq.heappop(self._heap)
-            self.now = time
+            self.clock = time
             if ev.kind == "start":
                 if self.draining:
                     continue
@@ -266,7 +266,7 @@ class Simulation:
             if ev.kind != "start":
                 (tl.drain if self.draining else tl.after[-1] if tl.after else tl.before).append(done)
         if len(tl.ticks) < self.max_ticks:
-            raise DeadlockError(self.now, dict(self.waiting), len(tl.ticks), self.max_ticks)
+            raise DeadlockError(self.clock, dict(self.waiting), len(tl.ticks), self.max_ticks)
         return tl
 
 
