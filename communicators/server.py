@@ -72,6 +72,10 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
 _TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
 
 
+#: Per process, tensors that stand for a payload's dtype and size in absent calls.
+_LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
 def _cached(key: tuple[Any, ...], build: Any) -> Timeline:
     tl = _TIMELINES.get(key)
     if tl is None:
@@ -237,7 +241,7 @@ class ServerCommunicator(Communicator):
             elif me == ev.rank:
                 self._unpack(comm.all_reduce_receive(self._pack()))
             else:
-                comm.all_reduce_absent(self._pack())
+                comm.all_reduce_absent(self._pack_like())
         if ev.rank == me:
             self.holding, self.leaving = True, False
             self.incoming = self.server.clone()
@@ -249,6 +253,16 @@ class ServerCommunicator(Communicator):
             self.deliver(self.incoming)
             self.incoming = None
             self._charge(is_root=False)
+
+    def _pack_like(self) -> torch.Tensor:
+        """A tensor of :meth:`_pack`'s dtype and size, shared by this process's nodes (what an
+        absent node names in the collective that sends a node the server's state)."""
+        n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
+        key = (n, self.server.dtype, self.server.device)
+        like = _LIKES.get(key)
+        if like is None:
+            like = _LIKES[key] = torch.zeros(n, dtype=self.server.dtype, device=self.server.device)
+        return like
 
     def _pack(self) -> torch.Tensor:
         """The server's state as one flat tensor: its parameters, then its own state's tensors."""
