@@ -135,7 +135,10 @@ def _run_node(
         node = TrainNode(job, rank, comm, device)
         if built is not None:
             built.one_built()
-        return node.train(keep_state)
+        try:
+            return node.train(keep_state)
+        finally:
+            node.close()  # freed now, not by a scan of the collector
     finally:
         set_current(None)
 

@@ -695,6 +695,51 @@ def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_afte
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_a_finished_virtual_node_is_freed_without_the_cyclic_collector() -> None:
+    # The worker's node body (worker._run_node) on 6 virtual nodes of one worker, the collector
+    # off: once the run returns, no node's model copy or strategy is alive (a node's parts refer
+    # back to it through bound methods; TrainNode.close breaks those cycles).
+    import gc
+    import weakref
+
+    import torch._dynamo  # noqa: F401 - imported by the first optimizer otherwise, whose import frames hold node 0
+
+    from exogym.runtime import worker as W
+    from exogym.runtime.node import NodeJob
+    from tests.fake_world import _config
+    from tests.helpers import TinyNet
+
+    cfg = _config(6, 4, 8, 0, 1, None, None, 2, None, False)
+    job = NodeJob(
+        TinyNet(),
+        FedAvgStrategy(H=2, client_sampling=0.5, optim_spec=SGD, lr=0.1),
+        regression_data(n=6 * 8 * 4),
+        None,
+        cfg,
+        "t",
+    )
+    alive: list[weakref.ref] = []
+    built = W.TrainNode.__init__
+
+    def record(node, *args) -> None:
+        built(node, *args)
+        alive.extend([weakref.ref(node), weakref.ref(node.model), weakref.ref(node.strategy)])
+
+    hub = VirtualHub(Placement.blocks(6, 1), 0, None, torch.device("cpu"), 0)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(W.TrainNode, "__init__", record)
+            results = hub.run(lambda rank, transport: W._run_node(rank, job, transport, torch.device("cpu")))
+        assert results[0]["history"] and len(alive) == 18
+        del hub
+        assert [r for r in alive if r() is not None] == []
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_a_warm_worker_keeps_its_frozen_imports_frozen_and_leaves_the_nodes_to_the_collector() -> None:
     # A pooled worker froze what outlived its last run (launch._after_run): building does not
     # freeze the nodes (the collection after the run must reach them) nor unfreeze the imports.
