@@ -138,7 +138,7 @@ def _run_node(
         try:
             return node.train(keep_state)
         finally:
-            node.close()  # freed now, not by a scan of the collector
+            node.close()  # freed by reference counting, not by a scan of the collector
     finally:
         set_current(None)
 
