@@ -243,7 +243,7 @@ class MetricsBuffer:
             # Only rank 0 keeps the totals and makes rows: the others send their share.
             self.comm.all_reduce_contribute(local[:, _SUMMED].contiguous(), "sum")
             self.comm.all_reduce_contribute(local[:, _MAXED].contiguous(), "max")
-            self._gather_events(own)
+            self.comm.all_gather_contribute(self._padded_events(own))
             self.step += steps
             return []
         lrs = local[:, 10].tolist()
@@ -297,12 +297,18 @@ class MetricsBuffer:
 
     def _gather_events(self, own: np.ndarray) -> np.ndarray:
         """Every node's events ``[nodes, events, 3 + epochs]`` (:data:`exogym.clocks.EVENT_COLUMNS`,
-        padded with zero rows): an uncharged all-gather. Collective."""
+        padded with zero rows): an uncharged all-gather, whose other nodes only send theirs
+        (:meth:`_padded_events`). Collective."""
+        return self.comm.all_gather(self._padded_events(own), charge=False).numpy()
+
+    def _padded_events(self, own: np.ndarray) -> torch.Tensor:
+        """``own`` padded with zero rows to the most events of any node (a max all-reduce, so
+        that every node's share of the gather has one size). Collective."""
         longest = torch.tensor([float(len(own))], dtype=torch.float64)
         self.comm.all_reduce(longest, "max", charge=False)
         padded = np.zeros((int(longest.item()), own.shape[1]))
         padded[: len(own)] = own
-        return self.comm.all_gather(torch.from_numpy(padded), charge=False).numpy()
+        return torch.from_numpy(padded)
 
     _STATE = ("step", "examples", "sent", "received", "compute_time", "sim_comm_time", "comm_time", "wall")
 

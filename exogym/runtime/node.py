@@ -333,6 +333,14 @@ class TrainNode:
             "summary": self.strategy.run_summary(),
         }
 
+    def close(self) -> None:
+        """Drop everything the node holds (model copy, strategy, data, evaluator, history); it
+        cannot train afterwards. Its parts refer back to it through bound methods (the idle
+        steps' rejoin, the evaluator's forward), so without this a finished node is freed only
+        by the cyclic garbage collector: in a worker of 500 virtual nodes, a scan of some 80,000
+        objects per run. What :meth:`train` returned stays valid."""
+        self.__dict__.clear()
+
     def due(self, done: int, interval: int | None) -> bool:
         """Whether something done every ``interval`` steps and after the last one (a train
         row, a validation, a checkpoint) is due after ``done`` steps."""
