@@ -108,10 +108,18 @@ def _finished(out) -> int:
 
 
 @pytest.mark.timeout(400)
-def test_ctrl_c_keeps_the_finished_runs_leaves_no_process_and_a_rerun_runs_only_the_rest(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--workers", "2"],  # each run fills two cores: one after the other
+        ["--workers", "1", "--parallel", "2"],  # packed: two runs side by side, one worker each
+    ],
+    ids=["one-at-a-time", "packed"],
+)
+def test_ctrl_c_keeps_the_finished_runs_leaves_no_process_and_a_rerun_runs_only_the_rest(tmp_path, layout) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "exogym", "compare", "--strategies", "ddp,fedavg", "--grid", "H=2,4", "--seeds", "0,1"]
-    cmd += ["--nodes", "2", "--workers", "2", "--steps", "40", "--no-progress", "--out", str(out)]
+    cmd += ["--nodes", "2", *layout, "--steps", "40", "--no-progress", "--out", str(out)]
 
     def own_group_default_sigint() -> None:  # a terminal's Ctrl-C reaches the whole foreground group
         os.setsid()
