@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
-import dataclasses
 import functools
 import logging
 import math
@@ -18,14 +17,13 @@ from typing import Any
 
 from exogym import runs
 from exogym.cli.aggregate import aggregate, format_sweep_table, summary_columns
-from exogym.cli.compare import _summary_row
 from exogym.cli.grid import Point, points
-from exogym.cli.point import run_point
 from exogym.cli.sweep_packing import Job, Lanes, check_parallel, width
 from exogym.cli.sweep_plots import plot_sweep
+from exogym.cli.sweep_runs import Outcome, Runner, keep, network_of
 from exogym.cli.sweep_store import RunStore, run_key
 from exogym.cli.target import time_to_target
-from exogym.core.comm.network import Network, resolve_network
+from exogym.core.comm.network import Network
 from exogym.core.strategy import Strategy
 from exogym.runs import check_name
 from exogym.runtime import cluster, pool
@@ -113,11 +111,6 @@ def _check_settings(seeds: Sequence[int], lr: float | None, target_loss: float |
         raise ValueError(f"target_loss must be a finite number, got {target_loss}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-
-
-def _network(point: Point, flops_per_second: float | None, seed: int) -> Network:
-    net = resolve_network(point.run["network"], point.run["compute"], num_nodes=point.run["nodes"], seed=seed)
-    return net if flops_per_second is None else dataclasses.replace(net, flops_per_second=flops_per_second)
 
 
 def sweep(
@@ -215,8 +208,8 @@ def sweep(
     result.caption = _caption(spec.name, base_run, lr, H, grid or {}, seeds, target_loss)
     at_once = f", {lanes} at a time on {cores} cores" if lanes > 1 else ""
     logger.info("%s\n%d runs, %d to train%s; start-up %.1f s", result.caption, len(plan), len(needs), at_once, startup)
-    runner = _Runner(spec, store, device, flops_per_second, progress and lanes == 1, lanes > 1)
-    outcomes: dict[int, _Done] = {}
+    runner = Runner(spec, store, device, flops_per_second, progress and lanes == 1, lanes > 1)
+    outcomes: dict[int, Outcome] = {}
     running: list[str] = []
     counter = [f"[{i + 1}/{len(plan)}]" for i in range(len(plan))]
     try:
@@ -233,12 +226,12 @@ def sweep(
             if lanes > 1:
                 packed = Lanes(lanes, cores)
                 running = packed.running
-                packed.run(jobs, lambda job, done: _keep(outcomes, job.index, done, raise_on_failure))
+                packed.run(jobs, lambda job, done: keep(outcomes, job.index, done, raise_on_failure))
             else:
                 with pool.lane() if device == "cpu" else contextlib.nullcontext():
                     for job in jobs:
                         running[:] = [job.label]
-                        if not _keep(outcomes, job.index, job.run(), raise_on_failure):
+                        if not keep(outcomes, job.index, job.run(), raise_on_failure):
                             break
                 running[:] = []
         finally:
@@ -265,7 +258,7 @@ def _config(
     factory_fn, factory_name = factory
     try:
         call_factory(factory_fn, point.params)
-        net = _network(point, fps, point.seed)
+        net = network_of(point, fps, point.seed)
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"{point.label()}: {e}") from e
     workers = point.run["workers"]
@@ -278,75 +271,7 @@ def _config(
     }  # fmt: skip
 
 
-@dataclass
-class _Done:
-    """A run's outcome: its summary row and history, or the exception that stopped it."""
-
-    point: Point
-    key: str
-    row: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    error: Exception | None = None
-    reused: bool = False
-
-
-@dataclass
-class _Runner:
-    """Trains a sweep's runs (or reads them back, finished by an earlier sweep)."""
-
-    spec: Task
-    store: RunStore
-    device: str
-    flops_per_second: float | None
-    progress: bool
-    packed: bool
-
-    def reuse(self, point: Point, key: str, counter: str) -> _Done:
-        """The run of ``key``, finished by an earlier sweep, read back."""
-        stored = self.store.load(key)
-        assert stored is not None
-        logger.info("%s %s: finished before (%s)", counter, point.label(), self.store.folder(key))
-        return _Done(point, key, stored["row"], stored["history"], reused=True)
-
-    def train(
-        self, point: Point, factory: Callable[..., Strategy], config: dict[str, Any], key: str, counter: str
-    ) -> _Done:
-        """Train ``point`` and record it as finished in the store; a run that raises an
-        ``Exception`` comes back with it as ``error`` (nothing recorded)."""
-        logger.info("%s %s", counter, point.label())
-        self.store.clear(key)
-        try:
-            history, wall = self._train(point, factory, key)
-        except Exception as e:  # noqa: BLE001 - the sweep goes on; the error is reported with the run
-            return _Done(point, key, error=e)
-        row = {k: v for k, v in _summary_row(point.strategy, history, wall).items() if k != "strategy"}
-        self.store.save(key, config, row, history)
-        if self.packed:
-            logger.info("%s %s: finished in %.1f s", counter, point.label(), wall)
-        return _Done(point, key, row, history)
-
-    def _train(self, point: Point, factory: Callable[..., Strategy], key: str) -> tuple[list[dict[str, Any]], float]:
-        run, network = point.run, _network(point, self.flops_per_second, point.seed)
-        done = run_point(
-            self.spec, call_factory(factory, point.params), name=key, log_dir=self.store.root, nodes=run["nodes"],
-            steps=run["steps"], batch_size=run["batch_size"], network=network,
-            seed=point.seed, val_size=run["val_size"], progress=self.progress, device=self.device,
-            workers=run["workers"], fit_args=point.fit_args,
-        )  # fmt: skip
-        return done.history, done.wall
-
-
-def _keep(outcomes: dict[int, _Done], index: int, done: _Done, stop_on_failure: bool) -> bool:
-    """Keep run ``index``'s outcome; whether the sweep goes on."""
-    outcomes[index] = done
-    if done.error is None:
-        return True
-    if not stop_on_failure:
-        logger.error("%s failed (the other runs go on):", done.point.label(), exc_info=done.error)
-    return not stop_on_failure
-
-
-def _collect(result: Sweep, outcomes: dict[int, _Done]) -> None:
+def _collect(result: Sweep, outcomes: dict[int, Outcome]) -> None:
     """Fill ``result``'s runs, failures and histories from ``outcomes``, in the sweep's order."""
     for _, done in sorted(outcomes.items()):
         point, label = done.point, done.point.label()
