@@ -89,7 +89,7 @@ class Lanes:
     """``width`` lanes sharing ``cores``.
 
     Attributes:
-        running: the labels of the jobs that run now (those that an interrupt stopped, after
+        running: the labels of the jobs in progress (those that an interrupt stopped, after
             :meth:`run` raised ``KeyboardInterrupt``).
     """
 
