@@ -104,6 +104,7 @@ RUNS = [("ddp", 0), ("diloco", 0), ("ddp", 1), ("diloco", 1)]
 def test_fits_on_two_lanes_side_by_side_equal_the_same_fits_one_after_the_other() -> None:
     with pool.lane():
         alone = [_fit(*run) for run in RUNS]
+    assert len(pool.worker_pids()) == 1  # the lane's warm worker went to the program's pool
     side_by_side: dict[int, tuple] = {}
 
     def keep(job: Job, outcome: tuple) -> bool:
