@@ -121,13 +121,17 @@ class FedBuffCommunicator(ServerCommunicator):
     Args:
         local_steps: ``Q``, a client's steps per participation.
         buffer_size: ``B``, updates per server step.
-        concurrency: ``C``, clients training at once (at most the number of nodes).
+        concurrency: ``C``, clients training at once (at most the number of nodes); ``None``:
+            half the nodes (at least one).
         server_lr: ``eta_g`` (default 1.0).
     """
 
-    def __init__(self, local_steps: int, buffer_size: int, concurrency: int, server_lr: float = 1.0) -> None:
+    def __init__(self, local_steps: int, buffer_size: int, concurrency: int | None, server_lr: float = 1.0) -> None:
         super().__init__()
-        for name, v in (("local_steps", local_steps), ("buffer_size", buffer_size), ("concurrency", concurrency)):
+        checked = [("local_steps", local_steps), ("buffer_size", buffer_size)]
+        if concurrency is not None:
+            checked.append(("concurrency", concurrency))
+        for name, v in checked:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not (server_lr > 0 and math.isfinite(server_lr)):
@@ -140,15 +144,15 @@ class FedBuffCommunicator(ServerCommunicator):
         )
 
     def timing_key(self) -> tuple[Any, ...]:
-        return (self.local_steps, self.buffer_size, self.concurrency)
+        return (self.local_steps, self.buffer_size, self.clients)
 
     def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
-        return FedBuffTiming(
-            step_seconds, transfer, max_steps, self.concurrency, self.buffer_size, self.local_steps, seed
-        )
+        return FedBuffTiming(step_seconds, transfer, max_steps, self.clients, self.buffer_size, self.local_steps, seed)
 
     def setup(self, ctx: Any) -> None:
-        if self.concurrency > ctx.num_nodes:
+        #: The clients training at once in this run.
+        self.clients = self.concurrency if self.concurrency is not None else max(1, ctx.num_nodes // 2)
+        if self.clients > ctx.num_nodes:
             raise ValueError(
                 f"concurrency={self.concurrency} is more than num_nodes={ctx.num_nodes} (each node is a client)"
             )

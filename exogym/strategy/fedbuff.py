@@ -23,7 +23,8 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
     Args:
         local_steps: a client's steps per participation (default 10).
         buffer_size: updates per server step (default 10).
-        concurrency: clients training at once (default 20; at most the number of nodes).
+        concurrency: clients training at once (default 20; at most the number of nodes;
+            ``None``: half the nodes).
         server_lr: the server's learning rate (default 1.0).
         **strategy_kwargs: the clients' ``optim_spec``, ``lr``, ``max_norm``, ... as for ``Strategy``.
     """
@@ -32,7 +33,7 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
         self,
         local_steps: int = 10,
         buffer_size: int = 10,
-        concurrency: int = 20,
+        concurrency: int | None = 20,
         server_lr: float = 1.0,
         **strategy_kwargs: Any,
     ) -> None:

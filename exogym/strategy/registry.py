@@ -98,8 +98,8 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "Async DiLoCo: each node pushes after H steps (fewer on slower nodes), delayed Nesterov on the server",
     ),
     "fedbuff": (
-        lambda lr, H=20: S.FedBuffStrategy(local_steps=H, buffer_size=2, concurrency=3, optim_spec=_adamw(lr)),
-        "FedBuff: 3 clients train H steps at a time; the server steps every 2 staleness-scaled updates",
+        lambda lr, H=20: S.FedBuffStrategy(local_steps=H, buffer_size=2, concurrency=None, optim_spec=_adamw(lr)),
+        "FedBuff: half the clients train H steps at a time; the server steps every 2 staleness-scaled updates",
     ),
 }
 
