@@ -36,6 +36,11 @@ from communicators.server import ServerCommunicator
 from exogym.core.timeline import Event, Simulation
 
 
+def _number(x: object) -> bool:
+    """Whether ``x`` is a finite real number (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def dylu_steps(H: int, step_seconds: list[float]) -> list[int]:
     """Per node, its local steps per segment under DyLU: ``max(1, floor(H * v_r / v_max))``
     with speed ``v_r = 1 / step_seconds[r]`` (all ``H`` where steps take no time)."""
@@ -122,14 +127,14 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
         super().__init__()
         if isinstance(H, bool) or not isinstance(H, int) or H < 1:
             raise ValueError(f"H must be an int >= 1 (local steps per segment), got {H!r}")
-        if not (outer_lr > 0 and math.isfinite(outer_lr)):
-            raise ValueError(f"outer_lr must be > 0, got {outer_lr!r}")
-        if not 0 <= outer_momentum < 1:
-            raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        if not _number(outer_lr) or not outer_lr > 0:
+            raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
+        if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
         if dn_period is not None and (isinstance(dn_period, bool) or not isinstance(dn_period, int) or dn_period < 1):
             raise ValueError(f"dn_period must be an int >= 1 or None (the number of nodes), got {dn_period!r}")
-        if not (dn_c >= 0 and math.isfinite(dn_c)):
-            raise ValueError(f"dn_c must be >= 0, got {dn_c!r}")
+        if not _number(dn_c) or not dn_c >= 0:
+            raise ValueError(f"dn_c must be a number >= 0, got {dn_c!r}")
         self.segment_steps, self.outer_lr, self.outer_momentum = H, outer_lr, outer_momentum
         self.dn_period, self.dn_c, self.dylu = dn_period, dn_c, dylu
 

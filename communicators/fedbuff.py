@@ -134,8 +134,10 @@ class FedBuffCommunicator(ServerCommunicator):
         for name, v in checked:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if not (server_lr > 0 and math.isfinite(server_lr)):
-            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
+            raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
+        if not math.isfinite(server_lr):
+            raise ValueError(f"server_lr must be finite, got {server_lr!r}")
         self.local_steps, self.buffer_size, self.concurrency, self.server_lr = (
             local_steps,
             buffer_size,
