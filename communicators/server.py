@@ -222,13 +222,18 @@ class ServerCommunicator(Communicator):
 
     def _on_receive(self, ev: Event) -> None:
         comm, me = self.ctx.comm, self.ctx.rank
+        # where nodes sit the server out, every collective of the module has the size of the
+        # state handed to a joining node, so that a sleeping node's absent calls coalesce
+        like = self.server if self.timeline.holders is None else self._pack_like()
         if ev.rank == me:
-            update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
+            sent = torch.zeros_like(like)
+            sent[: self.numel].copy_(self.pending.pop(ev.segment))
+            update = comm.all_reduce(sent, charge=False)[: self.numel]
             self.leaving = ev.leaves
         elif self.holding:
-            update = comm.all_reduce_receive(self.server)
+            update = comm.all_reduce_receive(like)[: self.numel]
         else:  # a node not following the server: its copy is sent when it is served
-            comm.all_reduce_absent(self.server)
+            comm.all_reduce_absent(like)
             return
         self.apply(update, ev)
 

@@ -126,14 +126,16 @@ class Timeline:
         return -1 if self.holders is None or not self.updates else self.updates[-1][1]
 
     def summary(self) -> dict[str, object]:
-        """Per node its steps; over updates the staleness distribution (``{staleness: count}``),
-        its mean and maximum; the number of updates and the simulated end."""
+        """Per node its steps and utilisation (its compute seconds over the run's simulated
+        seconds); over updates the staleness distribution (``{staleness: count}``), its mean and
+        maximum; the number of updates and the simulated end."""
         hist: dict[int, int] = {}
         for _, _, s in self.updates:
             hist[s] = hist.get(s, 0) + 1
         n = len(self.updates)
         return {
             "steps": list(self.steps),
+            "utilisation": [c / self.end_time if self.end_time > 0 else 0.0 for c in self.compute],
             "updates": n,
             "staleness": dict(sorted(hist.items())),
             "staleness_mean": sum(s * c for s, c in hist.items()) / n if n else 0.0,

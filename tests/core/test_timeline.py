@@ -48,6 +48,12 @@ def test_pushes_of_segments_done_by_the_last_tick_are_drained_after_it() -> None
     assert tl.updates[-1] == (10.0, 1, 3) and tl.end_time == 10.0
 
 
+def test_utilisation_is_each_nodes_compute_over_the_simulated_run() -> None:
+    # node 0: 3 steps of 1 s; node 1: one step of 10 s; the run ends at 10 s (node 1's receipt)
+    summary = AsyncDiLoCoTiming([1.0, 10.0], [0.0, 0.0], 3, [1, 1]).run().summary()
+    assert summary["utilisation"] == [0.3, 1.0]
+
+
 def test_staleness_counts_the_server_versions_applied_since_the_node_pulled() -> None:
     # two equal nodes pushing at one instant: node 0's update is applied first (staleness 0),
     # node 1's on top of it (staleness 1); both then pull the state after both
