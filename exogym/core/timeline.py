@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 #: would leave them a few 1e-18 s apart and split one tick into several.
 TIME_DIGITS = 9
 
-#: Event kinds in their order at one simulated instant.
+#: Event kinds in their order at one simulated instant (a :class:`Simulation` may declare more).
 KINDS = ("capture", "receive", "serve", "deliver", "start")
-_ORDER = {k: i for i, k in enumerate(KINDS)}
 
 
 class DeadlockError(RuntimeError):
@@ -62,7 +61,7 @@ class Event:
 
     Attributes:
         time: its simulated second.
-        kind: one of :data:`KINDS`.
+        kind: one of its simulation's :attr:`Simulation.kinds` (:data:`KINDS` by default).
         rank: the node it concerns.
         segment: the node's push it concerns (its count of pushes before it), else ``0``.
         staleness: for ``receive``: server versions applied between the version the node
@@ -159,12 +158,24 @@ class Simulation:
     and :meth:`on_deliver` (each may :meth:`schedule` more, and may return the event with what
     it found, e.g. a receipt's staleness, which the timeline then keeps).
 
+    A subclass with events of its own (e.g. between two servers) lists every kind in
+    :attr:`kinds`, in their order at one instant, and handles kind ``k`` in ``on_k``; ``start``
+    stays the last kind (steps start after everything else at their instant).
+
     Args:
         step_seconds: per node, the simulated seconds one training step lasts.
         max_ticks: the run's steps (ticks).
     """
 
+    #: The event kinds, in their order at one simulated instant.
+    kinds: tuple[str, ...] = KINDS
+    #: The kinds still handled after the run's last tick (the drain).
+    drain_kinds: frozenset[str] = frozenset({"capture", "receive"})
+
     def __init__(self, step_seconds: Sequence[float], max_ticks: int) -> None:
+        if self.kinds[-1] != "start":
+            raise ValueError(f"{type(self).__name__}.kinds must end with 'start', got {self.kinds}")
+        self._order = {k: i for i, k in enumerate(self.kinds)}
         if any(not (s >= 0 and math.isfinite(s)) for s in step_seconds):
             raise ValueError(f"step seconds must be finite and >= 0, got {list(step_seconds)}")
         self.step_seconds = list(step_seconds)
@@ -196,7 +207,7 @@ class Simulation:
         self._seq += 1
         time = round(time, TIME_DIGITS)
         ev = Event(time, kind, rank, segment, source=source)
-        heapq.heappush(self._heap, (time, _ORDER[kind], rank, self._seq, ev))
+        heapq.heappush(self._heap, (time, self._order[kind], rank, self._seq, ev))
 
     def step_end(self, rank: int, start: float) -> float:
         """The end of node ``rank``'s step that starts at ``start`` (its compute counted)."""
@@ -235,13 +246,7 @@ class Simulation:
         """Simulate the run; ``DeadlockError`` where events run out before its last tick."""
         tl = self.timeline
         self.begin()
-        handlers = {
-            "start": self.on_start,
-            "capture": self.on_capture,
-            "receive": self.on_receive,
-            "serve": self.on_serve,
-            "deliver": self.on_deliver,
-        }
+        handlers = {k: getattr(self, f"on_{k}") for k in self.kinds}
         while self._heap:
             time, _, rank, _, ev = heapq.heappop(self._heap)
             self.clock = time
@@ -260,7 +265,7 @@ class Simulation:
                         tl.following.append(frozenset(self.in_flight))
                 tl.trains[-1] = tl.trains[-1] | {rank}
                 self.waiting.pop(rank, None)
-            elif self.draining and ev.kind not in ("receive", "capture"):
+            elif self.draining and ev.kind not in self.drain_kinds:
                 continue
             if ev.kind == "receive":
                 tl.end_time = max(tl.end_time, time)
