@@ -127,6 +127,15 @@ class ServerCommunicator(Communicator):
         """Load the pulled server state into the node (default: the parameters)."""
         self._write(state)
 
+    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
+        """Per node, the seconds to move ``nbytes`` between it and the server it talks to
+        (default: :func:`transfer_seconds`)."""
+        return [transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
+
+    def served_state(self, rank: int) -> torch.Tensor:
+        """The server state a pull of node ``rank`` is served (default: :attr:`server`)."""
+        return self.server
+
     def server_tensors(self) -> list[torch.Tensor]:
         """The server's own state as tensors of its parameters' dtype (sent along with its
         parameters to a node that starts following it), e.g. an optimizer's buffers."""
@@ -162,7 +171,7 @@ class ServerCommunicator(Communicator):
             return
         k = ctx.num_nodes
         seconds = step_seconds(network, k)
-        transfer = [transfer_seconds(network, r, self.nbytes) for r in range(k)]
+        transfer = self.transfers(network, k, self.nbytes)
         key = (type(self).__name__, self.timing_key(), tuple(seconds), tuple(transfer), ctx.max_steps, ctx.seed)
         self.timeline = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
         holders = self.timeline.holders
@@ -206,14 +215,10 @@ class ServerCommunicator(Communicator):
         self._write(self.server)
 
     def _run(self, events: list[Event]) -> None:
-        handlers = {
-            "capture": self._on_capture,
-            "receive": self._on_receive,
-            "serve": self._on_serve,
-            "deliver": self._on_deliver,
-        }
+        """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
+        declares kinds of its own defines their handlers)."""
         for ev in events:
-            handlers[ev.kind](ev)
+            getattr(self, f"_on_{ev.kind}")(ev)
 
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
@@ -249,7 +254,7 @@ class ServerCommunicator(Communicator):
                 comm.all_reduce_absent(self._pack_like())
         if ev.rank == me:
             self.holding, self.leaving = True, False
-            self.incoming = self.server.clone()
+            self.incoming = self.served_state(me).clone()
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:

@@ -71,6 +71,8 @@ class Event:
         leaves: for ``receive``: the node stops following the server after this update (a
             FedBuff client whose participation ends); it then sends its copy to the next one
             served (as the ``source`` of that serve) and keeps no copy.
+        data: what else an algorithm's own kinds of event carry (e.g. the nodes a merge takes,
+            with their weights).
     """
 
     time: float
@@ -80,6 +82,7 @@ class Event:
     staleness: int = 0
     source: int = -1
     leaves: bool = False
+    data: tuple = ()
 
 
 @dataclass
@@ -104,6 +107,8 @@ class Timeline:
         following: per tick, the nodes that follow the server at some event after it (``None``
             where every node does): the others take no part in the tick's communication and may
             sleep through it.
+        records: an algorithm's further records, by name (e.g. HALoS's updates between its
+            servers), each a list of tuples in simulated-time order.
     """
 
     ticks: list[float] = field(default_factory=list)
@@ -117,6 +122,7 @@ class Timeline:
     end_time: float = 0.0
     holders: frozenset[int] | None = None
     following: list[frozenset[int]] | None = None
+    records: dict[str, list[tuple]] = field(default_factory=dict)
 
     @property
     def final_holder(self) -> int:
@@ -201,12 +207,13 @@ class Simulation:
         if tl.following:
             tl.following[-1] = tl.following[-1] | {rank}
 
-    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1) -> None:
-        """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``
-        and ``source`` as in :class:`Event`)."""
+    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1, data: tuple = ()) -> None:
+        """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``,
+        ``source`` and ``data`` as in :class:`Event`). Events at one instant run in the order of
+        :attr:`kinds`, then by ``rank``, then in the order they were scheduled."""
         self._seq += 1
         time = round(time, TIME_DIGITS)
-        ev = Event(time, kind, rank, segment, source=source)
+        ev = Event(time, kind, rank, segment, source=source, data=data)
         heapq.heappush(self._heap, (time, self._order[kind], rank, self._seq, ev))
 
     def step_end(self, rank: int, start: float) -> float:
@@ -221,6 +228,14 @@ class Simulation:
     def record_update(self, time: float, rank: int, staleness: int) -> None:
         """Note an update the server applies (for the staleness report)."""
         self.timeline.updates.append((time, rank, staleness))
+
+    def record(self, name: str, *values: object) -> None:
+        """Append ``values`` to the timeline's record ``name`` (see :attr:`Timeline.records`)."""
+        self.timeline.records.setdefault(name, []).append(values)
+
+    def touch(self, time: float) -> None:
+        """Something happened at ``time``: the run lasts at least until then."""
+        self.timeline.end_time = max(self.timeline.end_time, time)
 
     # -- what subclasses define -------------------------------------------------------------
     def begin(self) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "EagerDiLoCoStrategy",
     "FedAvgStrategy",
     "FedBuffStrategy",
+    "HALoSStrategy",
     "MuLoCoStrategy",
     "MuonAdamW",
     "NoLoCoStrategy",
@@ -49,6 +50,7 @@ __getattr__, __dir__ = lazy_exports(
         "EagerDiLoCoStrategy": "exogym.strategy.eager_diloco",
         "FedAvgStrategy": "exogym.strategy.federated_averaging",
         "FedBuffStrategy": "exogym.strategy.fedbuff",
+        "HALoSStrategy": "exogym.strategy.halos",
         "MuLoCoStrategy": "exogym.strategy.muloco",
         "MuonAdamW": "exogym.core.muon",
         "NoLoCoStrategy": "exogym.strategy.noloco",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from exogym.strategy.eager_diloco import EagerDiLoCoStrategy
     from exogym.strategy.fedbuff import FedBuffStrategy
     from exogym.strategy.federated_averaging import FedAvgStrategy
+    from exogym.strategy.halos import HALoSStrategy
     from exogym.strategy.muloco import MuLoCoStrategy
     from exogym.strategy.noloco import NoLoCoStrategy
     from exogym.strategy.powersgd import PowerSGDStrategy

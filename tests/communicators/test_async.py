@@ -1,5 +1,5 @@
-"""Asynchronous DiLoCo and FedBuff on the runtime: the synchronous limit, node speeds, the same
-schedule and values in every layout, clear errors."""
+"""Asynchronous DiLoCo, FedBuff and HALoS on the runtime: the synchronous limit, node speeds, the
+same schedule and values in every layout, resumes with updates in flight, clear errors."""
 
 from __future__ import annotations
 
@@ -10,14 +10,19 @@ import torch
 
 import exogym
 from exogym import Trainer
+from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
-from exogym.strategy import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, OptimSpec
+from exogym.strategy import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, HALoSStrategy, OptimSpec
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, regression_data
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 #: Speeds 1, 1, 2, 4 (a step of 1 s on the slowest nodes), 10 ms each way to the server.
 SPEEDS = Network(1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+#: The same speeds on two regions of two nodes (HALoS's servers: one per region and a global one).
+REGIONS = Network.regions(
+    {"a": [0, 1], "b": [2, 3]}, Link(1e9, 0.01), Link(1e8, 0.3), compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -76,7 +81,10 @@ MEASURED = ("wall_time", "comm_time", "peak_memory")
 LAYOUT_STRATEGIES = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, optim_spec=SGD),
     "fedbuff": lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD),
+    "halos": lambda: HALoSStrategy(H=4, accumulation=2, lps_momentum=0.5, optim_spec=SGD),
 }
+#: The network of each strategy's layout and resume runs.
+NETWORKS = {"halos": REGIONS}
 
 
 def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
@@ -87,7 +95,7 @@ def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, An
         max_steps=24,
         batch_size=8,
         workers=workers,
-        network=SPEEDS,
+        network=NETWORKS.get(name, SPEEDS),
         logger=False,
         progress=False,
         val_size=0,
@@ -114,11 +122,12 @@ def test_processes_and_virtual_nodes_on_one_and_two_workers_run_the_same_schedul
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
 
 
-def _pending_updates(state: Any) -> int:
-    """Updates in flight held in a node file's state (the server module's ``pending``)."""
+def _pending_updates(state: Any, key: str = "pending") -> int:
+    """Updates in flight held in a node file's state (the server module's ``pending``; HALoS's
+    pushes between its servers: ``region_push``)."""
     if isinstance(state, dict):
-        own = len(state["pending"]) if isinstance(state.get("pending"), dict) else 0
-        return own + sum(_pending_updates(v) for k, v in state.items() if k != "pending")
+        own = len(state[key]) if isinstance(state.get(key), dict) else 0
+        return own + sum(_pending_updates(v, key) for k, v in state.items() if k != key)
     if isinstance(state, (list, tuple)):
         return sum(_pending_updates(v) for v in state)
     return 0
@@ -128,6 +137,7 @@ def _pending_updates(state: Any) -> int:
 RESUMED = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
     "fedbuff": LAYOUT_STRATEGIES["fedbuff"],
+    "halos": lambda: HALoSStrategy(H=4, accumulation=1, lps_momentum=0.5, dylu=False, optim_spec=SGD),
 }
 
 
@@ -137,6 +147,11 @@ RESUMED = {
 def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name: str, tmp_path) -> None:
     # 0.4 s each way to the server, steps of 0.25-1 s: pushes are in flight across step 8
     net = Network(1e9, 0.4, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+    if name == "halos":  # 0.4 s to the regional servers, 1.2 s more between them and the global one
+        links = {("a", "a"): Link(1e9, 0.4), ("b", "b"): Link(1e9, 0.4), ("a", "b"): Link(1e9, 1.6)}
+        net = Network.regions(
+            {"a": [0, 1], "b": [2, 3]}, links=links, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+        )
 
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
         trainer = Trainer(TinyNet(), regression_data(1024))
@@ -160,6 +175,8 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
         fit(8, checkpoint_dir=str(tmp_path))  # ends with a checkpoint at 8, then drains its own run
         files = sorted((tmp_path / "step-00000008").glob("node-*.pt"))
         assert sum(_pending_updates(torch.load(f, weights_only=True)) for f in files) > 0
+        if name == "halos":  # a regional server's push to the global one is in flight too
+            assert sum(_pending_updates(torch.load(f, weights_only=True), "region_push") for f in files) > 0
         resumed, resumed_rows = fit(16, resume_from=str(tmp_path))
     finally:
         exogym.shutdown()
