@@ -101,6 +101,26 @@ def test_two_regions_of_two_nodes_give_the_hand_computed_receipts_staleness_merg
     assert out["end_time"] == 7.5
 
 
+def test_dylu_on_speeds_1_1_2_4_makes_every_segment_one_second_and_the_pushes_land_together(ds) -> None:
+    # H = 4 with DyLU: 1, 1, 2, 4 steps of 1, 1, 0.5, 0.25 s; free links. 4 ticks (0 .. 0.75)
+    # are the first segments; all four land at t=1 in rank order onto LPS versions 0..3.
+    out = halos(
+        ds,
+        4,
+        4,
+        slowdown=[1.0, 1.0, 0.5, 0.25],
+        region=[0] * 4,
+        worker_transfer=[0.0] * 4,
+        region_transfer=[0.0],
+        H=4,
+        accumulation=100,
+        dylu=True,
+    )
+    assert out["steps"] == [1, 1, 2, 4]
+    assert out["updates"] == [(1.0, 0, 0), (1.0, 1, 1), (1.0, 2, 2), (1.0, 3, 3)]
+    assert out["end_time"] == 1.0
+
+
 def test_with_no_ticks_every_server_keeps_the_initial_model_and_nothing_happens(ds) -> None:
     out = halos(ds, 2, 0, slowdown=[1.0, 1.0], region=[0, 1], worker_transfer=[0.0, 0.0], region_transfer=[1.0, 1.0])
     assert out["steps"] == [0, 0] and out["updates"] == out["region_updates"] == out["merges"] == []
