@@ -3,10 +3,10 @@
 Kim et al. 2025, "HALoS: Hierarchical Asynchronous Local SGD over Slow Networks for
 Geo-Distributed Large Language Model Training" (ICML 2025, arXiv 2506.04531), Algorithm 1, read
 on ExoGym's timing model (``tests/references/__init__.py``) extended to two levels. The paper's
-prose (Section 3 and the abstract) fixes the structure; the exact rules below (when an LPS talks
-to the GPS, what it sends, how it merges, the momentum update) follow the authors' released
-simulator (github.com/utnslab/halos, ``exec_halos.py``, ``ps.py``, ``opt.py``); where neither
-settles a point, the choice is marked CHOICE.
+abstract and introduction fix the structure; the exact rules below (when an LPS talks to the
+GPS, what it sends, how it merges, the momentum update) follow the authors' released simulator
+(github.com/utnslab/halos, ``exec_halos.py``, ``ps.py``, ``opt.py``); where neither settles a
+point, the choice is marked CHOICE.
 
 Roles. Nodes are the workers. Node ``r`` belongs to region ``region[r]`` (regions ``0 .. R-1``,
 ``R = len(region_transfer)``, each with at least one node). Each region has one local parameter
@@ -18,7 +18,8 @@ Workers (Algorithm 1, worker). A segment starts from parameters ``s`` (at time 0
 LPS version 0, no download); the node takes ``H_r`` inner steps with its own inner optimizer
 (its state kept across segments; the model's parameters are overwritten with ``s`` by
 ``copy_`` at the start of each segment, the optimizer is not rebuilt), then pushes the
-pseudo-gradient ``g = s - theta_local`` (per tensor ``s - p.detach()``) to its LPS. Without
+pseudo-gradient ``g = s - theta_local`` (per tensor ``s - p.detach()``; the paper writes the
+worker's ``theta_H - theta_0``, the same update with the opposite sign) to its LPS. Without
 DyLU ``H_r = H``; with ``dylu=True`` ``H_r = max(1, math.ceil(H * min(slowdown) / slowdown[r]))``
 in float64 (the released scripts' "rescale_num_local_steps": slower workers take fewer steps,
 rounded up; Async DiLoCo's reference rounds down; both agree on speeds 1, 1, 2, 4).
