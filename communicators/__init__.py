@@ -23,8 +23,9 @@ the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
   (eager updates);
 * :class:`ServerCommunicator`: the base of asynchronous modules that push to and pull from a
   simulated server on a simulated timeline; :class:`AsyncDiLoCoCommunicator` (asynchronous
-  DiLoCo, delayed Nesterov, dynamic local updates) and :class:`FedBuffCommunicator` (buffered
-  asynchronous aggregation) are built on it.
+  DiLoCo, delayed Nesterov, dynamic local updates), :class:`FedBuffCommunicator` (buffered
+  asynchronous aggregation) and :class:`HALoSCommunicator` (regional and global servers) are
+  built on it.
 """
 
 from communicators.async_diloco import AsyncDiLoCoCommunicator
@@ -33,6 +34,7 @@ from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKR
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
 from communicators.fedbuff import FedBuffCommunicator
+from communicators.halos import HALoSCommunicator
 from communicators.islands import draw_islands, draw_participants
 from communicators.noloco import NoLoCoCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
@@ -64,6 +66,7 @@ __all__ = [
     "During",
     "EagerDiLoCoCommunicator",
     "FedBuffCommunicator",
+    "HALoSCommunicator",
     "NoLoCoCommunicator",
     "NodeContext",
     "OptimizerStateAveraging",
