@@ -151,11 +151,16 @@ class Timeline:
 
 def format_summary(summary: dict[str, object]) -> str:
     """A strategy's :meth:`~exogym.core.strategy.Strategy.run_summary` in one line for logs:
-    ``key=value`` pairs, floats to 4 significant digits."""
-    parts = []
-    for k, v in summary.items():
-        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
-    return ", ".join(parts)
+    ``key=value`` pairs, floats (also in lists) to 4 significant digits."""
+
+    def text(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + ", ".join(text(x) for x in v) + "]"
+        return str(v)
+
+    return ", ".join(f"{k}={text(v)}" for k, v in summary.items())
 
 
 class Simulation:

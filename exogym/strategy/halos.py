@@ -26,9 +26,9 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
         H: local steps per segment (the fastest node's, with ``dylu``; default 50).
         accumulation: worker updates per LPS push (default: the workers of its region).
         merge_weight: the global model's weight when an LPS merges it (default 0.25, the paper's).
-        lps_lr, lps_momentum, lps_period: each LPS's delayed Nesterov (defaults 0.7, 0.9, the
+        lps_lr, lps_momentum, lps_period: each LPS's delayed Nesterov (defaults 0.7, 0.5, the
             workers of its region).
-        gps_lr, gps_momentum, gps_period: the GPS's (defaults 1.0, 0.5, the number of regions).
+        gps_lr, gps_momentum, gps_period: the GPS's (defaults 0.5, 0.5, the number of regions).
         dylu: dynamic local updates: slower nodes take proportionally fewer local steps
             (default ``True``).
         **strategy_kwargs: ``optim_spec``, ``lr``, ``lr_scheduler``, ``max_norm``, ... as for
@@ -41,9 +41,9 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
         accumulation: int | None = None,
         merge_weight: float = 0.25,
         lps_lr: float = 0.7,
-        lps_momentum: float = 0.9,
+        lps_momentum: float = 0.5,
         lps_period: int | None = None,
-        gps_lr: float = 1.0,
+        gps_lr: float = 0.5,
         gps_momentum: float = 0.5,
         gps_period: int | None = None,
         dylu: bool = True,

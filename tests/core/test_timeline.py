@@ -6,7 +6,7 @@ import pytest
 
 from communicators.async_diloco import AsyncDiLoCoTiming, dylu_steps
 from communicators.fedbuff import FedBuffTiming
-from exogym.core.timeline import DeadlockError, Event, Simulation
+from exogym.core.timeline import DeadlockError, Event, Simulation, format_summary
 
 
 def test_dylu_gives_each_node_local_steps_in_proportion_to_its_speed() -> None:
@@ -98,3 +98,8 @@ def test_a_deadlock_is_reported_in_simulated_time_naming_each_node_and_what_it_w
     assert "node 0 waits for a quorum of 3 pushes (2 will come)" in msg
     assert "node 1 waits for a quorum of 3 pushes" in msg
     assert err.value.waiting.keys() == {0, 1}
+
+
+def test_the_summary_line_gives_floats_in_lists_to_four_significant_digits() -> None:
+    line = format_summary({"steps": [1, 2], "utilisation": [0.98365684, 1.0], "end_time": 10.123456})
+    assert line == "steps=[1, 2], utilisation=[0.9837, 1], end_time=10.12"
