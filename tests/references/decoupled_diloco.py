@@ -36,7 +36,7 @@ as the Python float ``float(c_m) / float(sum of c)``. Per fragment, in this orde
 operations (1-D float32 tensors; contributors in ascending rank):
 
     delta = torch.zeros_like(Theta_p)
-    for each contributor m: delta.add_(Theta_p - theta_mp, alpha=w_m)   # anchored at Theta_p
+    for each contributor m: delta.add_(Theta_p - theta_mp, alpha=w_m)   # measured from Theta_p
     buf.mul_(mu).add_(delta)
     Theta_p.add_(delta.add(buf, alpha=mu), alpha=-lr)
 
@@ -72,15 +72,15 @@ an executed step, receipt or merge.
 What comes from the paper and what is chosen here. From the paper (Section 3, Algorithms 1-2):
 the fragment schedule ``s mod H == t_p``; learners that never block; the minimum quorum; the
 grace bound ``gamma * (tau * xi_step - (xi_quorum + xi_sync))``; the weights
-``c_tokens * c_tokens / c_steps``; the merge anchored at the synchronizer's own ``Theta_p``; Nesterov
-SGD as outer optimizer; learners overwriting the fragment they receive and resetting its counters.
-Chosen here where the paper leaves room or describes a production system: sends on the learner's
-own step count (no global clock; the quorum counts learners with a contribution in the round);
-the round opening at its first receipt (``xi_quorum = t_q - t_open``); ``xi_step`` as above;
-one contribution per learner per round, the latest; weighted averaging where the paper uses
-radial-directional averaging (RDA) for non-embedding fragments; recovery by a pull from the
-synchronizer where the paper copies a healthy peer's checkpoint; no staleness-aware outer
-optimizer (CGAD, arXiv 2605.09126).
+``c_tokens * c_tokens / c_steps``; pseudo-gradients measured from the synchronizer's own
+``Theta_p``; Nesterov SGD as outer optimizer; learners overwriting the fragment they receive and
+resetting its counters. Chosen here where the paper leaves room or describes a production
+system: sends on the learner's own step count (no global clock; the quorum counts learners with
+a contribution in the round); the round opening at its first receipt (``xi_quorum = t_q -
+t_open``); ``xi_step`` as above; one contribution per learner per round, the latest; weighted
+averaging where the paper uses radial-directional averaging (RDA) for non-embedding fragments;
+recovery by a pull from the synchronizer where the paper copies a healthy peer's checkpoint; no
+staleness-aware outer optimizer (CGAD, arXiv 2605.09126).
 """
 
 from __future__ import annotations

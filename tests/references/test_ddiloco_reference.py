@@ -57,7 +57,7 @@ def test_grace_window_is_gamma_times_what_is_left_of_tau_steps_after_quorum_wait
     assert grace_window(0.0, 8, 1.0, 0.0, 0.0) == 0.0
 
 
-def test_nesterov_merge_by_hand_on_token_weighted_pseudo_gradients_anchored_at_the_global_fragment() -> None:
+def test_nesterov_merge_by_hand_on_token_weighted_pseudo_gradients_from_the_global_fragment() -> None:
     # lr 1, mu 1/2, Theta = 0. Merge 1: theta_1 = -1 (w 1/4), theta_2 = -3 (w 3/4):
     # delta = 1/4 * 1 + 3/4 * 3 = 2.5, buf = 2.5, Theta -= 2.5 + 0.5 * 2.5 -> -3.75.
     # Merge 2: theta_1 = -4.75 (w 1): delta = 1, buf = 0.5 * 2.5 + 1 = 2.25, Theta -= 1 + 1.125 -> -5.875.
