@@ -42,9 +42,10 @@ operations (1-D float32 tensors; contributors in ascending rank):
 
 which is ``torch.optim.SGD(lr, momentum=mu, nesterov=True)`` on the fragment. The version goes
 up by one, the round empties, and ``Theta_p`` is sent to every learner, arriving one fragment
-transfer later. A learner adopts what arrived before its next step starts: if the version is
-newer than its ``v[p]``, it overwrites its slice with ``Theta_p`` (no mixing), sets ``v[p]`` and
-``c_steps[p] = 0``. Contributions that arrive after a merge belong to the next round.
+transfer later. When a step starts, the learner first adopts every fragment that has arrived
+by that instant (deliveries run before step starts) with a version newer than its ``v[p]``: it
+overwrites its slice with ``Theta_p`` (no mixing), sets ``v[p]`` and ``c_steps[p] = 0``; older
+versions are ignored. Contributions that arrive after a merge belong to the next round.
 
 Absences (the fault model). ``down = {rank: [(start, end), ...]}`` in simulated seconds, sorted,
 not overlapping, ``end`` may be ``inf``; the learner is absent on ``[start, end)``. A learner
@@ -198,7 +199,7 @@ class _Learners:
 
     def adopt_pull(self, r: int, theta: torch.Tensor, versions: list[int]) -> None:
         self.write(r, theta)
-        self.version[r], self.c_steps[r], self.inbox[r] = list(versions), [0] * len(self.bounds), {}
+        self.version[r], self.c_steps[r] = list(versions), [0] * len(self.bounds)
 
     def step(self, r: int) -> None:
         train_step(self.models[r], self.opts[r], next(self.data[r]))
