@@ -133,6 +133,27 @@ def test_a_learner_down_for_an_interval_is_skipped_training_goes_on_and_it_rejoi
     assert [m[2] for m in gone["merges"]] == [(0, 1)] * 3
 
 
+def test_fragments_travel_alone_and_a_rejoining_learner_adopts_a_fragment_delivered_during_its_pull(ds) -> None:
+    # TinyNet's 161 parameters in 7 fragments of 23: a fragment is 736 bits, the model 5152; at
+    # 5152 bit/s a fragment takes 1/7 s and a pull 1 s. H = 7: fragment p is sent at steps
+    # s = p + 1 (mod 7). Quorum 1, grace 0: every receipt merges at once. Learner 1 is absent on
+    # [2.5, 3): its step [2, 3) is not taken; at 3 it pulls (fragment 2 still at version 0). The
+    # merge of learner 0's fragment 2 at 3 + 1/7 reaches it at 3 + 2/7, during the pull, and is
+    # adopted when its step starts at 4: its third step sends fragment 2 at 5 from version 1.
+    out = ddiloco(ds, 2, 5, slowdown=[1.0, 1.0], H=7, fragments=7, quorum=1, bandwidth=5152.0, down={1: [(2.5, 3.0)]})
+    assert out["steps"] == [5, 3]
+    assert out["merges"] == [
+        (1 + 1 / 7, 0, (0, 1), (0.5, 0.5)),
+        (2 + 1 / 7, 1, (0, 1), (0.5, 0.5)),
+        (3 + 1 / 7, 2, (0,), (1.0,)),
+        (4 + 1 / 7, 3, (0,), (1.0,)),
+        (5 + 1 / 7, 2, (1,), (1.0,)),
+        (5 + 1 / 7, 4, (0,), (1.0,)),
+    ]
+    assert out["updates"][-2:] == [(5 + 1 / 7, 1, 0), (5 + 1 / 7, 0, 0)]
+    assert out["end_time"] == 5 + 1 / 7
+
+
 def test_a_round_below_quorum_waits_without_stopping_any_learner(ds) -> None:
     out = ddiloco(ds, 3, 6, slowdown=[1.0] * 3, H=2, quorum=3, down={2: [(0.5, INF)]})
     assert out["steps"] == [6, 6, 0] and out["merges"] == [] and out["end_time"] == 6.0
