@@ -239,6 +239,68 @@ class _Synchronizer:
         return ranks, weights, applied
 
 
+class _Run:
+    """One run's event handlers: the world, the synchronizer, the learners and the records."""
+
+    def __init__(self, k, slowdown, step_seconds, bandwidth, latency, H, quorum, grace, tau, down, sync, learners):
+        self.k, self.slowdown, self.step_seconds, self.H, self.down = k, slowdown, step_seconds, H, down
+        self.quorum, self.grace, self.tau = quorum, grace, tau
+        self.sync, self.learners = sync, learners
+        self.offsets = fragment_offsets(H, len(sync.bounds))
+        self.part_seconds = [latency + 8 * 4 * (end - start) / bandwidth for start, end in sync.bounds]
+        self.pull_seconds = latency + 8 * 4 * sync.theta.numel() / bandwidth
+        self.step_ref = step_seconds * sorted(slowdown)[quorum - 1]
+        self.events = Events()
+        self.updates: list[tuple[float, int, int]] = []
+        self.merges: list[tuple[float, int, tuple[int, ...], tuple[float, ...]]] = []
+        self.end_time = 0.0
+
+    def receipt(self, t: float, r: int, p: int, theta_p: torch.Tensor, c_steps: int, version: int) -> None:
+        self.end_time = max(self.end_time, t)
+        if self.sync.receive(t, r, p, theta_p, c_steps, version) >= self.quorum and not self.sync.scheduled[p]:
+            wait = grace_window(self.grace, self.tau, self.step_ref, t - self.sync.opened[p], self.part_seconds[p])
+            self.sync.scheduled[p] = True
+            self.events.push(t + wait, MERGE, p)
+
+    def merge(self, t: float, p: int) -> None:
+        ranks, weights, applied = self.sync.merge(p)
+        self.updates += applied
+        self.merges.append((t, p, tuple(ranks), tuple(weights)))
+        self.end_time = max(self.end_time, t)
+        start, end = self.sync.bounds[p]
+        for m in range(self.k):
+            theta_p = self.sync.theta[start:end].clone()
+            self.events.push(t + self.part_seconds[p], DELIVER, m, p, theta_p, self.sync.version[p])
+
+    def pull(self, t: float, r: int) -> None:
+        self.events.push(t + self.pull_seconds, STEP, r, self.sync.theta.clone(), list(self.sync.version))
+
+    def deliver(self, t: float, r: int, p: int, theta_p: torch.Tensor, version: int) -> None:
+        if not _is_down(self.down.get(r, []), t):
+            self.learners.inbox[r][p] = (theta_p, version)
+
+    def step(self, t: float, r: int, ticks: Ticks) -> None:
+        duration = self.step_seconds * self.slowdown[r]
+        absence = _blocking(self.down.get(r, []), t, duration)
+        if absence is not None:
+            if math.isfinite(absence[1]):
+                self.events.push(absence[1], PULL, r)
+            return
+        if not ticks.admit(t):
+            return
+        self.learners.adopt_inbox(r)
+        self.learners.step(r)
+        self.end_time = max(self.end_time, t + duration)
+        s = self.learners.count[r]
+        for p, offset in enumerate(self.offsets):
+            if s % self.H == offset:
+                start, end = self.sync.bounds[p]
+                c_steps, version = self.learners.c_steps[r][p], self.learners.version[r][p]
+                sent = (p, self.learners.flat(r)[start:end], c_steps, version)
+                self.events.push(t + duration + self.part_seconds[p], RECEIPT, r, *sent)
+        self.events.push(t + duration, STEP, r)
+
+
 def reference_decoupled_diloco(
     ds: Any,
     k: int,
@@ -270,66 +332,33 @@ def reference_decoupled_diloco(
     shapes = [p.shape for p in TinyNet().parameters()]
     theta = torch.nn.utils.parameters_to_vector(TinyNet().parameters()).detach().clone()
     bounds = fragment_bounds(theta.numel(), fragments)
-    offsets = fragment_offsets(H, fragments)
-    part_seconds = [latency + 8 * 4 * (end - start) / bandwidth for start, end in bounds]
-    pull_seconds = latency + 8 * 4 * theta.numel() / bandwidth
-    step_ref = step_seconds * sorted(slowdown)[quorum - 1]
     sync = _Synchronizer(theta, bounds, outer_lr, outer_momentum)
     learners = _Learners(k, ds, inner, bounds)
-    ticks, events = Ticks(max_steps), Events()
-    updates: list[tuple[float, int, int]] = []
-    merges: list[tuple[float, int, tuple[int, ...], tuple[float, ...]]] = []
-    end_time = 0.0
-
+    run = _Run(k, slowdown, step_seconds, bandwidth, latency, H, quorum, grace, tau, down, sync, learners)
+    ticks = Ticks(max_steps)
     for r in range(k):
-        events.push(0.0, STEP, r)
-    while events:
-        t, phase, r, payload = events.pop()
+        run.events.push(0.0, STEP, r)
+    while run.events:
+        t, phase, r, payload = run.events.pop()
         if phase == RECEIPT:
-            p, theta_p, c_steps, version = payload
-            end_time = max(end_time, t)
-            if sync.receive(t, r, p, theta_p, c_steps, version) >= quorum and not sync.scheduled[p]:
-                wait = grace_window(grace, tau, step_ref, t - sync.opened[p], part_seconds[p])
-                sync.scheduled[p] = True
-                events.push(t + wait, MERGE, p)
+            run.receipt(t, r, *payload)
         elif phase == MERGE:
-            ranks, weights, applied = sync.merge(r)
-            updates += applied
-            merges.append((t, r, tuple(ranks), tuple(weights)))
-            end_time = max(end_time, t)
-            start, end = bounds[r]
-            for m in range(k):
-                events.push(t + part_seconds[r], DELIVER, m, r, sync.theta[start:end].clone(), sync.version[r])
+            run.merge(t, r)
         elif phase == PULL:
-            events.push(t + pull_seconds, STEP, r, sync.theta.clone(), list(sync.version))
+            run.pull(t, r)
         elif phase == DELIVER:
-            if not _is_down(down.get(r, []), t):
-                learners.inbox[r][payload[0]] = (payload[1], payload[2])
+            run.deliver(t, r, *payload)
         else:
             if payload:  # the pull that ends an absence has arrived
                 learners.adopt_pull(r, *payload)
-            if ticks.closed:
-                continue
-            duration = step_seconds * slowdown[r]
-            absence = _blocking(down.get(r, []), t, duration)
-            if absence is not None:
-                if math.isfinite(absence[1]):
-                    events.push(absence[1], PULL, r)
-                continue
-            if not ticks.admit(t):
-                continue
-            learners.adopt_inbox(r)
-            learners.step(r)
-            end_time = max(end_time, t + duration)
-            s = learners.count[r]
-            for p, offset in enumerate(offsets):
-                if s % H == offset:
-                    start, end = bounds[p]
-                    sent = (p, learners.flat(r)[start:end], learners.c_steps[r][p], learners.version[r][p])
-                    events.push(t + duration + part_seconds[p], RECEIPT, r, *sent)
-            events.push(t + duration, STEP, r)
-    params = [
-        chunk.view(shape).clone()
-        for chunk, shape in zip(sync.theta.split([math.prod(s) for s in shapes]), shapes, strict=True)
-    ]
-    return {"params": params, "steps": list(learners.count), "updates": updates, "end_time": end_time, "merges": merges}
+            if not ticks.closed:
+                run.step(t, r, ticks)
+    chunks = sync.theta.split([math.prod(shape) for shape in shapes])
+    params = [chunk.view(shape).clone() for chunk, shape in zip(chunks, shapes, strict=True)]
+    return {
+        "params": params,
+        "steps": list(learners.count),
+        "updates": run.updates,
+        "end_time": run.end_time,
+        "merges": run.merges,
+    }
