@@ -24,13 +24,14 @@ the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
 * :class:`ServerCommunicator`: the base of asynchronous modules that push to and pull from a
   simulated server on a simulated timeline; :class:`AsyncDiLoCoCommunicator` (asynchronous
   DiLoCo, delayed Nesterov, dynamic local updates), :class:`FedBuffCommunicator` (buffered
-  asynchronous aggregation) and :class:`HALoSCommunicator` (regional and global servers) are
-  built on it.
+  asynchronous aggregation), :class:`HALoSCommunicator` (regional and global servers) and
+  :class:`DecoupledDiLoCoCommunicator` (learners merged by a quorum) are built on it.
 """
 
 from communicators.async_diloco import AsyncDiLoCoCommunicator
 from communicators.averaging import AveragingCommunicator
 from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKReducer
+from communicators.decoupled_diloco import DecoupledDiLoCoCommunicator
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
 from communicators.fedbuff import FedBuffCommunicator
@@ -61,6 +62,7 @@ __all__ = [
     "DCTCompressCommunicator",
     "DCTTopKExchange",
     "DCTTopKReducer",
+    "DecoupledDiLoCoCommunicator",
     "Communicator",
     "DiLoCoCommunicator",
     "During",

@@ -145,7 +145,9 @@ class TrainNode:
         self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
         self.faults = None
-        faults = F.with_availability(cfg.faults, cfg.network, cfg.num_nodes, cfg.fault_round_steps, self.max_steps)
+        faults = F.with_availability(
+            cfg.faults, cfg.network, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, self.strategy
+        )
         if faults is not None:
             self.faults = F.FaultPlan(faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
             self.faults.check()  # again: a dataset factory's length is known only here

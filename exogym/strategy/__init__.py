@@ -16,6 +16,7 @@ __all__ = [
     "CommunicateOptimizeStrategy",
     "Communicator",
     "DESLOCStrategy",
+    "DecoupledDiLoCoStrategy",
     "DeMoStrategy",
     "DiLoCoCommunicator",
     "DiLoCoStrategy",
@@ -44,6 +45,7 @@ __getattr__, __dir__ = lazy_exports(
         "CommunicateOptimizeStrategy": "exogym.core.pipeline",
         "Communicator": "exogym.core.pipeline",
         "DESLOCStrategy": "exogym.strategy.desloc",
+        "DecoupledDiLoCoStrategy": "exogym.strategy.decoupled_diloco",
         "DeMoStrategy": "exogym.strategy.demo",
         "DiLoCoCommunicator": "communicators.diloco",
         "DiLoCoStrategy": "exogym.strategy.diloco",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
     from exogym.core.strategy import Strategy
     from exogym.strategy.async_diloco import AsyncDiLoCoStrategy
+    from exogym.strategy.decoupled_diloco import DecoupledDiLoCoStrategy
     from exogym.strategy.demo import DeMoStrategy
     from exogym.strategy.desloc import DESLOCStrategy
     from exogym.strategy.diloco import DiLoCoStrategy
