@@ -72,6 +72,9 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
 _TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
 
 
+#: Per timeline of this process, its participation statement of each tick (built once).
+_STATEMENTS: OrderedDict[int, tuple[Timeline, list[Participation | None]]] = OrderedDict()
+
 #: Per process, tensors that stand for a payload's dtype and size in absent calls.
 _LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
 
@@ -181,23 +184,35 @@ class ServerCommunicator(Communicator):
         tl = self.timeline
         if tl is None or step >= len(tl.trains):
             return None
-        if tl.following is None:  # every node follows the server: everyone takes part
-            return Participation(period=1, trains=tl.trains[step], replaces=False)
-        # the others take no part in the tick's communication: it cannot concern them
-        return Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
+        statements = _STATEMENTS.get(id(tl))
+        if statements is None or statements[0] is not tl:  # one list per timeline, shared by a worker's nodes
+            statements = _STATEMENTS[id(tl)] = (tl, [None] * len(tl.trains))
+            while len(_STATEMENTS) > 8:
+                _STATEMENTS.popitem(last=False)
+        st = statements[1][step]
+        if st is None:
+            if tl.following is None:  # every node follows the server: everyone takes part
+                st = Participation(period=1, trains=tl.trains[step], replaces=False)
+            else:  # the others take no part in the tick's communication: it cannot concern them
+                st = Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
+            statements[1][step] = st
+        return st
 
-    @torch.no_grad()
     def communicate(self, step: int) -> None:
         tl = self.timeline
         if tl is None:
             raise RuntimeError(
                 f"{type(self).__name__} needs the run's network to simulate its timeline (run it with fit)"
             )
-        if step == 0:
-            for ev in tl.before:
-                if ev.kind == "deliver" and ev.rank == self.ctx.rank:
-                    self._charge(is_root=False)
-        self._run(tl.after[step])
+        events = tl.after[step]
+        if not events and step:  # most ticks of a run of unequal nodes: nothing happens between them
+            return
+        with torch.no_grad():
+            if step == 0:
+                for ev in tl.before:
+                    if ev.kind == "deliver" and ev.rank == self.ctx.rank:
+                        self._charge(is_root=False)
+            self._run(events)
 
     @torch.no_grad()
     def finish(self) -> None:
