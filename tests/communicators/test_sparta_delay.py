@@ -95,7 +95,7 @@ def test_a_delay_sends_the_same_bytes_in_the_same_steps() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: SPARTAStrategy(async_sparta_delay=-1), r"async_sparta_delay .* must be an int >= 0, got -1"),
+        (lambda: SPARTAStrategy(async_sparta_delay=-1), r"async_sparta_delay .* must be an int >= 0 or 'auto' .*, got -1"),
         (lambda: SPARTAStrategy(sparta_interval=0), r"sparta_interval .* must be an int >= 1, got 0"),
         (lambda: SparseCommunicator(0.1, "topk", delay=1), "delay is not available with selector='topk'"),
     ],
