@@ -160,3 +160,44 @@ def test_a_handle_still_in_flight_when_the_run_ends_lands_in_its_tensor() -> Non
     for o in out:
         assert torch.equal(o["strategy"].pipeline.modules[0].t, torch.full((4,), 3.0))
         assert o["node"].comm.clock.in_flight == 0
+
+
+def test_a_saved_handle_resumes_with_its_result_and_arrival() -> None:
+    clock = LocalClock()
+    clock.attach(Network(1e6, 0.01, compute=0.02), lambda: 0.02)
+    handle = CollectiveHandle(clock, "all_reduce", torch.arange(4.0), torch.zeros(4), [])
+    clock.started(handle)
+    clock.close_step(0.02, 0.0)
+    state = handle.state_dict()
+    again = LocalClock()
+    again.load_state_dict(clock.state_dict())
+    again.attach(clock.network, lambda: 0.02)
+    target = torch.zeros(4)
+    resumed = again.resume(state, target)
+    assert (resumed.kind, resumed.arrival, again.in_flight) == ("all_reduce", handle.arrival, 1)
+    assert resumed.wait() is target and torch.equal(target, torch.arange(4.0))
+    with pytest.raises(RuntimeError, match="only a handle in flight"):
+        resumed.state_dict()
+
+
+def test_the_non_blocking_example_of_the_docs_applies_the_average_when_it_arrives() -> None:
+    """The LateAverage block of docs/user-guide/asynchrony.md on 2 nodes, 5 steps of 0.1 s, an
+    average sent after step 3: on a 1 Mbit/s link (a tensor of at most 128 floats takes 0.02 +
+    8 * 512 / 1e6 s, under a step) it lands after step 4, the last, so the nodes end equal; on a
+    1 kbit/s link (over 0.5 s) it is still in flight when the run ends."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "user-guide", "asynchrony.md")
+    with open(path) as f:
+        code = next(b for b in re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL) if "class LateAverage" in b)
+    namespace: dict = {}
+    exec(compile(code, path, "exec"), namespace)  # noqa: S102 - the docs' own code
+    make = lambda: CommunicateOptimizeStrategy([namespace["LateAverage"](H=4)], optim_spec=SGD)  # noqa: E731
+    for bandwidth, landed in [(1e6, True), (1e3, False)]:
+        out = train_ranks(2, make, 5, network=Network(bandwidth, 0.01, compute=0.1))
+        assert [len(o["strategy"].pipeline.modules[0].in_flight) for o in out] == [0 if landed else 1] * 2
+        same = all(torch.equal(p, q) for p, q in zip(out[0]["params"], out[1]["params"], strict=True))
+        assert same == landed
+        started = [sum(not r.blocking for r in recs) for recs in out[0]["records"]]
+        assert started == [0, 0, 0, len(out[0]["params"]), 0]
