@@ -234,7 +234,7 @@ class NodeComm:
         as one all_reduce of ``tensor``'s bytes over this rank's group. ``entries`` (where the
         values come from, see :class:`~exogym.core.comm.entries.Entries`) is for wire
         transforms; the node's own comm moves the values as they are. ``async_op=True``: start
-        it on ``tensor``'s values now and return a
+        it on ``tensor``'s values at the call and return a
         :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` writes the result
         into ``tensor``. Collective.
         """
@@ -350,7 +350,7 @@ class NodeComm:
         """Return ``[len(group), *tensor.shape]``: every group member's ``tensor`` in group order.
 
         Charged as one all_gather of ``tensor``'s bytes over this rank's group. ``async_op=True``:
-        start it on ``tensor``'s values now and return a
+        start it on ``tensor``'s values at the call and return a
         :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` returns the gathered
         tensor. Collective.
         """
@@ -386,7 +386,7 @@ class NodeComm:
         self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
     ) -> torch.Tensor | CollectiveHandle:
         """Overwrite ``tensor`` in place with rank ``src``'s and return it. ``async_op=True``: start
-        it now and return a :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()``
+        it at the call and return a :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()``
         writes rank ``src``'s values (as they were at the start) into ``tensor``. Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")

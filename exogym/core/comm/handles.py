@@ -152,7 +152,7 @@ class LocalClock:
         self._in_flight.append(handle)
 
     def waiting(self, handle: CollectiveHandle) -> None:
-        """The node waits for ``handle`` now."""
+        """The node waits for ``handle`` at this point of the running step."""
         self._in_flight.remove(handle)
         self._events.append((handle, False))
 
@@ -164,9 +164,9 @@ class LocalClock:
                 "model compute with fit(..., compute=<seconds per step>) or Network(..., compute=<seconds per "
                 "step>), or use handle.wait(), which works with measured compute"
             )
-        now = self._walk(self._compute_now())
+        reached = self._walk(self._compute_now())
         assert handle.arrival is not None
-        return handle.arrival <= now
+        return handle.arrival <= reached
 
     def close_step(self, compute: float, comm: float) -> float:
         """End the running step, whose compute took ``compute`` seconds and blocking collectives
@@ -181,13 +181,13 @@ class LocalClock:
     def _walk(self, compute: float) -> float:
         """The running step's starts and waits in order from the end of its compute: fixes the
         arrivals of its handles; returns the clock after its last wait."""
-        now = self.seconds + compute
+        t = self.seconds + compute
         for handle, is_start in self._events:
             if is_start:
-                handle.arrival = now + self._duration(handle.records, now)
-            elif handle.arrival is not None and handle.arrival > now:
-                now = handle.arrival
-        return now
+                handle.arrival = t + self._duration(handle.records, t)
+            elif handle.arrival is not None and handle.arrival > t:
+                t = handle.arrival
+        return t
 
     def _duration(self, records: list[CollectiveRecord], at: float) -> float:
         network = self.network
