@@ -188,3 +188,21 @@ def test_a_step_count_that_the_transfer_does_not_fit_stalls_at_the_wait() -> Non
 def test_auto_refuses_measured_compute_naming_the_fix() -> None:
     with pytest.raises(ValueError, match=r"overlap_steps='auto' .* compute='measured': pass fit\(\.\.\., compute="):
         train_ranks(2, lambda: StreamingDiLoCoStrategy(H=4, overlap_steps="auto", optim_spec=SGD), 4)
+
+
+def test_auto_lands_at_the_same_steps_on_virtual_nodes() -> None:
+    """On a world of speeds 1, 1, 2, 4 (each node's own clock decides), virtual nodes on 1 and 2
+    workers give the thread world's schedule exactly and its values up to summation order."""
+    net = Network(1e5, 0.01, compute=0.01, compute_slowdown=(1, 1, 2, 4))
+    make = lambda: StreamingDiLoCoStrategy(H=8, overlap_steps="auto", optim_spec=SGD)  # noqa: E731
+    runs = [train_ranks(4, make, 24, network=net, workers=w) for w in (None, 1, 2)]
+    schedule = [
+        [{k: r.get(k) for k in ("step", "sim_time", "sim_comm_time", "bytes_sent")} for r in _rows(o)] for o in runs
+    ]
+    clocks = [[o["node"].comm.clock.seconds for o in run] for run in runs]
+    assert schedule[1] == schedule[0] and schedule[2] == schedule[0]
+    assert clocks[1] == clocks[0] and clocks[2] == clocks[0]
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run, strict=True):
+            for p, q in zip(a["params"], b["params"], strict=True):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
