@@ -16,7 +16,8 @@
   for a world's traces). :meth:`CollectiveHandle.is_completed` is true once the node's clock
   has reached that time; :meth:`CollectiveHandle.wait` advances the clock to it where the clock
   is still behind, and that stall is the waiting step's communication time. A started
-  collective is not a meeting: the node does not wait for its peers to start it.
+  collective is not a meeting: the node does not wait for its peers to start it. Transfers in
+  flight together do not share bandwidth: each is priced as if alone on its links.
 
 The clock handles read is the node's own (:class:`LocalClock`): its compute (modelled, times
 its speed factor and straggler slowdown) and its communication, stalls included; it leaves out
@@ -48,9 +49,6 @@ from exogym.core.comm.ledger import CollectiveRecord, Ledger
 if TYPE_CHECKING:
     from exogym.core.comm.network import Network
 
-#: The collectives that take ``async_op=True``.
-ASYNC_KINDS = ("all_reduce", "all_gather", "broadcast")
-
 #: The spelling of a delay that follows the clock: an update lands at the first step at which
 #: its transfer has arrived (Streaming DiLoCo's ``overlap_steps``, SPARTA's ``delay``).
 AUTO = "auto"
@@ -70,7 +68,8 @@ def check_modelled_compute(network: Network | None, what: str) -> None:
 class CollectiveHandle:
     """A collective started with ``async_op=True`` (see the module docstring).
 
-    Made by the collectives, not by hand. Attributes: ``kind`` (one of :data:`ASYNC_KINDS`) and
+    Made by the collectives, not by hand. Attributes: ``kind`` (``"all_reduce"``,
+    ``"all_gather"`` or ``"broadcast"``) and
     ``arrival`` (the simulated second the result arrives on this node's clock; ``None`` until
     the step that started it has closed, or is resolved by :meth:`is_completed`).
     """
@@ -197,11 +196,13 @@ class LocalClock:
 
     def finish(self) -> None:
         """The run ended: write the results of the handles still in flight into their tensors
-        (no step waits for them, so the clock does not move)."""
+        (no step waits for them, so the clock does not move), and let go of the node loop's
+        compute model (a bound method of its meter: no reference cycle outlives the run)."""
         for handle in list(self._in_flight):
             handle._finish()
         self._in_flight.clear()
         self._events.clear()
+        self._compute_now = None
 
     def resume(self, state: dict[str, Any], target: torch.Tensor | None = None) -> CollectiveHandle:
         """A handle saved with :meth:`CollectiveHandle.state_dict`, in flight again; ``target``:
@@ -240,4 +241,4 @@ def start(
     return handle
 
 
-__all__ = ["ASYNC_KINDS", "AUTO", "CollectiveHandle", "LocalClock", "check_modelled_compute", "start"]
+__all__ = ["AUTO", "CollectiveHandle", "LocalClock", "check_modelled_compute", "start"]
