@@ -201,3 +201,20 @@ def test_the_non_blocking_example_of_the_docs_applies_the_average_when_it_arrive
         assert same == landed
         started = [sum(not r.blocking for r in recs) for recs in out[0]["records"]]
         assert started == [0, 0, 0, len(out[0]["params"]), 0]
+
+
+def test_the_torch_distributed_style_helpers_take_async_op() -> None:
+    from exogym.core.comm.comm import set_current
+    from exogym.strategy.communicate import all_reduce, broadcast
+
+    def body(rank, comm):
+        set_current(comm)
+        try:
+            t, b = torch.tensor([float(rank + 1)]), torch.tensor([float(rank)])
+            reduced, cast = all_reduce(t, async_op=True), broadcast(b, src=1, async_op=True)
+            held = (t.item(), b.item())
+            return held, reduced.wait().item(), cast.wait().item()
+        finally:
+            set_current(None)
+
+    assert run_ranks(2, body) == [((1.0, 0.0), 3.0, 1.0), ((2.0, 1.0), 3.0, 1.0)]
