@@ -59,6 +59,8 @@ class StepMeter:
         self.t0 = self.transport0 = 0.0
         self._trained = False  # since the last flush
         self._step = 0  # the step begun last
+        #: Whether the node trains in the step begun last (else it computes nothing).
+        self.trains = True
         modelled = isinstance(network.compute, (int, float))
         comm.clock.attach(network, self._compute_now if modelled else None)
 
@@ -73,8 +75,8 @@ class StepMeter:
 
     def _compute_now(self) -> float:
         """The running step's modelled compute seconds, as :meth:`add` will count them (a node
-        missing from the round computes nothing). For a network whose compute is a number."""
-        if self.rank in self.comm.missing:
+        that does not train in it computes nothing). For a network whose compute is a number."""
+        if not self.trains:
             return 0.0
         compute = self.network.compute_seconds(0.0, 0.0)
         if self.faults is not None:

@@ -196,6 +196,7 @@ class TrainNode:
             run.meter.begin_step(step)
             missing = self._missing(step)
             idle = self.idle.idle_steps(step)
+            run.meter.trains = not idle and self.rank not in missing  # (what a handle's clock counts)
             if self._offloader is not None and not (idle and self.rank not in missing):
                 self._offloader.to_device()  # it works this step
             if self.rank in missing:

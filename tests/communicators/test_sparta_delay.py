@@ -147,3 +147,22 @@ def test_auto_delay_refuses_measured_compute_and_topk() -> None:
         train_ranks(2, lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay="auto", optim_spec=SGD), 2)
     with pytest.raises(ValueError, match="delay is not available with selector='topk'"):
         SparseCommunicator(0.1, "topk", delay="auto")
+
+
+@pytest.mark.parametrize("delay", [1, "auto"])
+def test_averages_in_flight_travel_with_the_state_of_a_node_that_rejoins(delay) -> None:
+    """Nodes dropped and rejoining mid-run take a survivor's averages in flight (handles started
+    in the step of the rejoin included); the run is deterministic, and virtual nodes on 2
+    workers give the same simulated times."""
+    from exogym import Faults
+
+    net = Network(1e5, 0.01, compute=0.01, compute_slowdown=(1, 1, 2, 4))
+    faults = Faults(drop_probability=0.3, slowdown=torch.distributions.LogNormal(0.0, 0.5))
+    make = lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay=delay, optim_spec=SGD)  # noqa: E731
+    runs = [train_ranks(4, make, 20, network=net, faults=faults, workers=w) for w in (None, None, 2)]
+    assert any(r.get("nodes_alive", 4) < 4 for r in runs[0][0]["node"].history)  # someone did drop out
+    assert _rows(runs[0]) == _rows(runs[1])
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
+    times = [[(r["step"], r.get("sim_time"), r.get("sim_comm_time")) for r in _rows(run)] for run in (runs[0], runs[2])]
+    assert times[0] == times[1]

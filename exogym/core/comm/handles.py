@@ -109,14 +109,17 @@ class CollectiveHandle:
             self._result = self._target
 
     def state_dict(self) -> dict[str, Any]:
-        """The handle for a checkpoint: its kind, result and arrival (checkpoints are taken
-        between steps, when the arrival is known). Restore it with :meth:`LocalClock.resume`.
-        ``RuntimeError`` for a handle already waited for (there is nothing in flight to keep)."""
-        if self._waited or self.arrival is None:
-            raise RuntimeError(
-                "only a handle in flight between steps can be saved (this one was waited for or its step is running)"
-            )
-        return {"kind": self.kind, "result": self._result, "arrival": self.arrival}
+        """The handle's kind, result and arrival, for a checkpoint (taken between steps, when
+        the arrival is known: tensors and numbers only) or a node that rejoins during a step
+        (then with its ledger records instead of the arrival). Restore it with
+        :meth:`LocalClock.resume`. ``RuntimeError`` for a handle already waited for (there is
+        nothing in flight to keep)."""
+        if self._waited:
+            raise RuntimeError("only a handle in flight can be saved: this one was waited for")
+        state: dict[str, Any] = {"kind": self.kind, "result": self._result, "arrival": self.arrival}
+        if self.arrival is None:
+            state["records"] = list(self.records)
+        return state
 
 
 class LocalClock:
@@ -207,11 +210,22 @@ class LocalClock:
     def resume(self, state: dict[str, Any], target: torch.Tensor | None = None) -> CollectiveHandle:
         """A handle saved with :meth:`CollectiveHandle.state_dict`, in flight again; ``target``:
         the tensor its :meth:`~CollectiveHandle.wait` writes the result into (``None``: wait
-        returns the saved result itself)."""
-        handle = CollectiveHandle(self, str(state["kind"]), state["result"], target, [])
-        handle.arrival = float(state["arrival"])
-        self._in_flight.append(handle)
+        returns the saved result itself). One saved during its step starts in this node's
+        running step."""
+        handle = CollectiveHandle(self, str(state["kind"]), state["result"], target, list(state.get("records", [])))
+        if state["arrival"] is None:
+            self.started(handle)
+        else:
+            handle.arrival = float(state["arrival"])
+            self._in_flight.append(handle)
         return handle
+
+    def abandon(self) -> None:
+        """The node's state is about to be replaced (it rejoins with a peer's): its handles in
+        flight go with it, their results never written (the replacing state brings its own)."""
+        gone = {id(h) for h in self._in_flight}
+        self._events = [(h, is_start) for h, is_start in self._events if not (is_start and id(h) in gone)]
+        self._in_flight.clear()
 
     def state_dict(self) -> dict[str, float]:
         """The clock's seconds (the handles in flight are their modules' state)."""
