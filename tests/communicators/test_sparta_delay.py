@@ -157,7 +157,7 @@ def test_averages_in_flight_travel_with_the_state_of_a_node_that_rejoins(delay) 
     from exogym import Faults
 
     net = Network(1e5, 0.01, compute=0.01, compute_slowdown=(1, 1, 2, 4))
-    faults = Faults(drop_probability=0.3, slowdown=torch.distributions.LogNormal(0.0, 0.5))
+    faults = Faults(drop_probability=0.3)
     make = lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay=delay, optim_spec=SGD)  # noqa: E731
     runs = [train_ranks(4, make, 20, network=net, faults=faults, workers=w) for w in (None, None, 2)]
     assert any(r.get("nodes_alive", 4) < 4 for r in runs[0][0]["node"].history)  # someone did drop out

@@ -34,7 +34,9 @@ raises ``RuntimeError``. :meth:`CollectiveHandle.wait` works with any compute mo
 A handle still in flight when the run ends is waited for then: its result lands in its tensor,
 and the run's simulated time does not include it (no step needed it). A handle saved in a
 checkpoint (:meth:`CollectiveHandle.state_dict`, by the module that holds it) comes back with
-:meth:`LocalClock.resume`: its result and arrival time, bit for bit.
+:meth:`LocalClock.resume`: its result and arrival time, bit for bit. A node that rejoins after
+a fault (:func:`exogym.runtime.faults.rejoin`) drops its own handles in flight
+(:meth:`LocalClock.abandon`) and resumes those of the node whose state it loads.
 """
 
 from __future__ import annotations
