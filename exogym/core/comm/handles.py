@@ -71,9 +71,9 @@ class CollectiveHandle:
     """A collective started with ``async_op=True`` (see the module docstring).
 
     Made by the collectives, not by hand. Attributes: ``kind`` (``"all_reduce"``,
-    ``"all_gather"`` or ``"broadcast"``) and
-    ``arrival`` (the simulated second the result arrives on this node's clock; ``None`` until
-    the step that started it has closed, or is resolved by :meth:`is_completed`).
+    ``"all_gather"`` or ``"broadcast"``), ``arrival`` (the simulated second the result arrives
+    on this node's clock; ``None`` until the step that started it has closed or
+    :meth:`is_completed` resolves it) and ``records`` (its ledger records).
     """
 
     def __init__(
