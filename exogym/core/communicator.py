@@ -171,9 +171,10 @@ class Communicator:
     #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
-    #: Whether the module follows a simulated timeline (the asynchronous ones,
-    #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
-    #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
+    #: Whether the module needs every node's step seconds before the run: it follows a simulated
+    #: timeline (the asynchronous ones, :mod:`exogym.core.timeline`) or asks a handle's
+    #: ``is_completed()`` (:mod:`exogym.core.comm.handles`). With ``compute="flops"`` the run
+    #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
     #: Whether the module codes its payloads into bytes itself (values and indices packed into
     #: one buffer, values already at a chosen precision): a wire transform that acts on float
