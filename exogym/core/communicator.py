@@ -172,9 +172,10 @@ class Communicator:
     #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
-    #: Whether the module follows a simulated timeline (the asynchronous ones,
-    #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
-    #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
+    #: Whether the module needs every node's step seconds before the run: it follows a simulated
+    #: timeline (the asynchronous ones, :mod:`exogym.core.timeline`) or asks a handle's
+    #: ``is_completed()`` (:mod:`exogym.core.comm.handles`). With ``compute="flops"`` the run
+    #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
     #: Whether the module follows the network's availability trace itself, in its simulated
     #: timeline (a node absent from a time on takes no step and misses what arrives until it

@@ -262,6 +262,7 @@ def rejoin(comm: Any, model: torch.nn.Module, strategy: Any, nodes: Sequence[int
         # A peer node of this run sent it, not a file: a strategy's state of any type travels
         # (checkpoints, which come from disk, are loaded with weights_only=True).
         state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=device, weights_only=False)
+        comm.clock.abandon()  # its handles in flight: the source's replace them
         model.load_state_dict(state["model"])
         strategy.load_state_dict(state["strategy"])
     if comm.rank == source or comm.rank in nodes:

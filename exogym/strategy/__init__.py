@@ -1,4 +1,5 @@
-"""Strategies: the ``Strategy`` base, the communicator pipeline, and the presets.
+"""Strategies: the ``Strategy`` base, the communicator pipeline, the presets, and the handle of a
+non-blocking collective.
 
 Presets are :class:`CommunicateOptimizeStrategy` pipelines of modules from the top-level
 ``communicators`` package. Each name is imported when first used (importing this package does
@@ -13,6 +14,7 @@ from exogym._lazy import lazy_exports
 
 __all__ = [
     "AsyncDiLoCoStrategy",
+    "CollectiveHandle",
     "CommunicateOptimizeStrategy",
     "Communicator",
     "DESLOCStrategy",
@@ -42,6 +44,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "AsyncDiLoCoStrategy": "exogym.strategy.async_diloco",
+        "CollectiveHandle": "exogym.core.comm.handles",
         "CommunicateOptimizeStrategy": "exogym.core.pipeline",
         "Communicator": "exogym.core.pipeline",
         "DESLOCStrategy": "exogym.strategy.desloc",
@@ -70,6 +73,7 @@ __getattr__, __dir__ = lazy_exports(
 
 if TYPE_CHECKING:
     from communicators.diloco import DiLoCoCommunicator
+    from exogym.core.comm.handles import CollectiveHandle
     from exogym.core.muon import MuonAdamW
     from exogym.core.optim import OptimSpec
     from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
