@@ -32,8 +32,8 @@ adaptive grace window, weighting each learner by the steps (tokens) behind its f
 The synchronizer is simulated on every node (a replica each, the same bits; no node is the
 synchronizer); a merge is one uncharged all-reduce of the weighted differences, to which the
 contributors add theirs. Transfers are charged to the learner (its fragments sent, the merged
-fragments and pulls it receives), as overlapping its next ``H`` steps of compute (it does not
-wait for them). Contributions are pseudo-gradients measured from the synchronizer's own
+fragments and pulls it receives); only a pull blocks its steps (it does not wait for the
+others). Contributions are pseudo-gradients measured from the synchronizer's own
 fragment; the paper's radial-directional averaging and staleness-aware outer optimizers are not
 modelled.
 """
@@ -342,9 +342,12 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         a, b = self.bounds[p]
         return t[a:b]
 
-    def _charge_bytes(self, nbytes: int, is_root: bool) -> None:
+    def _charge_bytes(self, nbytes: int, is_root: bool, blocking: bool = False) -> None:
         r, comm = self.ctx.rank, self.ctx.comm
-        with comm.ledger.overlapping(self.sync_steps):  # the learner trains on meanwhile
+        if blocking:  # a returning learner waits for the model it pulls
+            comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
+            return
+        with comm.ledger.nonblocking():  # the learner trains on meanwhile
             comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
 
     def _on_capture(self, ev: Event) -> None:
@@ -393,7 +396,7 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
                 box = self.inbox.get(p, {})
                 for v in [v for v in box if v <= version]:
                     del box[v]
-            self._charge_bytes(self.nbytes, is_root=False)
+            self._charge_bytes(self.nbytes, is_root=False, blocking=True)
 
     def _on_adopt(self, ev: Event) -> None:
         if ev.rank != self.ctx.rank or not ev.data:
