@@ -208,9 +208,12 @@ class ServerCommunicator(Communicator):
         if not events and step:  # most ticks of a run of unequal nodes: nothing happens between them
             return
         with torch.no_grad():
-            if step == 0:
+            if step == 0:  # what happened before the first tick: every node holds the initial state
                 for ev in tl.before:
-                    if ev.kind == "deliver" and ev.rank == self.ctx.rank:
+                    if ev.kind == "serve":  # its delivery may come after the first tick
+                        self._on_serve(ev)
+                    elif ev.kind == "deliver" and ev.rank == self.ctx.rank:
+                        self.incoming = None
                         self._charge(is_root=False)
             self._run(events)
 

@@ -247,3 +247,44 @@ def test_fedbuff_on_1000_virtual_clients_runs_the_same_schedule_and_values_on_on
     # up to float summation order, as a synchronous run's do
     for x, y in zip(one[0], two[0], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compare_of_the_four_asynchronous_presets_runs_one_schedule_on_processes_and_one_or_two_workers(
+    tmp_path,
+) -> None:
+    from exogym.cli.compare import compare
+
+    def run(workers: int):
+        return compare(
+            "digits", ["async_diloco", "fedbuff", "halos", "decoupled_diloco"], nodes=4, steps=24, batch_size=8,
+            H=4, network=REGIONS, compute=0.05, out_dir=str(tmp_path / f"w{workers}"), progress=False, val_size=64,
+            workers=workers, raise_on_failure=True,
+        )  # fmt: skip
+
+    try:
+        runs = {w: run(w) for w in (4, 1, 2)}  # one process per node; virtual nodes on 1 and 2 workers
+    finally:
+        exogym.shutdown()
+    schedule = ("strategy", "sim_time", "bytes_sent_per_node", "utilisation", "steps", "staleness", "staleness_max")
+    want = [{c: row.get(c) for c in schedule} for row in runs[4].summary]
+    assert [row["strategy"] for row in want] == ["async_diloco", "fedbuff", "halos", "decoupled_diloco"]
+    for w in (1, 2):
+        assert [{c: row.get(c) for c in schedule} for row in runs[w].summary] == want
+        for got, ref in zip(runs[w].summary, runs[4].summary, strict=True):
+            assert got["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)  # up to float summation order
+
+
+def test_a_fedbuff_client_served_before_the_first_step_and_reached_after_it_starts_from_the_initial_state() -> None:
+    # region b is 0.3 s away from the server: its clients' first state arrives after region a's
+    # clients took their first steps
+    out = train_ranks(
+        4, lambda: FedBuffStrategy(local_steps=2, buffer_size=1, concurrency=4, optim_spec=SGD), 12,
+        dataset=regression_data(4 * 8 * 12), network=REGIONS,
+    )  # fmt: skip
+    tl = out[0]["strategy"].server.timeline
+    late = [ev for ev in tl.after[0] if ev.kind == "deliver"]
+    assert late and all(ev.rank in (2, 3) for ev in late)
+    assert tl.steps[2] > 0 and tl.steps[3] > 0
