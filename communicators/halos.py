@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from communicators.async_diloco import DelayedNesterov, _number
+from communicators.async_diloco import AsyncDiLoCoTiming, DelayedNesterov, _number
 from communicators.server import ServerCommunicator
 from exogym.core.comm.network import Network
 from exogym.core.timeline import Event, Simulation
@@ -79,8 +79,9 @@ def region_transfer_seconds(network: Network, region: int, nbytes: int) -> float
     return link.latency + 8.0 * nbytes / link.bandwidth
 
 
-class HALoSTiming(Simulation):
-    """When each worker steps and pushes, when each LPS pushes to the GPS and merges.
+class HALoSTiming(AsyncDiLoCoTiming):
+    """When each worker steps and pushes, when each LPS pushes to the GPS and merges. Workers
+    step and push as Async DiLoCo's nodes do (:class:`AsyncDiLoCoTiming`), to their region's LPS.
 
     Events of the servers carry the region as their ``rank``: ``region_receive`` (the GPS
     receives an LPS's push; ``data``: the GPS version the LPS last merged), ``region_serve``
@@ -110,33 +111,14 @@ class HALoSTiming(Simulation):
         local_steps: list[int],
         accumulation: int,
     ) -> None:
-        super().__init__(step_seconds, max_ticks)
-        self.transfer, self.region, self.region_transfer = transfer, region, region_transfer
-        self.local_steps, self.accumulation = local_steps, accumulation
-        k, regions = self.num_nodes, len(region_transfer)
-        self.in_segment, self.segment, self.pulled = [0] * k, [0] * k, [0] * k
+        super().__init__(step_seconds, transfer, max_ticks, local_steps)
+        self.region, self.region_transfer, self.accumulation = region, region_transfer, accumulation
+        regions = len(region_transfer)
         self.version = [0] * regions  # worker updates each LPS applied
         self.count = [0] * regions  # since its last merge
         self.merged = [0] * regions  # the GPS version each LPS last merged
         self.pushes = [0] * regions
         self.global_version = 0
-
-    def begin(self) -> None:
-        for r in range(self.num_nodes):
-            self.schedule(0.0, "start", r)
-
-    def on_start(self, ev: Event) -> None:
-        r = ev.rank
-        end = self.step_end(r, ev.time)
-        self.in_segment[r] += 1
-        if self.in_segment[r] < self.local_steps[r]:
-            self.schedule(end, "start", r)
-            return
-        self.in_segment[r] = 0
-        self.schedule(end, "capture", r, self.segment[r])
-        self.schedule(end + self.transfer[r], "receive", r, self.segment[r])
-        self.segment[r] += 1
-        self.waiting[r] = "its LPS's parameters after its push"
 
     def on_receive(self, ev: Event) -> Event:
         r, q = ev.rank, self.region[ev.rank]
@@ -176,9 +158,6 @@ class HALoSTiming(Simulation):
     def on_serve(self, ev: Event) -> None:
         self.pulled[ev.rank] = self.version[self.region[ev.rank]]
         self.schedule(ev.time + self.transfer[ev.rank], "deliver", ev.rank)
-
-    def on_deliver(self, ev: Event) -> None:
-        self.schedule(ev.time, "start", ev.rank)
 
 
 class HALoSCommunicator(ServerCommunicator):
