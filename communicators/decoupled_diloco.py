@@ -457,7 +457,8 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
 
     def summary(self) -> dict[str, Any]:
         """As :meth:`ServerCommunicator.summary`, plus the merges: their number and the mean
-        number of learners a merge takes."""
+        number of learners a merge takes; with CGAD, ``gated``: the merged contributions at or past
+        the cutoff (scaled to zero)."""
         out = super().summary()
         tl = self.timeline
         if tl is None:
@@ -465,6 +466,8 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         merges = tl.records.get("merges", [])
         out["merges"] = len(merges)
         out["learners_per_merge"] = sum(len(m[2]) for m in merges) / len(merges) if merges else 0.0
+        if self.outer == "cgad":
+            out["gated"] = sum(1 for _, _, tau in tl.updates if tau >= self.cgad_cutoff)
         return out
 
     def server_state_dict(self) -> dict[str, Any]:

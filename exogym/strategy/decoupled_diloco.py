@@ -69,7 +69,8 @@ class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
 
     def run_summary(self) -> dict[str, Any]:
         """Per node its training steps and utilisation; the staleness of the merged
-        contributions; the merges and the learners per merge; the simulated end (seconds)."""
+        contributions; the merges and the learners per merge; the simulated end (seconds); with
+        ``outer="cgad"``, the contributions gated out (``gated``)."""
         return self.server.summary()
 
 

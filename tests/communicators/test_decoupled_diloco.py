@@ -145,6 +145,8 @@ def test_cgad_contributions_past_the_cutoff_do_not_move_theta(cutoff: int, monke
     assert all(gated)  # Theta stays bit for bit where every contribution is past the cutoff
     assert all(not torch.equal(a, b) for taus, a, b in seen if min(taus) < cutoff)
     _same_run(out, ref)  # and equals the reference, which leaves the gated contributions out
+    gated_in_ref = sum(1 for _, _, tau in ref["updates"] if tau >= cutoff)
+    assert out[0]["strategy"].run_summary()["gated"] == gated_in_ref > 0
 
 
 def _diloco_with_adam(ds, k: int, steps: int, H: int, lr: float) -> list[torch.Tensor]:
