@@ -317,12 +317,8 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         check_cgad(cgad_alpha, cgad_cutoff, cgad_betas, cgad_eps)
         self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
         self.outer, self.outer_lr, self.outer_momentum = outer, outer_lr, outer_momentum
-        self.cgad_alpha, self.cgad_cutoff, self.cgad_betas, self.cgad_eps = (
-            cgad_alpha,
-            cgad_cutoff,
-            cgad_betas,
-            cgad_eps,
-        )
+        self.cgad_alpha, self.cgad_cutoff = cgad_alpha, cgad_cutoff
+        self.cgad_betas, self.cgad_eps = cgad_betas, cgad_eps
 
     # -- the timing -------------------------------------------------------------------------
     def timing_key(self) -> tuple[Any, ...]:
