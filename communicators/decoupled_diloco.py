@@ -21,6 +21,11 @@ adaptive grace window, weighting each learner by the steps (tokens) behind its f
   ``Delta = sum_m w_m (Theta_p - theta_mp)`` and Nesterov SGD:
   ``b = mu b + Delta``, ``Theta_p -= lr (Delta + mu b)``. The merged fragment goes to every
   learner present, one fragment transfer later.
+- **Staleness-aware outer optimizer** (``outer="cgad"``, :mod:`communicators.cgad`). Each
+  contribution's staleness ``tau_m`` (merges of the fragment since the version the learner held
+  when it sent) scales it: ``Delta = sum_m w_m sigma(tau_m) (Theta_p - theta_mp)``, and Adam with
+  its own moments and step count per fragment steps ``Theta_p`` on ``Delta``. A merge whose every
+  contribution is gated out (``sigma = 0``) leaves ``Theta_p`` and Adam's state as they were.
 - **Absences.** From the network's availability trace (``Network(availability=...)``: a node is
   absent from a row's time until its next row): a learner absent at any moment of a step does
   not take it (the work since its last send is lost), sends nothing and drops the fragments that
@@ -34,8 +39,7 @@ synchronizer); a merge is one uncharged all-reduce of the weighted differences, 
 contributors add theirs. Transfers are charged to the learner (its fragments sent, the merged
 fragments and pulls it receives); only a pull blocks its steps (it does not wait for the
 others). Contributions are pseudo-gradients measured from the synchronizer's own
-fragment; the paper's radial-directional averaging and staleness-aware outer optimizers are not
-modelled.
+fragment; the paper's radial-directional averaging is not modelled.
 """
 
 from __future__ import annotations
@@ -47,12 +51,16 @@ from typing import Any
 import torch
 
 from communicators.async_diloco import _number
+from communicators.cgad import CGAD, cgad_scale, check_cgad
 from communicators.server import ServerCommunicator
 from exogym.core.comm.network import Network
 from exogym.core.timeline import Event, Simulation
 
 #: ``(start, end)``: simulated seconds a learner is absent, ``end`` excluded (may be ``inf``).
 Interval = tuple[float, float]
+
+#: The outer optimizers and their default learning rates.
+OUTER_LR = {"nesterov": 0.7, "cgad": 0.1}
 
 
 def fragment_bounds(n: int, fragments: int) -> list[tuple[int, int]]:
@@ -111,7 +119,7 @@ class DecoupledTiming(Simulation):
 
     Events: ``capture``/``receive`` (a contribution; ``data``: fragment, send index, the
     learner's ``c_p`` and version), ``merge`` (``rank``: the fragment; ``data``: the version it
-    makes, ``((rank, send index, weight), ...)`` and the learners it is sent to), ``deliver``
+    makes, ``((rank, send index, weight, staleness), ...)`` and the learners it is sent to), ``deliver``
     (a merged fragment reaches a learner; ``data``: fragment, version), ``serve``/``restore`` (a
     returning learner's pull of the whole model), ``adopt`` (at a step start: ``data``, the
     ``(fragment, version)`` pairs the learner adopts).
@@ -208,12 +216,12 @@ class DecoupledTiming(Simulation):
         p, t = ev.rank, ev.time
         contributions = sorted(self.round[p].items())
         total = float(sum(c for _, (_, c, _, _) in contributions))
-        taken = tuple((r, send, float(c) / total) for r, (send, c, _, _) in contributions)
+        taken = tuple((r, send, float(c) / total, self.version[p] - v) for r, (send, c, v, _) in contributions)
         for r, (_, _, v, received) in contributions:
             self.record_update(received, r, self.version[p] - v)
         self.version[p] += 1
         self.round[p], self.merging[p] = {}, False
-        self.record("merges", t, p, tuple(r for r, _, _ in taken), tuple(w for _, _, w in taken))
+        self.record("merges", t, p, tuple(m[0] for m in taken), tuple(m[2] for m in taken))
         self.touch(t)
         recipients = []
         for r in range(self.num_nodes):
@@ -261,7 +269,13 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         grace: ``gamma`` in ``[0, 1)``, the share of the slack the synchronizer waits after the
             quorum (``0``: merge at the quorum).
         tau: the overlap, in steps, the grace window's slack is measured in.
-        outer_lr, outer_momentum: the synchronizer's Nesterov SGD.
+        outer_lr: the synchronizer's learning rate (``None``: 0.7 for Nesterov, 0.1 for CGAD).
+        outer_momentum: Nesterov's momentum (``outer="nesterov"`` only).
+        outer: the synchronizer's optimizer: ``"nesterov"`` (Nesterov SGD) or ``"cgad"`` (Adam on
+            staleness-scaled pseudo-gradients, :mod:`communicators.cgad`).
+        cgad_alpha, cgad_cutoff: CGAD's decay per merge of age and the age (merges) from which a
+            contribution is gated out (``float("inf")``: no gate); ``outer="cgad"`` only.
+        cgad_betas, cgad_eps: CGAD's Adam betas and epsilon; ``outer="cgad"`` only.
     """
 
     follows_availability = True
@@ -273,8 +287,13 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         quorum: int | None = None,
         grace: float = 0.5,
         tau: int = 2,
-        outer_lr: float = 0.7,
+        outer_lr: float | None = None,
         outer_momentum: float = 0.9,
+        outer: str = "nesterov",
+        cgad_alpha: float = 0.1,
+        cgad_cutoff: float = 16,
+        cgad_betas: tuple[float, float] = (0.9, 0.999),
+        cgad_eps: float = 1e-8,
     ) -> None:
         super().__init__()
         checks = (("H", H, 1), ("fragments", fragments, 1), ("quorum", quorum, 1), ("tau", tau, 0))
@@ -288,12 +307,18 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
             raise ValueError(f"fragments must be at most H={H} (one fragment due per step at most), got {fragments}")
         if not _number(grace) or not 0 <= grace < 1:
             raise ValueError(f"grace must be a number in [0, 1) (the share of the slack waited), got {grace!r}")
+        if outer not in OUTER_LR:
+            raise ValueError(f"outer must be one of {sorted(OUTER_LR)} (the synchronizer's optimizer), got {outer!r}")
+        outer_lr = OUTER_LR[outer] if outer_lr is None else outer_lr
         if not _number(outer_lr) or not outer_lr > 0:
-            raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
+            raise ValueError(f"outer_lr must be a number > 0 or None (the outer optimizer's default), got {outer_lr!r}")
         if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
             raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
+        check_cgad(cgad_alpha, cgad_cutoff, cgad_betas, cgad_eps)
         self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
-        self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
+        self.outer, self.outer_lr, self.outer_momentum = outer, outer_lr, outer_momentum
+        self.cgad_alpha, self.cgad_cutoff = cgad_alpha, cgad_cutoff
+        self.cgad_betas, self.cgad_eps = cgad_betas, cgad_eps
 
     # -- the timing -------------------------------------------------------------------------
     def timing_key(self) -> tuple[Any, ...]:
@@ -329,8 +354,14 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         self.down = absences(ctx.network, k)
         self.pull, self.fragment_seconds = [0.0] * k, [[0.0] * self.fragments for _ in range(k)]
         super().setup(ctx)
-        #: The synchronizer's Nesterov buffer (its parameters are :attr:`server`).
-        self.momentum = torch.zeros_like(self.server)
+        #: The synchronizer's optimizer state (its parameters are :attr:`server`): Nesterov's
+        #: buffer, or CGAD's Adam moments per fragment.
+        self.momentum: torch.Tensor | None = None
+        self.cgad: CGAD | None = None
+        if self.outer == "cgad":
+            self.cgad = CGAD(self.server, self.fragments, self.outer_lr, self.cgad_betas, self.cgad_eps)
+        else:
+            self.momentum = torch.zeros_like(self.server)
         #: This learner's contributions not yet merged, by ``(fragment, send index)``.
         self.outbox: dict[tuple[int, int], torch.Tensor] = {}
         #: Merged fragments sent to this learner and not yet adopted: fragment -> version -> slice.
@@ -363,20 +394,31 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         p, me, comm = ev.rank, self.ctx.rank, self.ctx.comm
         version, taken, recipients = ev.data
         theta = self._slice(self.server, p)
-        mine = [(send, w) for r, send, w in taken if r == me]
+        # CGAD scales each contribution by its staleness; Nesterov takes them as they are
+        scale = {r: self._scale(tau) for r, _, _, tau in taken}
+        mine = [(send, w) for r, send, w, _ in taken if r == me]
         if mine:
             send, w = mine[0]
-            delta = (theta - self.outbox.pop((p, send))) * w
+            delta = (theta - self.outbox.pop((p, send))) * (w * scale[me])
             for key in [key for key in self.outbox if key[0] == p and key[1] < send]:
                 del self.outbox[key]  # a later contribution of this learner replaced it
             delta = comm.all_reduce(delta, charge=False)
         else:
             delta = comm.all_reduce_receive(theta)
-        buf = self._slice(self.momentum, p)
-        buf.mul_(self.outer_momentum).add_(delta)
-        theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
+        if self.cgad is not None:
+            if any(s > 0 for s in scale.values()):  # all gated out: nothing arrived to step on
+                self.cgad.step(p, self.bounds[p], theta, delta)
+        else:
+            assert self.momentum is not None
+            buf = self._slice(self.momentum, p)
+            buf.mul_(self.outer_momentum).add_(delta)
+            theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
         if me in recipients:
             self.inbox.setdefault(p, {})[version] = theta.clone()
+
+    def _scale(self, tau: int) -> float:
+        """The factor of a contribution ``tau`` merges stale: CGAD's ``sigma(tau)``, or 1."""
+        return cgad_scale(tau, self.cgad_alpha, self.cgad_cutoff) if self.outer == "cgad" else 1.0
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
@@ -411,7 +453,8 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
 
     def summary(self) -> dict[str, Any]:
         """As :meth:`ServerCommunicator.summary`, plus the merges: their number and the mean
-        number of learners a merge takes."""
+        number of learners a merge takes; with CGAD, ``gated``: the merged contributions at or past
+        the cutoff (scaled to zero)."""
         out = super().summary()
         tl = self.timeline
         if tl is None:
@@ -419,18 +462,25 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         merges = tl.records.get("merges", [])
         out["merges"] = len(merges)
         out["learners_per_merge"] = sum(len(m[2]) for m in merges) / len(merges) if merges else 0.0
+        if self.outer == "cgad":
+            out["gated"] = sum(1 for _, _, tau in tl.updates if tau >= self.cgad_cutoff)
         return out
 
     def server_state_dict(self) -> dict[str, Any]:
         return {
             "momentum": self.momentum,
+            "cgad": None if self.cgad is None else self.cgad.state_dict(),
             "outbox": {f"{p}:{s}": t for (p, s), t in self.outbox.items()},
             "inbox": {f"{p}:{v}": t for p, box in self.inbox.items() for v, t in box.items()},
             "pulled": self.pulled,
         }
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.momentum.copy_(state["momentum"])
+        if self.cgad is not None:
+            self.cgad.load_state_dict(state["cgad"])
+        else:
+            assert self.momentum is not None
+            self.momentum.copy_(state["momentum"])
         self.outbox = {}
         for key, t in state["outbox"].items():
             p, s = key.split(":")
@@ -444,8 +494,16 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
     def describe(self) -> str:
         return (
             f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
-            f"grace={self.grace}, tau={self.tau}, outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum})"
+            f"grace={self.grace}, tau={self.tau}, {self._describe_outer()})"
         )
+
+    def _describe_outer(self) -> str:
+        if self.outer == "cgad":
+            return (
+                f"outer='cgad', outer_lr={self.outer_lr}, cgad_alpha={self.cgad_alpha}, "
+                f"cgad_cutoff={self.cgad_cutoff}, cgad_betas={self.cgad_betas}, cgad_eps={self.cgad_eps}"
+            )
+        return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
 
 
 __all__ = [

@@ -40,7 +40,20 @@ operations (1-D float32 tensors; contributors in ascending rank):
     buf.mul_(mu).add_(delta)
     Theta_p.add_(delta.add(buf, alpha=mu), alpha=-lr)
 
-which is ``torch.optim.SGD(lr, momentum=mu, nesterov=True)`` on the fragment. The version goes
+which is ``torch.optim.SGD(lr, momentum=mu, nesterov=True)`` on the fragment. With
+``outer="cgad"`` (Shah & Sun 2026, "Cosine-Gated Adam-Decay", arXiv 2605.09126, read from its
+abstract: each pseudo-gradient is scaled by ``sigma(tau) = gamma(tau) exp(-alpha tau)`` before
+it enters Adam's moments; the per-fragment variant PA-CGAD) the merge is instead, with
+``tau_m`` the contribution's staleness (defined below) and the cosine gate
+``gamma(tau) = (1 + cos(pi tau / cutoff)) / 2`` below the cutoff, 0 from it on (ExoGym's choice):
+contributions with ``sigma = 0`` are left out; if none is left the merge makes no step (``Theta_p``
+and the fragment's Adam state stay); otherwise
+
+    delta = torch.zeros_like(Theta_p)
+    for each contributor m left: delta.add_(Theta_p - theta_mp, alpha=w_m * sigma(tau_m))
+
+is the gradient of one ``torch.optim.Adam(lr, betas, eps)`` step of the fragment's own optimizer
+(the fragment a ``torch.nn.Parameter`` of its own). The version goes
 up by one, the round empties, and ``Theta_p`` is sent to every learner, arriving one fragment
 transfer later. When a step starts, the learner first adopts every fragment that has arrived
 by that instant (deliveries run before step starts) with a version newer than its ``v[p]``: it
@@ -80,8 +93,8 @@ system: sends on the learner's own step count (no global clock; the quorum count
 a contribution in the round); the round opening at its first receipt (``xi_quorum = t_q -
 t_open``); ``xi_step`` as above; one contribution per learner per round, the latest; weighted
 averaging where the paper uses radial-directional averaging (RDA) for non-embedding fragments;
-recovery by a pull from the synchronizer where the paper copies a healthy peer's checkpoint; no
-staleness-aware outer optimizer (CGAD, arXiv 2605.09126).
+recovery by a pull from the synchronizer where the paper copies a healthy peer's checkpoint;
+CGAD's gate shape and the scaling of the token weights by ``sigma`` (not renormalised).
 """
 
 from __future__ import annotations
@@ -128,6 +141,35 @@ def nesterov_merge(
         delta.add_(theta - local, alpha=w)
     buf.mul_(mu).add_(delta)
     theta.add_(delta.add(buf, alpha=mu), alpha=-lr)
+
+
+def cgad_sigma(tau: int, alpha: float, cutoff: float) -> float:
+    """``gamma(tau) * exp(-alpha * tau)``: the cosine gate ``(1 + cos(pi tau / cutoff)) / 2``
+    below ``cutoff`` (0 from it on) times the exponential decay."""
+    gate = (1 + math.cos(math.pi * tau / cutoff)) / 2 if tau < cutoff else 0.0
+    return gate * math.exp(-alpha * tau)
+
+
+def cgad_merge(
+    theta: torch.Tensor,
+    fragment: torch.nn.Parameter,
+    opt: torch.optim.Optimizer,
+    parts: Sequence[tuple[torch.Tensor, float, float]],
+) -> None:
+    """Merge ``parts`` = ``[(theta_mp, w_m, sigma_m)]`` into ``theta`` (in place) by one step of
+    ``opt`` (a ``torch.optim.Adam`` over ``fragment``) on the scaled pseudo-gradient; none with
+    ``sigma_m > 0``: no step."""
+    kept = [(local, w * sigma) for local, w, sigma in parts if sigma > 0]
+    if not kept:
+        return
+    delta = torch.zeros_like(theta)
+    for local, scale in kept:
+        delta.add_(theta - local, alpha=scale)
+    with torch.no_grad():
+        fragment.copy_(theta)
+    fragment.grad = delta
+    opt.step()
+    theta.copy_(fragment.detach())
 
 
 def _check(k, H, fragments, quorum, grace, tau, outer_lr, outer_momentum, down) -> None:
@@ -210,9 +252,14 @@ class _Learners:
 class _Synchronizer:
     """Global fragments, their momentum, versions and open rounds."""
 
-    def __init__(self, theta: torch.Tensor, bounds: list[tuple[int, int]], lr: float, mu: float) -> None:
-        self.theta, self.bounds, self.lr, self.mu = theta, bounds, lr, mu
+    def __init__(
+        self, theta: torch.Tensor, bounds: list[tuple[int, int]], lr: float, mu: float, cgad: dict | None
+    ) -> None:
+        self.theta, self.bounds, self.lr, self.mu, self.cgad = theta, bounds, lr, mu, cgad
         self.buf = [torch.zeros(end - start) for start, end in bounds]
+        if cgad is not None:  # per fragment its own parameter and Adam
+            self.fragments = [torch.nn.Parameter(theta[start:end].clone()) for start, end in bounds]
+            self.adams = [torch.optim.Adam([f], lr=lr, betas=cgad["betas"], eps=cgad["eps"]) for f in self.fragments]
         self.version = [0] * len(bounds)
         self.rounds: list[dict[int, tuple[float, torch.Tensor, int, int]]] = [{} for _ in bounds]
         self.opened = [0.0] * len(bounds)
@@ -231,9 +278,14 @@ class _Synchronizer:
         total = float(sum(self.rounds[p][r][2] for r in ranks))
         weights = [float(self.rounds[p][r][2]) / total for r in ranks]
         start, end = self.bounds[p]
-        parts = [(self.rounds[p][r][1], w) for r, w in zip(ranks, weights, strict=True)]
-        nesterov_merge(self.theta[start:end], self.buf[p], parts, self.lr, self.mu)
         applied = [(self.rounds[p][r][0], r, self.version[p] - self.rounds[p][r][3]) for r in ranks]
+        if self.cgad is None:
+            parts = [(self.rounds[p][r][1], w) for r, w in zip(ranks, weights, strict=True)]
+            nesterov_merge(self.theta[start:end], self.buf[p], parts, self.lr, self.mu)
+        else:
+            sigmas = [cgad_sigma(tau, self.cgad["alpha"], self.cgad["cutoff"]) for _, _, tau in applied]
+            cparts = [(self.rounds[p][r][1], w, s) for r, w, s in zip(ranks, weights, sigmas, strict=True)]
+            cgad_merge(self.theta[start:end], self.fragments[p], self.adams[p], cparts)
         self.version[p] += 1
         self.rounds[p], self.scheduled[p] = {}, False
         return ranks, weights, applied
@@ -319,12 +371,24 @@ def reference_decoupled_diloco(
     tau: int = 2,
     down: Mapping[int, Sequence[Interval]] | None = None,
     inner: tuple[str, dict[str, Any]] = ("sgd", {"lr": 0.05}),
+    outer: str = "nesterov",
+    cgad_alpha: float = 0.1,
+    cgad_cutoff: float = 16,
+    cgad_betas: tuple[float, float] = (0.9, 0.999),
+    cgad_eps: float = 1e-8,
 ) -> dict[str, Any]:
     """Run Decoupled DiLoCo on ``k`` TinyNet learners for ``max_steps`` ticks, then drain.
 
+    ``outer``: ``"nesterov"`` (``outer_lr``, ``outer_momentum``) or ``"cgad"`` (``outer_lr``
+    and the ``cgad_*`` settings; ``outer_momentum`` unused).
     Returns ``dict(params, steps, updates, end_time, merges)`` as the module docstring states.
     Raises ``ValueError`` naming the argument on bad input.
     """
+    if outer not in ("nesterov", "cgad"):
+        raise ValueError(f"outer={outer!r}: give 'nesterov' or 'cgad'")
+    if not (cgad_alpha >= 0 and cgad_cutoff > 0):
+        raise ValueError(f"cgad_alpha={cgad_alpha}, cgad_cutoff={cgad_cutoff}: give alpha >= 0 and a cutoff > 0")
+    cgad = {"alpha": cgad_alpha, "cutoff": cgad_cutoff, "betas": cgad_betas, "eps": cgad_eps}
     down = {} if down is None else {r: [(float(s), float(e)) for s, e in v] for r, v in down.items()}
     check_world(k, max_steps, slowdown, step_seconds, bandwidth, latency)
     _check(k, H, fragments, quorum, grace, tau, outer_lr, outer_momentum, down)
@@ -332,7 +396,7 @@ def reference_decoupled_diloco(
     shapes = [p.shape for p in TinyNet().parameters()]
     theta = torch.nn.utils.parameters_to_vector(TinyNet().parameters()).detach().clone()
     bounds = fragment_bounds(theta.numel(), fragments)
-    sync = _Synchronizer(theta, bounds, outer_lr, outer_momentum)
+    sync = _Synchronizer(theta, bounds, outer_lr, outer_momentum, cgad if outer == "cgad" else None)
     learners = _Learners(k, ds, inner, bounds)
     run = _Run(k, slowdown, step_seconds, bandwidth, latency, H, quorum, grace, tau, down, sync, learners)
     ticks = Ticks(max_steps)

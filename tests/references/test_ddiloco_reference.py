@@ -255,6 +255,8 @@ def test_equal_speeds_full_quorum_two_fragments_equal_streaming_diloco_without_o
         ({"tau": -1}, "tau="),
         ({"outer_lr": -1.0}, "outer_lr="),
         ({"outer_momentum": 1.0}, "outer_momentum="),
+        ({"outer": "adam"}, "outer="),
+        ({"outer": "cgad", "cgad_cutoff": 0}, "cgad_cutoff="),
         ({"down": {4: [(0.0, 1.0)]}}, "down: rank 4"),
         ({"down": {0: [(2.0, 3.0), (1.0, 4.0)]}}, r"down\[0\]"),
         ({"down": {0: [(1.0, 1.0)]}}, r"down\[0\]"),
