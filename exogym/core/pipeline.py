@@ -90,7 +90,7 @@ class Pipeline(Communicator):
 
     def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
         stated = [
-            _checked(m, p, num_nodes)
+            checked_statement(m, p, num_nodes)
             for m in self.leaves()
             if (p := m.participation(step, num_nodes, seed)) is not None
         ]
@@ -115,7 +115,7 @@ class Pipeline(Communicator):
         return " -> ".join(m.describe() for m in self.modules) or "(no communication)"
 
 
-def _checked(module: Communicator, statement: Any, num_nodes: int) -> Participation:
+def checked_statement(module: Communicator, statement: Any, num_nodes: int) -> Participation:
     """``statement`` after checking that it is one ``module`` can make (``ValueError`` or
     ``TypeError`` naming the module and the fix otherwise)."""
     if (

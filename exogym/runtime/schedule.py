@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from exogym.core.communicator import Communicator, Participation
+from exogym.core.pipeline import checked_statement
 
 #: Rounds whose statement a node keeps (it asks about the current round at every step and looks
 #: a round or two ahead; a sleep's plan walks further without keeping them).
@@ -92,9 +93,15 @@ class NodeSchedule:
             st = self._kept.get(round_) or self._planned.get(round_)
             if st is not None:
                 return st
-        st = statement(self.strategy, step, self.num_nodes, self.seed)
-        if st is None:
-            return st
+        if len(self.leaves) == 1:  # what the pipeline answers for one module, without assembling a list
+            st = self.leaves[0].participation(step, self.num_nodes, self.seed)
+            if st is None:
+                return st
+            st = checked_statement(self.leaves[0], st, self.num_nodes)
+        else:
+            st = statement(self.strategy, step, self.num_nodes, self.seed)
+            if st is None:
+                return st
         if st.period != period:
             self._period, self._kept, self._planned = st.period, {}, {}
         if not keep:
