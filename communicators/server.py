@@ -165,6 +165,7 @@ class ServerCommunicator(Communicator):
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
         self.incoming: torch.Tensor | None = None
+        self._like_key: tuple[Any, ...] | None = None  # what _pack_like stands for (counted once)
         #: Whether this node follows the server (keeps its copy current); ``leaving``: it stops
         #: once it has handed its copy on.
         self.holding, self.leaving = True, False
@@ -285,8 +286,10 @@ class ServerCommunicator(Communicator):
     def _pack_like(self) -> torch.Tensor:
         """A tensor of :meth:`_pack`'s dtype and size, shared by this process's nodes (what an
         absent node names in the collective that sends a node the server's state)."""
-        n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
-        key = (n, self.server.dtype, self.server.device)
+        key = self._like_key
+        if key is None:  # the server's state keeps its size: counted once
+            n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
+            key = self._like_key = (n, self.server.dtype, self.server.device)
         like = _LIKES.get(key)
         if like is None:
             like = _LIKES[key] = torch.zeros(n, dtype=self.server.dtype, device=self.server.device)
