@@ -6,7 +6,9 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
+from exogym.clocks import events
 from exogym.metrics import MetricsBuffer, StepSample
 
 
@@ -43,3 +45,71 @@ def test_rounds_added_at_once_are_the_rows_of_add_idle_then_add_per_round(seed: 
     assert bulk.pending == steps.pending == 3 + sum(idle) + n
     assert np.array_equal(bulk._rows[: bulk.pending], steps._rows[: steps.pending])
     assert bulk._more_keys == steps._more_keys  # a round's further meeting keys, at the same rows
+
+
+class _RecordingComm:
+    """One node's comm in a world of ``world_size``: the all-reduce of the event count answers
+    ``longest``; contributions are recorded; a table all-reduced (rank 0's) gets the ``others``'
+    contributions added, as a sum over nodes does."""
+
+    def __init__(self, rank: int, world_size: int, longest: int, others: list[np.ndarray] | None = None) -> None:
+        self.rank, self.world_size, self.longest, self.others = rank, world_size, longest, others or []
+        self.contributed: list[np.ndarray] = []
+        self.received: list[tuple[int, ...]] = []
+
+    def all_reduce(self, tensor, op="sum", groups=None, charge=True, tag=""):
+        self.received.append(tuple(tensor.shape))
+        if tensor.numel() == 1:
+            tensor.fill_(float(self.longest))
+        elif tensor.dim() == 3:
+            for other in self.others:
+                tensor += torch.from_numpy(other)
+        return tensor
+
+    def all_reduce_contribute(self, tensor, op="sum", groups=None) -> None:
+        self.contributed.append(tensor.numpy().copy())
+
+    def all_gather(self, *args, **kwargs):
+        raise AssertionError("a flush gathers no table onto every node")
+
+
+def _node_steps(buffer: MetricsBuffer, rank: int) -> None:
+    """Rank ``rank``'s 5 pending steps: it computes at steps 1 and 1 + rank, meets others at 4."""
+    for i in range(5):
+        compute = 0.5 + rank if i in (0, rank) else 0.0
+        key = 7.0 if i == 3 else 0.0
+        buffer.add(StepSample(1.0, 1.0, 8.0, 4.0, 4.0, compute, 0.1 * key, 0.0, 1.0, 0.0, 0.1, key))
+
+
+def test_a_flush_sends_each_nodes_clock_events_to_rank_0_alone_in_its_own_slot() -> None:
+    world, steps = 3, 5
+    # The reference: each node's event rows (exogym.clocks.events), stacked, padded to the longest.
+    own = []
+    for rank in range(world):
+        ref = MetricsBuffer(_Comm(), _Network(), 10, 100)
+        _node_steps(ref, rank)
+        rows = ref._rows[:steps]
+        own.append(events(1, rows[:, 5], rows[:, 6], rows[:, 11], 10, 100))
+    longest = max(len(e) for e in own)
+    expected = np.zeros((world, longest, own[0].shape[1]))
+    for rank, e in enumerate(own):
+        expected[rank, : len(e)] = e
+    contributed = []
+    for rank in (1, 2):
+        comm = _RecordingComm(rank, world, longest)
+        buffer = MetricsBuffer(comm, _Network(), 10, 100)
+        _node_steps(buffer, rank)
+        assert buffer.flush() == []
+        assert comm.received == [(1,)]  # the longest event count only: no table comes back
+        table = comm.contributed[-1]
+        assert np.array_equal(table[rank], expected[rank])
+        assert not np.delete(table, rank, axis=0).any()  # every other node's slot is zeros
+        contributed.append(table)
+    comm = _RecordingComm(0, world, longest, others=contributed)
+    buffer = MetricsBuffer(comm, _Network(), 10, 100)
+    _node_steps(buffer, 0)
+    replayed: list[np.ndarray] = []
+    replay = buffer.clocks.replay
+    buffer.clocks.replay = lambda table: replayed.append(table.copy()) or replay(table)  # type: ignore[method-assign]
+    buffer.flush()
+    assert np.array_equal(replayed[0], expected)
