@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import random
 
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from exogym.clocks import events
-from exogym.metrics import MetricsBuffer, StepSample
+from exogym.metrics import MetricsBuffer, StepSample, _mapped_zeros
 
 
 class _Comm:
@@ -113,3 +115,42 @@ def test_a_flush_sends_each_nodes_clock_events_to_rank_0_alone_in_its_own_slot()
     buffer.clocks.replay = lambda table: replayed.append(table.copy()) or replay(table)  # type: ignore[method-assign]
     buffer.flush()
     assert np.array_equal(replayed[0], expected)
+
+
+def test_only_rank_0_keeps_clocks_and_only_its_checkpoint_state_holds_them() -> None:
+    rank1 = MetricsBuffer(_Comm(), _Network(), 10, 100)
+    assert rank1.clocks is None and "clocks" not in rank1.state_dict()
+    rank1.load_state_dict(rank1.state_dict())  # a non-zero rank resumes without clocks
+    comm0 = _RecordingComm(0, 3, 1)
+    rank0 = MetricsBuffer(comm0, _Network(), 10, 100)
+    assert rank0.clocks is not None
+    rank0.clocks.clock[:] = [1.0, 2.0, 3.0]
+    again = MetricsBuffer(comm0, _Network(), 10, 100)
+    again.load_state_dict(rank0.state_dict())
+    assert again.clocks is not None and again.clocks.clock.tolist() == [1.0, 2.0, 3.0]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ]
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="reads glibc's mallinfo2")
+def test_event_tables_made_and_freed_in_turn_leave_mallocs_heap_as_it_was() -> None:
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    libc.mallinfo2.restype = _MallInfo2
+    table = _mapped_zeros((1000, 50, 4))
+    assert table.shape == (1000, 50, 4) and table.dtype == torch.float64 and not table.any()
+    del table
+    before = libc.mallinfo2().arena
+    kept = []
+    for _ in range(300):  # a worker's nodes flushing in turn: 1.6 MB each, small allocations between
+        table = _mapped_zeros((1000, 50, 4))
+        table[1, :3] = 1.0
+        del table
+        kept.append(torch.zeros(16))
+    assert libc.mallinfo2().arena - before < 16 * 2**20  # torch.zeros tables grow it by ~450 MB
