@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import platform
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -154,3 +156,33 @@ def test_event_tables_made_and_freed_in_turn_leave_mallocs_heap_as_it_was() -> N
         del table
         kept.append(torch.zeros(16))
     assert libc.mallinfo2().arena - before < 16 * 2**20  # torch.zeros tables grow it by ~450 MB
+
+
+TRIM_PROBE = r"""
+import ctypes, torch
+from exogym.metrics import _give_back_free_memory
+libc = ctypes.CDLL(None)
+libc.mallopt(-8, 1)  # one arena, as a worker of virtual nodes
+libc.mallopt(-3, 64 * 2**20)  # arrays from the heap (as glibc does once one mapping was freed)
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+kept = []
+for _ in range(300):  # nodes in turn: a 1.6 MB array made and freed, a small allocation kept
+    big = torch.ones(200_000, dtype=torch.float64)
+    del big
+    kept.append(torch.zeros(16))
+before = rss()
+_give_back_free_memory()
+print(before - rss())
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="malloc_trim and VmRSS are glibc's and Linux's",
+)
+def test_a_flush_gives_the_freed_heap_pages_of_its_worker_back_to_the_system() -> None:
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=100, check=True)
+    assert int(out.stdout.strip()) > 200 * 2**20  # the holes' pages (~450 MB) leave the resident set
