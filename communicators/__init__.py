@@ -20,18 +20,25 @@ the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
 * :class:`SparseLoCoCommunicator`: SparseLoCo's chunk-wise top-k, few-bit pseudo-gradients
   with error feedback;
 * :class:`EagerDiLoCoCommunicator`: DiLoCo whose all-reduce overlaps the next inner phase
-  (eager updates).
+  (eager updates);
+* :class:`ServerCommunicator`: the base of asynchronous modules that push to and pull from a
+  simulated server on a simulated timeline; :class:`AsyncDiLoCoCommunicator` (asynchronous
+  DiLoCo, delayed Nesterov, dynamic local updates) and :class:`FedBuffCommunicator` (buffered
+  asynchronous aggregation) are built on it.
 """
 
+from communicators.async_diloco import AsyncDiLoCoCommunicator
 from communicators.averaging import AveragingCommunicator
 from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKReducer
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
+from communicators.fedbuff import FedBuffCommunicator
 from communicators.islands import draw_islands, draw_participants
 from communicators.noloco import NoLoCoCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
 from communicators.powersgd import PowerSGDCommunicator
 from communicators.quantize import BF16, FP8, FP16, Int8, Quantize, QuantizeCommunicator
+from communicators.server import ServerCommunicator
 from communicators.sparse import SparseCommunicator
 from communicators.sparseloco import SparseLoCoCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
@@ -43,6 +50,7 @@ __all__ = [
     "BF16",
     "FP8",
     "FP16",
+    "AsyncDiLoCoCommunicator",
     "AveragingCommunicator",
     "Int8",
     "Participation",
@@ -55,12 +63,14 @@ __all__ = [
     "DiLoCoCommunicator",
     "During",
     "EagerDiLoCoCommunicator",
+    "FedBuffCommunicator",
     "NoLoCoCommunicator",
     "NodeContext",
     "OptimizerStateAveraging",
     "Pipeline",
     "PowerSGDCommunicator",
     "QuantizeCommunicator",
+    "ServerCommunicator",
     "SparseCommunicator",
     "SparseLoCoCommunicator",
     "StreamingDiLoCoCommunicator",

@@ -19,6 +19,11 @@ phase) where payloads hold the same entries every round, and per parameter entry
 says which entries each payload holds (:class:`~exogym.core.comm.entries.Entries`, as
 error-feedback top-k and SparseLoCo keep it): a SPARTA payload gets the residuals of the entries
 it carries, and the entries it does not carry keep theirs.
+
+A module that codes its payloads into bytes itself
+(:attr:`~exogym.core.communicator.Communicator.coded_payloads`: error-feedback top-k's values and
+indices in one buffer, SparseLoCo's few-bit codes) has no float payload to quantize: the
+transforms refuse it when the strategy is made, rather than pass its bytes through unchanged.
 """
 
 from __future__ import annotations
@@ -254,8 +259,17 @@ class Quantize(Wire):
         return QuantizedComm(comm, self.fmt, self.chunk, self.error_feedback)
 
     def check(self, module: Communicator) -> None:
-        """Raise ``ValueError`` where error feedback cannot apply to ``module``'s payloads: they
-        hold different entries each round and do not say which (``locates_payloads``)."""
+        """Raise ``ValueError`` where the transform cannot apply to ``module``: it codes its
+        payloads into bytes itself (``coded_payloads``: nothing to quantize, the wire would do
+        nothing), or error feedback is asked for and its payloads hold different entries each
+        round without saying which (``locates_payloads``)."""
+        if module.coded_payloads:
+            raise ValueError(
+                f"a quantizing wire ({self.describe()}) acts on float payloads, but {module.describe()} codes its "
+                "payload into bytes itself (coded_payloads: values and indices in one buffer, at the precision the "
+                "module sets), so the wire would pass it through unchanged; leave the quantizing wire out for this "
+                "module (no wire= on the strategy, no QuantizeCommunicator around it)"
+            )
         if self.error_feedback and not module.stable_payloads and not module.locates_payloads:
             raise ValueError(
                 f"error_feedback=True needs payloads that hold the same entries every round, or that say which "

@@ -81,7 +81,8 @@ class SparseLoCoCommunicator(Communicator):
 
     State: the last synchronised parameters and each node's error buffer (they differ per node).
     The payload is an all-gather, which cannot leave a node out of a round: faults that drop
-    nodes are refused with this module.
+    nodes are refused with this module. The payload is coded bytes (:attr:`coded_payloads`; its
+    values' precision is ``bits``), so a quantizing wire transform is refused with it too.
 
     Args:
         H: inner steps between synchronisations.
@@ -93,6 +94,8 @@ class SparseLoCoCommunicator(Communicator):
     """
 
     space: ClassVar[str] = "param"
+    #: Few-bit codes packed into bytes (``bits`` sets the values' precision): a quantizing wire is refused.
+    coded_payloads: ClassVar[bool] = True
 
     def __init__(
         self, H: int = 100, chunk: int = 64, k: int = 1, beta: float = 0.95, bits: int = 2, outer_lr: float = 1.0

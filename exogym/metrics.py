@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
-import mmap
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -106,19 +104,6 @@ _MAXED = slice(7, 10)
 _COMPUTE, _COMM, _KEY = 5, 6, 11
 
 
-def _mapped_zeros(shape: tuple[int, ...]) -> torch.Tensor:
-    """A float64 zero tensor of ``shape`` in an anonymous memory mapping of its own, unmapped
-    when the tensor is freed. For the flush's event table: a worker's virtual nodes make and
-    free one each in turn, and from malloc's heap each freed table would leave a hole that the
-    small allocations made meanwhile split, so that the next table extends the heap (1 GB more
-    resident memory per flush for 500 of 1,000 FedAvg clients; glibc serves allocations of this
-    size from the heap once one such mapping has been freed)."""
-    size = math.prod(shape) * 8
-    if size == 0:
-        return torch.zeros(shape, dtype=torch.float64)
-    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.float64).view(shape)
-
-
 @functools.cache
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or ``None`` (another C library)."""
@@ -145,9 +130,9 @@ class MetricsBuffer:
     """Pending samples of one node and (on rank 0) the running totals.
 
     A flush costs two small uncharged all-reduces (sums and maxima over nodes of the pending
-    steps) and an uncharged sum of the nodes' clock events, each in its own slot (with the
-    all-reduce of their count); rank 0 replays the clocks, turns the result into rows and keeps the totals (other
-    ranks count steps only).
+    steps) and an uncharged gather of the nodes' clock events onto rank 0 (with the all-reduce
+    of their count); rank 0 replays the clocks, turns the result into rows and keeps the totals
+    (other ranks count steps only and only send their share).
 
     Args:
         comm: the node's collectives.
@@ -282,7 +267,7 @@ class MetricsBuffer:
             # Only rank 0 keeps the totals and makes rows: the others send their share.
             self.comm.all_reduce_contribute(local[:, _SUMMED].contiguous(), "sum")
             self.comm.all_reduce_contribute(local[:, _MAXED].contiguous(), "max")
-            self._events_to_rank0(own)
+            self.comm.all_gather_contribute(self._padded_events(own))
             self.step += steps
             _give_back_free_memory()
             return []
@@ -290,9 +275,8 @@ class MetricsBuffer:
         sums_t = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False)
         maxes_t = self.comm.all_reduce(local[:, _MAXED].contiguous(), "max", charge=False)
         sums, maxes = sums_t.tolist(), maxes_t.tolist()
-        gathered = self._events_to_rank0(own)
-        assert gathered is not None and self.clocks is not None
-        times = self.clocks.replay(gathered)
+        assert self.clocks is not None
+        times = self.clocks.replay(self._gather_events(own))
         k = self.comm.world_size
         rows = []
         for (loss_sum, count, examples, sent, received), (wall_comm, wall, peak), lr in zip(
@@ -338,22 +322,20 @@ class MetricsBuffer:
         _give_back_free_memory()
         return rows
 
-    def _events_to_rank0(self, own: np.ndarray) -> np.ndarray | None:
+    def _gather_events(self, own: np.ndarray) -> np.ndarray:
         """Every node's events ``[nodes, events, 3 + epochs]`` (:data:`exogym.clocks.EVENT_COLUMNS`,
-        padded with zero rows) on rank 0, ``None`` elsewhere. Each node writes its events into
-        its own slot of a zero table and the tables are summed (the slots are disjoint, so the
-        sum is exact); the other ranks only contribute theirs, so a worker of virtual nodes
-        holds one table at a time (an all-gather would give each of its nodes a copy of every
-        node's events: 1.5 GB per flush for 500 FedAvg clients of 1,000). Uncharged.
-        Collective."""
+        padded with zero rows): an uncharged all-gather, whose other nodes only send theirs
+        (:meth:`_padded_events`). Collective."""
+        return self.comm.all_gather(self._padded_events(own), charge=False).numpy()
+
+    def _padded_events(self, own: np.ndarray) -> torch.Tensor:
+        """``own`` padded with zero rows to the most events of any node (a max all-reduce, so
+        that every node's share of the gather has one size). Collective."""
         longest = torch.tensor([float(len(own))], dtype=torch.float64)
         self.comm.all_reduce(longest, "max", charge=False)
-        table = _mapped_zeros((self.comm.world_size, int(longest.item()), own.shape[1]))
-        table[self.comm.rank, : len(own)] = torch.from_numpy(own)
-        if self.comm.rank != 0:
-            self.comm.all_reduce_contribute(table, "sum")
-            return None
-        return self.comm.all_reduce(table, "sum", charge=False).numpy()
+        padded = np.zeros((int(longest.item()), own.shape[1]))
+        padded[: len(own)] = own
+        return torch.from_numpy(padded)
 
     _STATE = ("step", "examples", "sent", "received", "compute_time", "sim_comm_time", "comm_time", "wall")
 

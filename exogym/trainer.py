@@ -14,6 +14,7 @@ from exogym.clocks import format_table
 from exogym.core.comm.network import Network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
 from exogym.core.strategy import Strategy
+from exogym.core.timeline import format_summary
 from exogym.logger import Logger
 from exogym.run_config import CheckpointConfig, DataConfig, FitArgs, LoggingConfig, RunConfig, TransportConfig
 from exogym.runtime import cluster
@@ -45,7 +46,11 @@ class Trainer:
             pass the training factory here too to validate on its validation data), or ``None``
             (no validation; with a training factory, ``fit`` logs a warning saying so).
 
-    After :meth:`fit`, :attr:`history` holds the metric rows and :attr:`result` the run summary.
+    After :meth:`fit`, :attr:`history` holds the metric rows and :attr:`result` the run summary:
+    ``max_steps``, ``peak_memory``, ``run_name``, ``config``, ``nodes`` (every node's simulated
+    compute, communication, waiting and utilisation), ``summary`` (what the strategy reports of
+    the run, :meth:`~exogym.core.strategy.Strategy.run_summary`: the asynchronous strategies give
+    every node's steps and the updates' staleness) and, with faults, ``faults``.
     """
 
     def __init__(
@@ -191,9 +196,12 @@ class Trainer:
             "run_name": plan.run_name,
             "config": cfg,
             "nodes": out.get("nodes", []),
+            "summary": out.get("summary", {}),
         }
         if self.result["nodes"]:
             logger.info("simulated time per node:\n%s", format_table(self.result["nodes"]))
+        if self.result["summary"]:
+            logger.info("run summary: %s", format_summary(self.result["summary"]))
         if cfg.faults is not None:
             rounds = FaultPlan(cfg.faults, cfg.num_nodes, cfg.fault_round_steps, self.result["max_steps"], cfg.seed)
             self.result["faults"] = rounds.events()

@@ -165,7 +165,12 @@ def test_every_strategy_block_of_the_docs_trains_and_its_nodes_agree_at_the_roun
     # Two rounds or more, ending at a step where every module communicates (modules confined to
     # windows of the run, like PowerSGD's dense start, are never due together: four rounds).
     steps = next((n for n in range(2 * period, 4 * period + 1) if all(m.is_due(n - 1) for m in leaves)), 4 * period)
-    out = train_ranks(4, make, steps)
+    network = None
+    if make().needs_step_seconds:  # asynchronous: a timeline of modelled compute, several segments
+        from exogym.core.comm.network import Network
+
+        network, steps = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 1.0, 0.5, 0.25)), 24
+    out = train_ranks(4, make, steps, network=network)
     assert all(bool(torch.isfinite(p).all()) for o in out for p in o["params"])
     assert any(step for step in out[0]["records"])  # it communicated, and was charged
     apart = any(

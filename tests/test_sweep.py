@@ -108,10 +108,18 @@ def _finished(out) -> int:
 
 
 @pytest.mark.timeout(400)
-def test_ctrl_c_keeps_the_finished_runs_leaves_no_process_and_a_rerun_runs_only_the_rest(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--workers", "2"],  # each run fills two cores: one after the other
+        ["--workers", "1", "--parallel", "2"],  # packed: two runs side by side, one worker each
+    ],
+    ids=["one-at-a-time", "packed"],
+)
+def test_ctrl_c_keeps_the_finished_runs_leaves_no_process_and_a_rerun_runs_only_the_rest(tmp_path, layout) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "exogym", "compare", "--strategies", "ddp,fedavg", "--grid", "H=2,4", "--seeds", "0,1"]
-    cmd += ["--nodes", "2", "--workers", "2", "--steps", "40", "--no-progress", "--out", str(out)]
+    cmd += ["--nodes", "2", *layout, "--steps", "40", "--no-progress", "--out", str(out)]
 
     def own_group_default_sigint() -> None:  # a terminal's Ctrl-C reaches the whole foreground group
         os.setsid()
@@ -157,8 +165,9 @@ def test_ctrl_c_keeps_the_finished_runs_leaves_no_process_and_a_rerun_runs_only_
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [2, 1], ids=["one-at-a-time", "packed"])
 def test_a_failing_run_is_kept_in_failures_and_tried_again_and_a_factory_takes_the_grid_names_it_declares(
-    tmp_path,
+    tmp_path, workers
 ) -> None:
     from tests.helpers import RaisingStrategy
 
@@ -166,7 +175,7 @@ def test_a_failing_run_is_kept_in_failures_and_tried_again_and_a_factory_takes_t
         return SimpleReduceStrategy(OptimSpec(torch.optim.AdamW, lr=lr))
 
     strategies = {"mine": ddp_with, "broken": RaisingStrategy(at=3)}
-    settings = {**SMALL, "steps": 4}
+    settings = {**SMALL, "steps": 4, "workers": workers}  # one worker each: two runs side by side on two cores
     result = sweep("digits", strategies, grid={"lr": [1e-3, 2e-3]}, seeds=[0], out_dir=str(tmp_path), **settings)
     assert [(r["strategy"], r["lr"]) for r in result.runs] == [("mine", 1e-3), ("mine", 2e-3)]
     assert list(result.failures) == ["broken seed=0"] and "strategy broke at step 3" in str(

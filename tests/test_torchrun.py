@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from exogym.runtime import cluster
-from tests.torchrun_script import PRESETS, fit
+from tests.torchrun_script import ASYNC, ASYNC_NETWORK, PRESETS, fit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "torchrun_script.py")
@@ -52,6 +52,20 @@ def test_the_2024_2026_presets_under_torchrun_give_the_parameters_of_a_local_fit
     assert proc.returncode == 0, proc.stderr[-3000:]
     for preset in PRESETS:
         local, _ = fit(preset, 2)
+        _assert_same(_params(f"{out}.{preset}.0"), [p.detach() for p in local.parameters()])
+        _assert_same(_params(f"{out}.{preset}.1"), _params(f"{out}.{preset}.0"))
+    assert _no_process_left()
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(300)
+def test_the_asynchronous_presets_under_torchrun_simulate_give_the_parameters_of_a_local_fit(tmp_path) -> None:
+    # 4 nodes on 2 ranks (simulate mode): the same timeline, the same values as a local fit
+    out = str(tmp_path / "async")
+    proc = _torchrun("--standalone", "--nproc_per_node=2", SCRIPT, "async", "4", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for preset in ASYNC:
+        local, _ = fit(preset, 4, network=ASYNC_NETWORK)
         _assert_same(_params(f"{out}.{preset}.0"), [p.detach() for p in local.parameters()])
         _assert_same(_params(f"{out}.{preset}.1"), _params(f"{out}.{preset}.0"))
     assert _no_process_left()

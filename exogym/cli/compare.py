@@ -37,10 +37,14 @@ SUMMARY_COLUMNS = (
     "utilisation",
     "wall_time",
     "steps",
+    "staleness",
+    "staleness_max",
 )
 """Columns of ``summary.csv`` (and of the printed table). Every column but ``wall_time`` is the
 same in two runs with the same arguments (with a deterministic compute model); ``utilisation``
-is the nodes' mean (``utilisation.csv`` has each node's). With a target loss, each row also
+is the nodes' mean (``utilisation.csv`` has each node's); ``staleness`` and ``staleness_max``
+are an asynchronous strategy's updates' mean and largest staleness (server versions applied
+between a node's pull and its push; empty for the others). With a target loss, each row also
 has :data:`exogym.cli.target.TARGET_COLUMNS`: the simulated seconds, steps and MB per node at
 which the average model first reached it (empty: never)."""
 
@@ -176,7 +180,7 @@ def compare(
                 stopped = name
                 logger.info("[%d/%d] %s", i + 1, len(built), name)
                 try:
-                    history, wall, clocks = run_point(
+                    history, wall, clocks, summary = run_point(
                         spec, strategy, name=name, log_dir=out, nodes=nodes, steps=steps, batch_size=batch_size,
                         network=net, seed=seed, val_size=val_size, progress=progress, device=device,
                         workers=workers, partition=partition,
@@ -192,6 +196,13 @@ def compare(
                     result.nodes[name] = clocks
                     row = _summary_row(name, history, wall)
                     row["utilisation"] = mean_utilisation(clocks)
+                    if summary.get("updates"):  # an asynchronous strategy: its updates' staleness
+                        row["staleness"] = summary["staleness_mean"]
+                        row["staleness_max"] = summary["staleness_max"]
+                        logger.info(
+                            "%s: %d updates, staleness %s (updates per value), steps per node %s",
+                            name, summary["updates"], summary["staleness"], summary["steps"],
+                        )  # fmt: skip
                     if target_loss is not None:
                         row.update(target_columns(history, target_loss))
                     result.summary.append(row)

@@ -28,6 +28,9 @@ class PointRun(NamedTuple):
     #: ``Trainer.result["nodes"]``: every node's simulated compute, communication and waiting
     #: seconds, clock and utilisation (empty on a torchrun rank other than 0).
     nodes: list[dict[str, float]]
+    #: ``Trainer.result["summary"]``: what the strategy reports of the run (the asynchronous
+    #: ones: every node's steps, the updates' staleness); ``{}`` for the others.
+    summary: dict[str, Any] = {}
 
 
 def run_point(
@@ -77,4 +80,5 @@ def run_point(
         progress=progress,
         **dict(fit_args or {}),
     )
-    return PointRun(trainer.history, time.perf_counter() - t0, trainer.result.get("nodes", []))
+    result = trainer.result
+    return PointRun(trainer.history, time.perf_counter() - t0, result.get("nodes", []), result.get("summary", {}))

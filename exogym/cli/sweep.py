@@ -3,9 +3,10 @@ intervals, resumable run by run."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
-import dataclasses
+import functools
 import logging
 import math
 import os
@@ -16,17 +17,18 @@ from typing import Any
 
 from exogym import runs
 from exogym.cli.aggregate import aggregate, format_sweep_table, summary_columns
-from exogym.cli.compare import _summary_row
 from exogym.cli.grid import Point, points
-from exogym.cli.point import run_point
+from exogym.cli.sweep_packing import Job, Lanes, check_parallel, width
 from exogym.cli.sweep_plots import plot_sweep
+from exogym.cli.sweep_runs import Outcome, Runner, keep, network_of
 from exogym.cli.sweep_store import RunStore, run_key
 from exogym.cli.target import time_to_target
-from exogym.core.comm.network import Network, resolve_network
+from exogym.core.comm.network import Network
 from exogym.core.strategy import Strategy
 from exogym.runs import check_name
-from exogym.runtime import cluster
+from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
+from exogym.runtime.plan import resolve_workers, usable_cpus
 from exogym.strategy.registry import PRESETS, call_factory
 from exogym.tasks import Task, load
 
@@ -57,6 +59,7 @@ class Sweep:
         caption: the settings, as written under the plots.
         plots: paths of the PNG files written.
         histories: a run's label -> its ``Trainer.history`` rows.
+        parallel: how many runs trained at once (:mod:`exogym.cli.sweep_packing`).
     """
 
     out_dir: str
@@ -71,6 +74,7 @@ class Sweep:
     plots: list[str] = field(default_factory=list)
     histories: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     target_loss: float | None = None
+    parallel: int = 1
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -109,11 +113,6 @@ def _check_settings(seeds: Sequence[int], lr: float | None, target_loss: float |
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
-def _network(point: Point, flops_per_second: float | None, seed: int) -> Network:
-    net = resolve_network(point.run["network"], point.run["compute"], num_nodes=point.run["nodes"], seed=seed)
-    return net if flops_per_second is None else dataclasses.replace(net, flops_per_second=flops_per_second)
-
-
 def sweep(
     task: str | Task,
     strategies: Sequence[str] | Mapping[str, Callable[..., Strategy] | Strategy],
@@ -136,6 +135,7 @@ def sweep(
     confidence: float = 0.95,
     flops_per_second: float | None = None,
     raise_on_failure: bool = False,
+    parallel: int | str = "auto",
 ) -> Sweep:
     """Train every strategy at every point of ``grid`` and every seed, each run as
     :func:`exogym.cli.compare.compare` trains one (same model, data and settings for the same
@@ -166,12 +166,19 @@ def sweep(
         flops_per_second: a node's throughput for ``compute="flops"`` (``None``: the network's).
         raise_on_failure: re-raise the first failing run's exception (after writing the results
             of those that finished) instead of going on.
+        parallel: the most runs trained at once (:mod:`exogym.cli.sweep_packing`): ``'auto'``
+            packs runs side by side as long as their worker processes fit in the cores (runs of
+            fewer workers than cores, e.g. ``workers=1``), ``1`` trains one after the other,
+            ``N`` at most N at once. On ``device='cpu'`` every worker has one intra-op thread,
+            whatever ``parallel``, so that the results do not depend on it; elsewhere runs train
+            one at a time.
 
     Raises:
         ValueError, TypeError: for a bad grid, seed or setting, before any process starts.
         SweepInterrupted: on Ctrl-C, after writing the results of the runs that finished.
     """
     _check_settings(seeds, lr, target_loss, confidence)
+    check_parallel(parallel, device)
     if cluster.detect() is not None:
         raise ValueError("sweep runs on this machine's processes; run it without torchrun")
     t0 = time.perf_counter()
@@ -188,31 +195,58 @@ def sweep(
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"grid: {e}") from e
     store = RunStore(out_dir)
-    to_train = sum(not store.finished(run_key(c)) for c in configs)
-    startup = time.perf_counter() - t0 + (start_processes_server() if to_train else 0.0)
-    result = Sweep(out_dir, list(grid or {}), startup_time=startup, target_loss=target_loss)
+    keys = [run_key(c) for c in configs]
+    cores = usable_cpus()
+    needs = {  # the cores each run to train takes: its worker processes
+        i: min(cores, resolve_workers(p.run["workers"], p.run["nodes"], device, 1))
+        for i, p in enumerate(plan)
+        if not store.finished(keys[i])
+    }
+    lanes = width(parallel, device, list(needs.values()), cores)
+    startup = time.perf_counter() - t0 + (start_processes_server() if needs else 0.0)
+    result = Sweep(out_dir, list(grid or {}), startup_time=startup, target_loss=target_loss, parallel=lanes)
     result.caption = _caption(spec.name, base_run, lr, H, grid or {}, seeds, target_loss)
-    logger.info("%s\n%d runs, %d to train; start-up %.1f s", result.caption, len(plan), to_train, startup)
-    runner = _Runner(spec, store, result, device, flops_per_second, progress)
-    current: str | None = None
+    at_once = f", {lanes} at a time on {cores} cores" if lanes > 1 else ""
+    logger.info("%s\n%d runs, %d to train%s; start-up %.1f s", result.caption, len(plan), len(needs), at_once, startup)
+    runner = Runner(spec, store, device, flops_per_second, progress and lanes == 1, lanes > 1)
+    outcomes: dict[int, Outcome] = {}
+    running: list[str] = []
+    counter = [f"[{i + 1}/{len(plan)}]" for i in range(len(plan))]
     try:
         try:
-            for i, (point, config) in enumerate(zip(plan, configs, strict=True)):
-                current = point.label()
-                runner.run(point, made[point.strategy][0], config, f"[{i + 1}/{len(plan)}]")
-                if raise_on_failure and current in result.failures:
-                    raise result.failures[current]
-            current = None
+            for i, point in enumerate(plan):
+                if i not in needs:
+                    outcomes[i] = runner.reuse(point, keys[i], counter[i])
+            jobs = [
+                Job(i, plan[i].label(), need, functools.partial(
+                    runner.train, plan[i], made[plan[i].strategy][0], configs[i], keys[i], counter[i]
+                ))
+                for i, need in needs.items()
+            ]  # fmt: skip
+            if lanes > 1:
+                packed = Lanes(lanes, cores)
+                running = packed.running
+                packed.run(jobs, lambda job, done: keep(outcomes, job.index, done, raise_on_failure))
+            else:
+                with pool.lane() if device == "cpu" else contextlib.nullcontext():
+                    for job in jobs:
+                        running[:] = [job.label]
+                        if not keep(outcomes, job.index, job.run(), raise_on_failure):
+                            break
+                running[:] = []
         finally:
+            _collect(result, outcomes)
             _finish(result, confidence)
     except KeyboardInterrupt:
-        if current is None:
+        if not running:
             raise
         raise SweepInterrupted(
-            f"sweep interrupted during {current}: {len(result.runs)} of {len(plan)} runs finished and are kept in "
-            f"{store.root} (summary.csv covers them); run the same sweep again to run the other "
+            f"sweep interrupted during {', '.join(running)}: {len(result.runs)} of {len(plan)} runs finished and are "
+            f"kept in {store.root} (summary.csv covers them); run the same sweep again to run the other "
             f"{len(plan) - len(result.runs)}"
         ) from None
+    if raise_on_failure and result.failures:
+        raise next(iter(result.failures.values()))
     return result
 
 
@@ -224,7 +258,7 @@ def _config(
     factory_fn, factory_name = factory
     try:
         call_factory(factory_fn, point.params)
-        net = _network(point, fps, point.seed)
+        net = network_of(point, fps, point.seed)
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"{point.label()}: {e}") from e
     workers = point.run["workers"]
@@ -237,53 +271,22 @@ def _config(
     }  # fmt: skip
 
 
-@dataclass
-class _Runner:
-    """Runs a sweep's points one after the other into ``result``."""
-
-    spec: Task
-    store: RunStore
-    result: Sweep
-    device: str
-    flops_per_second: float | None
-    progress: bool
-
-    def run(self, point: Point, factory: Callable[..., Strategy], config: dict[str, Any], counter: str) -> None:
-        """Run ``point`` (or read it back, finished by an earlier sweep) and add it to the result."""
-        label, key, store, result = point.label(), run_key(config), self.store, self.result
-        stored = store.load(key)
-        if stored is not None:
-            logger.info("%s %s: finished before (%s)", counter, label, store.folder(key))
-            row, history = stored["row"], stored["history"]
-            result.reused += 1
-        else:
-            logger.info("%s %s", counter, label)
-            store.clear(key)
-            try:
-                history, wall = self._train(point, factory, key)
-            except Exception as e:
-                result.failures[label] = e
-                logger.error("%s failed (the other runs go on):", label, exc_info=e)
-                return
-            row = {k: v for k, v in _summary_row(point.strategy, history, wall).items() if k != "strategy"}
-            store.save(key, config, row, history)
-            result.executed += 1
-        full = {"strategy": point.strategy, **{a: point.axes.get(a) for a in result.axes}, "seed": point.seed, **row}
+def _collect(result: Sweep, outcomes: dict[int, Outcome]) -> None:
+    """Fill ``result``'s runs, failures and histories from ``outcomes``, in the sweep's order."""
+    for _, done in sorted(outcomes.items()):
+        point, label = done.point, done.point.label()
+        if done.error is not None:
+            result.failures[label] = done.error
+            continue
+        result.reused += done.reused
+        result.executed += not done.reused
+        full = {"strategy": point.strategy, **{a: point.axes.get(a) for a in result.axes}, "seed": point.seed}
+        full.update(done.row)
         if result.target_loss is not None:
-            reached = time_to_target(history, result.target_loss)
+            reached = time_to_target(done.history, result.target_loss)
             full["time_to_target"] = None if reached is None else reached.sim_time
-        result.runs.append({**full, "key": key, "label": label})
-        result.histories[label] = history
-
-    def _train(self, point: Point, factory: Callable[..., Strategy], key: str) -> tuple[list[dict[str, Any]], float]:
-        run, network = point.run, _network(point, self.flops_per_second, point.seed)
-        done = run_point(
-            self.spec, call_factory(factory, point.params), name=key, log_dir=self.store.root, nodes=run["nodes"],
-            steps=run["steps"], batch_size=run["batch_size"], network=network,
-            seed=point.seed, val_size=run["val_size"], progress=self.progress, device=self.device,
-            workers=run["workers"], fit_args=point.fit_args,
-        )  # fmt: skip
-        return done.history, done.wall
+        result.runs.append({**full, "key": done.key, "label": label})
+        result.histories[label] = done.history
 
 
 def _finish(result: Sweep, confidence: float) -> None:

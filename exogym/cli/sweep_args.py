@@ -1,5 +1,5 @@
-"""``exogym compare``'s sweep options: ``--grid``, ``--seeds``, ``--confidence`` (a sweep also
-reads ``compare``'s ``--target-loss``)."""
+"""``exogym compare``'s sweep options: ``--grid``, ``--seeds``, ``--confidence``, ``--parallel`` (a
+sweep also reads ``compare``'s ``--target-loss``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from exogym.cli import finite_float
 
-__all__ = ["SWEEP_OUT", "add_sweep_options", "is_sweep", "run_sweep", "seed_list"]
+__all__ = ["SWEEP_OUT", "add_sweep_options", "is_sweep", "parallel_runs", "run_sweep", "seed_list"]
 
 #: The folder of a sweep whose ``--out`` is not given (a sweep resumes in its folder, so it has
 #: no ``version_N`` of its own).
@@ -33,9 +33,25 @@ def _confidence(text: str) -> float:
     return value
 
 
+def parallel_runs(text: str) -> int | str:
+    """An argparse ``type``: ``auto`` or a positive integer (``--parallel``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' (as many runs at once as the cores hold) or a positive integer (1: one after the "
+            f"other), got {text!r}"
+        )
+    return value
+
+
 def add_sweep_options(p: argparse.ArgumentParser) -> None:
-    """``--grid NAME=V1,V2`` (repeatable), ``--seeds``, ``--confidence``: with ``--grid`` or
-    ``--seeds``, ``compare`` runs a sweep (:func:`exogym.cli.sweep.sweep`)."""
+    """``--grid NAME=V1,V2`` (repeatable), ``--seeds``, ``--confidence``, ``--parallel``: with
+    ``--grid`` or ``--seeds``, ``compare`` runs a sweep (:func:`exogym.cli.sweep.sweep`)."""
     p.add_argument(
         "--grid",
         action="append",
@@ -54,6 +70,15 @@ def add_sweep_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--confidence", type=_confidence, default=0.95, help="of the sweep's intervals (Student t; default 0.95)"
+    )
+    p.add_argument(
+        "--parallel",
+        type=parallel_runs,
+        default="auto",
+        metavar="N|auto",
+        help="the most runs of a sweep trained at once: 'auto' (default) packs runs whose workers leave cores "
+        "idle (e.g. --workers 1) side by side, one core per worker; 1 trains one after the other. Results do "
+        "not depend on it",
     )
 
 
@@ -81,7 +106,9 @@ def run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, task: A
             batch_size=args.batch_size, lr=args.lr, H=args.H, network=args.network, compute=args.compute, out_dir=out,
             device=args.device, data_dir=args.data_dir, progress=not args.no_progress, workers=args.workers,
             target_loss=args.target_loss, confidence=args.confidence, flops_per_second=args.flops_per_second,
+            parallel=args.parallel,
         )  # fmt: skip
     except (ValueError, TypeError) as e:
-        parser.error(f"argument --grid: {str(e).removeprefix('grid: ')}")
+        option = "--parallel" if str(e).startswith("parallel") else "--grid"
+        parser.error(f"argument {option}: {str(e).removeprefix('grid: ')}")
     report_sweep(result)

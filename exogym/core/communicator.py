@@ -16,7 +16,8 @@ Optional: :meth:`~Communicator.state_dict`/:meth:`~Communicator.load_state_dict`
 idle, when it may sleep through a round, where to place nodes) it derives from that statement
 (:mod:`exogym.runtime.schedule`). Capabilities are class attributes:
 :attr:`~Communicator.supports_dropout`, :attr:`~Communicator.stable_payloads`,
-:attr:`~Communicator.locates_payloads`.
+:attr:`~Communicator.locates_payloads`, :attr:`~Communicator.coded_payloads`,
+:attr:`~Communicator.needs_step_seconds`.
 
 :class:`Wrapper` wraps another communicator and forwards all of the above to it.
 """
@@ -47,6 +48,9 @@ class NodeContext:
         seed: a seed every rank shares; derive shared randomness from it, never broadcast it.
         max_steps: the run's number of steps.
         steps_per_epoch: steps in one pass over a node's data (the same on every rank).
+        network: the run's network (:class:`~exogym.core.comm.network.Network`, node speeds
+            drawn): what asynchronous modules build their simulated timeline from; ``None``
+            where the node runs without one (unit tests).
     """
 
     model: torch.nn.Module
@@ -57,6 +61,7 @@ class NodeContext:
     seed: int
     max_steps: int
     steps_per_epoch: int
+    network: Any = None
 
     def optimizer_state(self, name: str) -> list[torch.Tensor]:
         """The inner optimizer's state tensor ``name`` of every trainable parameter of
@@ -109,11 +114,15 @@ class Participation:
         replaces: whether the round's communication replaces a non-participant's state
             (FedAvg: it receives the participants' mean). Then a node idle in two rounds in a
             row may sleep through the first round's communication: the second replaces it.
+        receives: nodes that do not train in the round but must take part in its
+            communication whatever ``replaces`` says (an asynchronous client waiting for the
+            server's state, or following it); never asleep.
     """
 
     period: int
     trains: frozenset[int]
     replaces: bool = True
+    receives: frozenset[int] = frozenset()
 
     def idle(self, rank: int) -> bool:
         """Whether ``rank`` sits this round out."""
@@ -131,7 +140,7 @@ class Communicator:
     (every tensor it keeps between steps, for checkpoints), :meth:`describe` (a label with its
     settings: logs, and the check that a resumed run has the settings of the checkpoint).
     Capabilities are class attributes: :attr:`supports_dropout`, :attr:`stable_payloads`,
-    :attr:`locates_payloads`.
+    :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -162,6 +171,15 @@ class Communicator:
     #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
+    #: Whether the module follows a simulated timeline (the asynchronous ones,
+    #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
+    #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
+    needs_step_seconds: ClassVar[bool] = False
+    #: Whether the module codes its payloads into bytes itself (values and indices packed into
+    #: one buffer, values already at a chosen precision): a wire transform that acts on float
+    #: payloads would pass them through unchanged, so a quantizing wire refuses the module
+    #: rather than do nothing (see :mod:`communicators.quantize`).
+    coded_payloads: ClassVar[bool] = False
     #: Whether the module can run a round with nodes missing (fault injection, see
     #: :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
@@ -261,6 +279,14 @@ class Wrapper(Communicator):
     @property  # type: ignore[override]
     def locates_payloads(self) -> bool:
         return self.inner.locates_payloads
+
+    @property  # type: ignore[override]
+    def needs_step_seconds(self) -> bool:
+        return self.inner.needs_step_seconds
+
+    @property  # type: ignore[override]
+    def coded_payloads(self) -> bool:
+        return self.inner.coded_payloads
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""

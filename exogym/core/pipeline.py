@@ -55,6 +55,14 @@ class Pipeline(Communicator):
     def locates_payloads(self) -> bool:
         return all(m.stable_payloads or m.locates_payloads for m in self.modules)
 
+    @property  # type: ignore[override]
+    def needs_step_seconds(self) -> bool:
+        return any(m.needs_step_seconds for m in self.modules)
+
+    @property  # type: ignore[override]
+    def coded_payloads(self) -> bool:
+        return any(m.coded_payloads for m in self.modules)
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
@@ -89,7 +97,8 @@ class Pipeline(Communicator):
         if len({p.period for p in stated}) != 1:
             return None
         trains = frozenset.intersection(*(p.trains for p in stated))
-        return Participation(stated[0].period, trains, all(p.replaces for p in stated))
+        receives = frozenset().union(*(p.receives for p in stated))
+        return Participation(stated[0].period, trains, all(p.replaces for p in stated), receives - trains)
 
     def state_dict(self) -> dict[str, Any]:
         return {str(i): m.state_dict() for i, m in enumerate(self.modules)}
@@ -186,6 +195,10 @@ class CommunicateOptimizeStrategy(Strategy):
     clip_before_communication: bool = False
 
     @property
+    def needs_step_seconds(self) -> bool:
+        return self.pipeline.needs_step_seconds
+
+    @property
     def communication_modules(self) -> list[Communicator]:
         """The modules, in order."""
         return self.pipeline.modules
@@ -195,7 +208,17 @@ class CommunicateOptimizeStrategy(Strategy):
         comm = self.comm
         if self.wire is not None:
             comm = self.wire_comm = self.wire.wrap(comm)
-        ctx = NodeContext(model, rank, num_nodes, comm, self.optim, self.seed, self.max_steps, self.steps_per_epoch)
+        ctx = NodeContext(
+            model,
+            rank,
+            num_nodes,
+            comm,
+            self.optim,
+            self.seed,
+            self.max_steps,
+            self.steps_per_epoch,
+            self.network,
+        )
         self.pipeline.bind(ctx)
 
     def communicate_phase(self, space: str, step: int) -> None:

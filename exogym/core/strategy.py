@@ -84,6 +84,9 @@ class Strategy(ABC):
         TypeError: for unknown or conflicting keywords.
     """
 
+    #: The run's network, given by :meth:`_attach` (``None`` until then or where none is given).
+    network: Any = None
+
     def __init__(
         self,
         optim_spec: OptimSpec | str | None = None,
@@ -128,9 +131,9 @@ class Strategy(ABC):
     pipeline: Any = None
 
     # -- binding inside a node --------------------------------------------------------------
-    def _attach(self, comm: Comm, max_steps: int, seed: int, steps_per_epoch: int) -> None:
-        """Give the strategy its node's communication object, run length, shared seed and the
-        number of steps per epoch.
+    def _attach(self, comm: Comm, max_steps: int, seed: int, steps_per_epoch: int, network: Any = None) -> None:
+        """Give the strategy its node's communication object, run length, shared seed, the
+        number of steps per epoch and the run's network (``None``: none given).
 
         Called by the node before :meth:`_init_node`; every argument is the same on every rank.
         """
@@ -138,6 +141,7 @@ class Strategy(ABC):
         self.max_steps = max_steps
         self.seed = seed
         self.steps_per_epoch = steps_per_epoch
+        self.network = network
 
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         """Bind to this node's model: build the optimizer and the LR scheduler.
@@ -174,6 +178,24 @@ class Strategy(ABC):
         if self.scheduler is not None:
             self.scheduler.step()
         self.local_step += 1
+
+    @property
+    def needs_step_seconds(self) -> bool:
+        """Whether the strategy follows a simulated timeline that needs every node's step
+        seconds before the run (see :attr:`exogym.core.communicator.Communicator.needs_step_seconds`)."""
+        return False
+
+    def finish(self) -> None:
+        """End of the run, after the last step and its checkpoint, before the final state is
+        read: nothing, unless a strategy has work left (the asynchronous ones apply the updates
+        still in flight). Collective: every rank calls it."""
+        return None
+
+    def run_summary(self) -> dict[str, Any]:
+        """What the strategy reports of the run as a whole on rank 0, beside the metric rows
+        (``Trainer.result["summary"]``): ``{}`` unless a strategy says more (the asynchronous
+        ones: every node's steps and the staleness of the updates)."""
+        return {}
 
     def skip_steps(self, n: int) -> None:
         """Advance the step counter and the LR schedule by ``n`` steps without computing or

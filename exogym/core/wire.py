@@ -41,7 +41,10 @@ class Wire:
 
     def check(self, module: Any) -> None:
         """Raise ``ValueError`` where the transform cannot apply to ``module`` (a communicator of
-        the pipeline it is given to); the default accepts every module."""
+        the pipeline it is given to), naming the module and the fix: it is called when the
+        strategy is made, before any process starts. The default accepts every module; a
+        transform of float payloads refuses modules that code their payloads into bytes
+        themselves (``module.coded_payloads``), on which it would do nothing."""
 
     def describe(self) -> str:
         """A short label for logs."""

@@ -123,12 +123,28 @@ def ensure_server() -> None:
     process and starts no server of its own. Call only when :func:`start_method` is
     ``forkserver``."""
     context()
+    if _running():  # no SIGINT-ignoring window: a Ctrl-C between two runs of a program is not lost
+        return
     os.environ[SERVER_ENV] = str(os.getpid())  # read by the server as it imports this module
     try:
         with _sigint_ignored():
             multiprocessing.forkserver.ensure_running()
     finally:
         del os.environ[SERVER_ENV]
+
+
+def _running() -> bool:
+    """Whether this process's fork server is alive (from ``/proc``; ``False`` where it cannot
+    tell, or for a server that died: :func:`ensure_server` then goes through multiprocessing,
+    which starts it again)."""
+    pid = server_pid()
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def prestart() -> bool:

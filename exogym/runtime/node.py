@@ -140,7 +140,7 @@ class TrainNode:
         self.model.train()
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = copy.deepcopy(job.strategy)
-        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch)
+        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network)
         self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
         self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
@@ -318,6 +318,7 @@ class TrainNode:
         run.progress.close()
         if self._offloader is not None:
             self._offloader.to_device()
+        self.strategy.finish()
         state = self.evaluator.averaged_state(needed=self.rank == 0 or keep_state)
         if self.logger is not None:
             self.logger.finish()
@@ -329,7 +330,16 @@ class TrainNode:
             "max_steps": self.max_steps,
             "peak_memory": run.meter.metrics.peak_memory,
             "nodes": run.meter.metrics.clocks.table(),
+            "summary": self.strategy.run_summary(),
         }
+
+    def close(self) -> None:
+        """Drop everything the node holds (model copy, strategy, data, evaluator, history); it
+        cannot train afterwards. Its parts refer back to it through bound methods (the idle
+        steps' rejoin, the evaluator's forward), so without this a finished node is freed only
+        by the cyclic garbage collector: in a worker of 500 virtual nodes, a scan of some 80,000
+        objects per run. What :meth:`train` returned stays valid."""
+        self.__dict__.clear()
 
     def due(self, done: int, interval: int | None) -> bool:
         """Whether something done every ``interval`` steps and after the last one (a train

@@ -30,7 +30,7 @@ from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
 from exogym.runtime import checkpoint as ckpt
-from exogym.runtime import cluster, preflight
+from exogym.runtime import cluster, pool, preflight
 from exogym.runtime.faults import FaultPlan, Faults, check_can_drop, check_supported, with_availability
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
@@ -111,8 +111,14 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         # The fork server imports torch (and torch._dynamo, the optimizers need it) while
         # this process checks that the strategy builds: the two take seconds each.
         start_processes_server(wait=False)
+    if strategy.needs_step_seconds and run.network_model.counts_flops:
+        run.network_model = preflight.flops_as_seconds(
+            run.network_model, model, train_dataset, run.num_nodes, run.batch_size
+        )
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    preflight.check_strategy_builds(strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch)
+    preflight.check_strategy_builds(
+        strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
+    )
     if steps is not None:
         faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps)
         if faults is not None:
@@ -221,7 +227,9 @@ def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:
     else:
         workers = resolve_workers(transport.workers, run.num_nodes, device, gpus)
         kind = resolve_kind(transport.transport, device, gpus, workers)  # a transport that cannot work fails first
-        layout = Layout(workers, gpus, kind, devices, max(1, usable_cpus() // workers))
+        # A lane of runs side by side (a packed sweep) gives each worker one core's thread.
+        threads = pool.lane_threads() or max(1, usable_cpus() // workers)
+        layout = Layout(workers, gpus, kind, devices, threads)
     if run.offload_idle_nodes and layout.workers == run.num_nodes:
         logger.warning(
             "offload_idle_nodes=True has no effect with one node per worker (workers=num_nodes=%d): only virtual "

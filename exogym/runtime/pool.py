@@ -16,6 +16,12 @@ the program dies without exiting (``kill -9``, or a signal whose default action 
 a fraction of a second, as every node process does (it watches a pipe whose only write end the
 program holds, and on Linux has ``PR_SET_PDEATHSIG``). :func:`shutdown` ends them earlier.
 
+A *lane* (:func:`lane`) is one of several runs side by side in one program, each on a thread of
+its own (a sweep packing small runs onto the cores): inside it, the thread's ``fit`` calls take
+their workers from a pool of the lane's own, kept warm between the lane's runs, and give each
+worker one intra-op thread, so that the lanes share the cores. :meth:`WorkerPool.abort` stops a
+lane's running workers from another thread (Ctrl-C in the thread that runs the lanes).
+
 Standard library only, so that ``exogym.shutdown()`` imports no torch.
 """
 
@@ -28,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,65 +63,129 @@ class WorkerPool:
 
     Args:
         method: the start method the processes are started with.
+        parent: a lane's pool (:func:`lane`) borrows the program's pool's watch pipe (its
+            workers die with the program as the program's do) and, once its own idle workers
+            are taken, takes the program's idle ones before it starts any.
     """
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, parent: WorkerPool | None = None) -> None:
         self.method = method
         self.idle: list[PooledProcess] = []
+        #: The workers taken and neither given back nor discarded (a run in progress).
+        self.busy: list[PooledProcess] = []
+        #: Called after :meth:`take` has the run's workers (a lane's hook, see :func:`lane`).
+        self.started: Callable[[], None] | None = None
+        self.parent = parent
+        self._aborted = False
         self._lock = threading.Lock()  # fits on several threads take disjoint workers
-        # Every worker holds the read end and watches for EOF: the write end is this process's
-        # alone, so the workers notice when it dies, however it dies.
-        self.alive_r, self.alive_w = forkserver.context().Pipe(duplex=False)
+        if parent is not None:
+            self.alive_r, self.alive_w = parent.alive_r, parent.alive_w
+        else:
+            # Every worker holds the read end and watches for EOF: the write end is this process's
+            # alone, so the workers notice when it dies, however it dies.
+            self.alive_r, self.alive_w = forkserver.context().Pipe(duplex=False)
 
     def take(self, n: int, start: Callable[[Any, int], PooledProcess]) -> list[PooledProcess]:
         """``n`` workers for a run: idle ones first (those that died meanwhile are dropped),
-        then new ones from ``start(alive_r, index)``. The caller owns them until it calls
-        :meth:`give_back` or :meth:`discard`."""
+        then the parent's idle ones, then new ones from ``start(alive_r, index)``. The caller
+        owns them until it calls :meth:`give_back` or :meth:`discard`. Raises
+        ``KeyboardInterrupt`` once :meth:`abort` was called."""
+        taken = self._take_idle(n)
+        if self.parent is not None and len(taken) < n:
+            taken += self.parent._take_idle(n - len(taken))
+        try:
+            with self._lock:
+                self.busy += taken
+            while len(taken) < n:
+                self._check_aborted()
+                taken.append(start(self.alive_r, len(taken)))
+                with self._lock:
+                    self.busy.append(taken[-1])
+            self._check_aborted()
+        except BaseException:  # Ctrl-C while starting, too: none of them is left behind
+            self.discard(taken)
+            raise
+        if self.started is not None:
+            self.started()
+        return taken
+
+    def _take_idle(self, n: int) -> list[PooledProcess]:
+        """Up to ``n`` live idle workers, out of :attr:`idle` (dead ones are stopped)."""
         with self._lock:
             alive = [w for w in self.idle if w.process.is_alive()]
             dead = [w for w in self.idle if w not in alive]
             taken, self.idle = alive[:n], alive[n:]
-        self.discard(dead)
-        try:
-            while len(taken) < n:
-                taken.append(start(self.alive_r, len(taken)))
-        except BaseException:  # Ctrl-C while starting, too: none of them is left behind
-            self.discard(taken)
-            raise
+        _stop(dead, busy=True)
         return taken
+
+    def _check_aborted(self) -> None:
+        if self._aborted:
+            raise KeyboardInterrupt("the lane's runs were stopped")
 
     def give_back(self, workers: list[PooledProcess]) -> None:
         """Keep ``workers`` (of a run that finished) for the next run. Idle workers the run did
-        not use are stopped: the pool holds the processes of the last run."""
+        not use are stopped: the pool holds the processes of the last run (none after
+        :meth:`abort`)."""
         with self._lock:
-            surplus, self.idle = self.idle, list(workers)
+            self._release(workers)
+            if self._aborted:
+                surplus = list(workers)
+            else:
+                surplus, self.idle = self.idle, list(workers)
         _stop(surplus)
 
     def discard(self, workers: list[PooledProcess]) -> None:
         """Stop ``workers`` (of a run that did not finish, or dead: they may be busy) and close
         their pipes."""
+        with self._lock:
+            self._release(workers)
         _stop(workers, busy=True)
 
+    def _release(self, workers: list[PooledProcess]) -> None:
+        ids = {id(w) for w in workers}
+        self.busy = [w for w in self.busy if id(w) not in ids]
+
+    def abort(self) -> None:
+        """Stop the running run's workers (SIGTERM; the run's ``fit`` then raises and discards
+        them) and make every later :meth:`take` raise ``KeyboardInterrupt``. Callable from any
+        thread; never raises for a worker already gone."""
+        with self._lock:
+            self._aborted = True
+            busy = list(self.busy)
+        for w in busy:
+            if w.process.exitcode is None:
+                with contextlib.suppress(OSError):
+                    w.process.terminate()
+
     def close(self) -> None:
-        """Stop every idle worker and close the watch pipe (the workers' parent-death signal)."""
+        """Stop every idle worker and close the watch pipe (the workers' parent-death signal;
+        a lane's pool leaves its parent's pipe open)."""
         with self._lock:
             idle, self.idle = self.idle, []
         _stop(idle)
-        for end in (self.alive_r, self.alive_w):
-            with contextlib.suppress(OSError):
-                end.close()
+        if self.parent is None:
+            for end in (self.alive_r, self.alive_w):
+                with contextlib.suppress(OSError):
+                    end.close()
 
 
 #: This process's pool (``None`` until the first local run).
 _pool: WorkerPool | None = None
 #: The process that made ``_pool`` (a forked child does not own its parent's workers).
 _owner: int | None = None
+#: ``pool``: the calling thread's lane pool inside :func:`lane`.
+_local = threading.local()
 
 
 def current(method: str) -> WorkerPool:
-    """This process's pool for ``method``, made at the first call (and again when the start
-    method changed: the old pool's workers are stopped). Registers :func:`shutdown` at exit."""
+    """The pool a ``fit`` on the calling thread takes its workers from: the thread's lane's
+    (:func:`lane`), else this process's pool for ``method``, made at the first call (and again
+    when the start method changed: the old pool's workers are stopped). Registers
+    :func:`shutdown` at exit."""
     global _pool, _owner
+    own = getattr(_local, "pool", None)
+    if own is not None and own.method == method:
+        return own
     if _pool is not None and (_pool.method != method or _owner != os.getpid()):
         if _owner == os.getpid():
             _pool.close()
@@ -124,6 +194,40 @@ def current(method: str) -> WorkerPool:
         _pool, _owner = WorkerPool(method), os.getpid()
         atexit.register(shutdown)
     return _pool
+
+
+def lane_threads() -> int | None:
+    """The intra-op threads per worker of a ``fit`` on the calling thread: 1 inside :func:`lane`,
+    ``None`` elsewhere (``fit`` then divides the cores among the run's workers)."""
+    return 1 if getattr(_local, "pool", None) is not None else None
+
+
+@contextlib.contextmanager
+def lane(started: Callable[[], None] | None = None) -> Iterator[WorkerPool]:
+    """Within the block, the calling thread's ``fit`` calls run as one lane of several side by
+    side: on workers of a pool of the lane's own (yielded; idle ones of the program's pool are
+    taken before any is started), kept between the lane's runs, each worker with one intra-op
+    thread (:func:`lane_threads`). ``started``: called on the lane's thread each time a run has
+    its workers (its planning, in this process, is over). At the end of the block the lane's idle
+    workers go to the program's pool, where the next ``fit`` finds them (they are stopped
+    instead after :meth:`WorkerPool.abort`). Lanes do not nest: raises ``RuntimeError`` inside
+    another lane."""
+    if getattr(_local, "pool", None) is not None:
+        raise RuntimeError("this thread already runs a lane; lanes do not nest")
+    program = current(forkserver.start_method())
+    own = WorkerPool(program.method, parent=program)
+    own.started = started
+    _local.pool = own
+    try:
+        yield own
+    finally:
+        _local.pool = None
+        with own._lock:
+            idle, own.idle = own.idle, []
+        if idle and not own._aborted and _pool is program:
+            program.give_back(idle)
+        else:
+            _stop(idle)
 
 
 def shutdown() -> None:
@@ -171,4 +275,4 @@ def _ask_to_exit(worker: PooledProcess) -> bool:
     return True
 
 
-__all__ = ["PooledProcess", "WorkerPool", "current", "shutdown", "worker_pids"]
+__all__ = ["PooledProcess", "WorkerPool", "current", "lane", "lane_threads", "shutdown", "worker_pids"]

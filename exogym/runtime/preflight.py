@@ -127,6 +127,34 @@ class _DryTransport(Transport):
         pass
 
 
+def flops_as_seconds(network: Any, model: torch.nn.Module, train_dataset: Any, num_nodes: int, batch_size: int) -> Any:
+    """``network`` with ``compute="flops"`` turned into seconds per step: one training step's
+    forward and backward FLOPs (counted here on node 0's first ``batch_size`` examples, as a node
+    counts its first step) over ``flops_per_second``. For strategies that follow a simulated
+    timeline, which needs step seconds before the run."""
+    import dataclasses
+
+    from torch.utils.data import DataLoader
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from exogym import data as D
+
+    ds = D.node_dataset(train_dataset, 0, num_nodes, train=True)
+    batch = next(iter(DataLoader(ds, batch_size=batch_size, drop_last=True)))
+    probe = copy.deepcopy(model)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        probe(batch).backward()
+    seconds = float(counter.get_total_flops()) / network.flops_per_second
+    logger.info(
+        "compute from FLOPs: %.4g FLOPs a step, %.4g s at %g FLOP/s",
+        counter.get_total_flops(),
+        seconds,
+        network.flops_per_second,
+    )
+    return dataclasses.replace(network, compute=seconds)
+
+
 def check_strategy_builds(
     strategy: Strategy,
     model: torch.nn.Module,
@@ -135,6 +163,7 @@ def check_strategy_builds(
     steps: int | None,
     seed: int,
     per_epoch: int | None,
+    network: Any = None,
 ) -> None:
     """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
     as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
@@ -149,7 +178,7 @@ def check_strategy_builds(
         return
     dry = copy.deepcopy(strategy)
     comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
-    dry._attach(comm, steps or 1, seed, per_epoch or 1)
+    dry._attach(comm, steps or 1, seed, per_epoch or 1, network)
     set_current(comm)
     try:
         dry._init_node(copy.deepcopy(model), 0, num_nodes)

@@ -135,7 +135,7 @@ class NodeSchedule:
         if not self.can_sit_out:
             return None
         st = self.statement(step, keep)
-        if st is None or not st.idle(self.rank):
+        if st is None or not st.idle(self.rank) or self.rank in st.receives:
             return None
         due = [m for m in self.leaves if m.is_due(step)]
         if not due:

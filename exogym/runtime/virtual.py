@@ -209,11 +209,14 @@ class VirtualHub:
         """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
         or only contributes, ``call.detached``): the call is queued and the node runs on, unless
         it has :data:`MAX_QUEUED` calls queued: then it waits for them, which bounds the memory
-        they hold and how far the worker's nodes drift apart. A contribution is folded into the
-        collective's running reduction at once (the worker holds one tensor per collective and
-        group, not one per node: the final average of 500 nodes would hold 500 model copies)."""
+        they hold and how far the worker's nodes drift apart. A contribution to an all-reduce is
+        folded into the collective's running reduction at once (the worker holds one tensor per
+        collective and group, not one per node: the final average of 500 nodes would hold 500
+        model copies); one to an all-gather is kept until the gather runs."""
         queue = self._queued[i]
-        if call.detached and call.tensor is not None and call.tensor.dtype not in (torch.float16, torch.bfloat16):
+        t = call.tensor
+        folds = call.detached and call.kind == "all_reduce" and t is not None
+        if folds and t.dtype not in (torch.float16, torch.bfloat16):  # type: ignore[union-attr]
             self._fold(call, self._executed + sum(c.repeat for c in queue))
         if len(queue) + 1 < MAX_QUEUED:
             queue.append(call)
@@ -375,10 +378,21 @@ class VirtualHub:
             world: list[torch.Tensor] = tensors  # type: ignore[assignment]
         else:
             world = self._gather_across_workers(tensors, all(c.members is None for c in calls))
+        # Only nodes that wait get a result (others only contributed theirs): stacked once per
+        # group and shape, then copied for each further node (stacking the world's rows for
+        # every node costs K^2 row copies, a second at K=1,000).
+        stacked: dict[tuple, torch.Tensor] = {}
         for c in calls:
-            members = range(self.num_nodes) if c.members is None else c.members
+            if not c.waits:
+                continue
             shape = c.tensor.shape  # type: ignore[union-attr]
-            c.result = torch.stack([world[r].reshape(shape) for r in members])
+            key = (c.members, tuple(shape))
+            made = stacked.get(key)
+            if made is None:
+                members = range(self.num_nodes) if c.members is None else c.members
+                c.result = stacked[key] = torch.stack([world[r].reshape(shape) for r in members])
+            else:
+                c.result = made.clone()  # each node's own result, as from a transport of its own
 
     def _gather_across_workers(self, tensors: list[torch.Tensor], uniform: bool) -> list[torch.Tensor]:
         """Every node's tensor, flattened and indexed by rank (padded through the workers)."""

@@ -96,6 +96,12 @@ class VirtualTransport(Transport):
         in call order."""
         self.hub.enqueue(self.index, Call("all_reduce", op, _key(members), tensor, detached=True))
 
+    def all_gather_contribute(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> None:
+        """Contribute ``tensor`` to an all-gather and need no result: returns at once; the hub
+        reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
+        in call order."""
+        self.hub.enqueue(self.index, Call("all_gather", None, _key(members), tensor, detached=True))
+
     def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
         """Take part in an all-reduce contributing nothing and return the result, which the
         worker's receiving nodes of the group share (read it before this node's next

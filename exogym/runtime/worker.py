@@ -89,25 +89,34 @@ def _one_malloc_arena() -> None:
 
 class _AfterBuilding:
     """The cyclic garbage collector is off while a worker builds its virtual nodes, then on
-    again, with everything built so far frozen (``gc.freeze``): building hundreds of nodes
-    makes tens of thousands of long-lived objects, and each full collection on the way would
-    scan all of those built before (a third of a worker's start-up with 500 nodes), as would
-    every full collection during training. :meth:`restore` leaves the collector as it was (a
-    torchrun rank is the user's own process)."""
+    again: building hundreds of nodes makes tens of thousands of long-lived objects, and each
+    full collection on the way would scan all of those built before (a third of a worker's
+    start-up with 500 nodes). :meth:`restore` leaves the collector as it was (a torchrun rank is
+    the user's own process).
+
+    Where nothing is frozen yet (a worker's first run, a torchrun rank), everything built is
+    frozen (``gc.freeze``) until :meth:`restore`, so that full collections during training do
+    not scan the process's imports (torch) again and again. A warm worker froze what outlives
+    its runs after its first (:func:`exogym.runtime.launch._after_run`): its collections scan
+    only the current run's objects already, and the nodes stay unfrozen, so that the collection
+    after the run frees them without scanning the frozen imports."""
 
     def __init__(self, nodes: int) -> None:
         self.left = nodes
         self.enabled = gc.isenabled()
+        self.freezes = gc.get_freeze_count() == 0
         gc.disable()
 
     def one_built(self) -> None:
         self.left -= 1  # (virtual nodes take turns: one thread at a time runs this)
         if self.left == 0 and self.enabled:
-            gc.freeze()
+            if self.freezes:
+                gc.freeze()
             gc.enable()
 
     def restore(self) -> None:
-        gc.unfreeze()
+        if self.freezes:
+            gc.unfreeze()
         if self.enabled:
             gc.enable()
 
@@ -126,7 +135,10 @@ def _run_node(
         node = TrainNode(job, rank, comm, device)
         if built is not None:
             built.one_built()
-        return node.train(keep_state)
+        try:
+            return node.train(keep_state)
+        finally:
+            node.close()  # freed by reference counting, not by a scan of the collector
     finally:
         set_current(None)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from exogym._lazy import lazy_exports
 
 __all__ = [
+    "AsyncDiLoCoStrategy",
     "CommunicateOptimizeStrategy",
     "Communicator",
     "DESLOCStrategy",
@@ -20,6 +21,7 @@ __all__ = [
     "DiLoCoStrategy",
     "EagerDiLoCoStrategy",
     "FedAvgStrategy",
+    "FedBuffStrategy",
     "MuLoCoStrategy",
     "MuonAdamW",
     "NoLoCoStrategy",
@@ -37,6 +39,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "AsyncDiLoCoStrategy": "exogym.strategy.async_diloco",
         "CommunicateOptimizeStrategy": "exogym.core.pipeline",
         "Communicator": "exogym.core.pipeline",
         "DESLOCStrategy": "exogym.strategy.desloc",
@@ -45,6 +48,7 @@ __getattr__, __dir__ = lazy_exports(
         "DiLoCoStrategy": "exogym.strategy.diloco",
         "EagerDiLoCoStrategy": "exogym.strategy.eager_diloco",
         "FedAvgStrategy": "exogym.strategy.federated_averaging",
+        "FedBuffStrategy": "exogym.strategy.fedbuff",
         "MuLoCoStrategy": "exogym.strategy.muloco",
         "MuonAdamW": "exogym.core.muon",
         "NoLoCoStrategy": "exogym.strategy.noloco",
@@ -66,10 +70,12 @@ if TYPE_CHECKING:
     from exogym.core.optim import OptimSpec
     from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
     from exogym.core.strategy import Strategy
+    from exogym.strategy.async_diloco import AsyncDiLoCoStrategy
     from exogym.strategy.demo import DeMoStrategy
     from exogym.strategy.desloc import DESLOCStrategy
     from exogym.strategy.diloco import DiLoCoStrategy
     from exogym.strategy.eager_diloco import EagerDiLoCoStrategy
+    from exogym.strategy.fedbuff import FedBuffStrategy
     from exogym.strategy.federated_averaging import FedAvgStrategy
     from exogym.strategy.muloco import MuLoCoStrategy
     from exogym.strategy.noloco import NoLoCoStrategy

@@ -93,6 +93,14 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         lambda lr, H=20: S.EagerDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
         "DiLoCo with eager updates: the all-reduce overlaps the next H steps; own share at once, others' a round late",
     ),
+    "async_diloco": (
+        lambda lr, H=20: S.AsyncDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
+        "Async DiLoCo: each node pushes after H steps (fewer on slower nodes), delayed Nesterov on the server",
+    ),
+    "fedbuff": (
+        lambda lr, H=20: S.FedBuffStrategy(local_steps=H, buffer_size=2, concurrency=None, optim_spec=_adamw(lr)),
+        "FedBuff: half the clients train H steps at a time; the server steps every 2 staleness-scaled updates",
+    ),
 }
 
 

@@ -134,3 +134,9 @@ def test_virtual_nodes_end_as_nodes_on_their_own_threads() -> None:
 def test_the_normalized_outer_optimizer_is_refused_naming_the_choice() -> None:
     with pytest.raises(ValueError, match="outer_optim='sgd_normalized' is not available for eager DiLoCo; use 'sgd'"):
         EagerDiLoCoStrategy(outer_optim="sgd_normalized")
+
+
+@pytest.mark.parametrize("h", [0, 2.5, True])
+def test_a_period_that_is_not_a_positive_int_is_refused_naming_h(h) -> None:
+    with pytest.raises(ValueError, match=r"H must be a positive int \(communicate every H steps\)"):
+        EagerDiLoCoStrategy(H=h)

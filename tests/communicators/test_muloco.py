@@ -5,10 +5,13 @@ The references build torch's optimizers themselves, not ExoGym's ``MuonAdamW``."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from exogym import Faults
 from exogym.core.muon import MuonAdamW
 from exogym.strategy import DiLoCoStrategy, MuLoCoStrategy, OptimSpec
 from tests.fake_world import train_ranks
@@ -30,30 +33,43 @@ def inner_optimizers(model: torch.nn.Module) -> list[torch.optim.Optimizer]:
 
 
 def muloco_reference(
-    ds: TensorDataset, k: int, steps: int, h: int, outer_lr: float, momentum: float
+    ds: TensorDataset,
+    k: int,
+    steps: int,
+    h: int,
+    outer_lr: float,
+    momentum: float,
+    dropped: dict[int, list[int]] | None = None,
 ) -> list[torch.Tensor]:
     """K model copies, each stepping its own Muon + AdamW on its batches; every h steps the
     pseudo-gradient ``delta = global - mean_k(local_k)`` takes an outer Nesterov SGD step
     (``buf = delta`` at the first, then ``buf = momentum * buf + delta``;
     ``global -= outer_lr * (delta + momentum * buf)``; plain SGD when momentum is 0) and every
-    copy restarts from ``global``."""
+    copy restarts from ``global``. ``dropped[r]``: nodes that sit round r out (no batches, not in
+    the mean) and take the lowest survivor's Muon and AdamW state at its end."""
+    dropped = dropped or {}
     models = [TinyNet() for _ in range(k)]
     opts = [inner_optimizers(m) for m in models]
     data = [node_batches(ds, k, r) for r in range(k)]
     glob = [p.detach().clone() for p in models[0].parameters()]
     buf: list[torch.Tensor] | None = None
     for s in range(steps):
-        for m, os_, batches in zip(models, opts, data, strict=True):
-            for o in os_:
+        gone = dropped.get(s // h, [])
+        alive = [r for r in range(k) if r not in gone]
+        for r in alive:
+            for o in opts[r]:
                 o.zero_grad()
-            m(next(batches)).backward()
-            for o in os_:
+            models[r](next(data[r])).backward()
+            for o in opts[r]:
                 o.step()
         if (s + 1) % h:
             continue
+        for r in gone:
+            for o, survivor in zip(opts[r], opts[alive[0]], strict=True):
+                o.load_state_dict(copy.deepcopy(survivor.state_dict()))
         with torch.no_grad():
-            local = [list(m.parameters()) for m in models]
-            delta = [g - sum(ps[i] for ps in local) / k for i, g in enumerate(glob)]
+            local = [list(models[r].parameters()) for r in alive]
+            delta = [g - sum(ps[i] for ps in local) / len(alive) for i, g in enumerate(glob)]
             if momentum:
                 buf = (
                     [d.clone() for d in delta]
@@ -64,8 +80,8 @@ def muloco_reference(
             else:
                 step = delta
             glob = [g - outer_lr * u for g, u in zip(glob, step, strict=True)]
-            for ps in local:
-                for p, g in zip(ps, glob, strict=True):
+            for m in models:
+                for p, g in zip(m.parameters(), glob, strict=True):
                     p.copy_(g)
     return glob
 
@@ -178,3 +194,19 @@ def test_another_inner_optimizer_is_refused_naming_diloco() -> None:
         MuLoCoStrategy(optim_spec="adamw")
     s = MuLoCoStrategy(optim_spec="muon", lr=0.05, muon_momentum=0.9, adamw_lr=3e-4)
     assert s.optim_spec == OptimSpec(MuonAdamW, lr=0.05, momentum=0.9, adamw_lr=3e-4)
+
+
+def test_with_a_node_dropped_the_survivors_average_among_themselves_and_it_rejoins() -> None:
+    """DiLoCo's module leaves a node out of a round (``supports_dropout``): the survivors' mean
+    pseudo-gradient takes the outer step and the dropped node rejoins with the global parameters
+    and a survivor's Muon and AdamW state."""
+    k, dropped = 4, {1: [2]}
+    ds = regression_data(k * 8 * STEPS)
+    make = _muloco(H, OUTER_LR, OUTER_MOMENTUM)
+    out = train_ranks(k, make, STEPS, dataset=ds, faults=Faults(drop=dropped))
+    ref = muloco_reference(ds, k, STEPS, H, OUTER_LR, OUTER_MOMENTUM, dropped=dropped)
+    for o in out:
+        for a, b in zip(o["params"], ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert [o["node"].batches_drawn for o in out] == [STEPS, STEPS, STEPS - H, STEPS]
+    assert not torch.allclose(ref[0], muloco_reference(ds, k, STEPS, H, OUTER_LR, OUTER_MOMENTUM)[0])

@@ -212,3 +212,18 @@ def test_powersgd_matches_pytorchs_powersgd_hook_under_ddp_on_two_gloo_processes
         hooked = torch.load(tmp_path / f"rank{r}.pt")
         for a, b in zip(out[r]["params"], hooked, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"rank": 0}, ValueError, r"rank must be a positive int, got 0"),
+        ({"rank": 1.5}, ValueError, r"rank must be a positive int, got 1.5"),
+        ({"start_iter": -1}, ValueError, r"start_iter \(dense steps before compressing\) must be an int >= 0"),
+        ({"min_compression_rate": 0.5}, ValueError, r"min_compression_rate must be >= 1, got 0.5"),
+        ({"min_compression_rate": "2"}, TypeError, r"min_compression_rate must be a number >= 1"),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_argument(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        PowerSGDStrategy(**kwargs)

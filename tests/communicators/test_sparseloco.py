@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from communicators.bitpack import pack, unpack
+from communicators.quantize import FP16, Int8, QuantizeCommunicator
+from communicators.sparseloco import SparseLoCoCommunicator
 from exogym import Faults, Trainer
-from exogym.strategy import OptimSpec, SparseLoCoStrategy
+from exogym.strategy import CommunicateOptimizeStrategy, OptimSpec, SparseLoCoStrategy
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, node_batches, regression_data
 
@@ -182,3 +184,14 @@ def test_faults_that_drop_nodes_are_refused_naming_the_all_gather() -> None:
 def test_settings_out_of_range_are_refused_naming_the_argument(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SparseLoCoStrategy(**kwargs)
+
+
+@pytest.mark.parametrize("wire", [Int8(), Int8(error_feedback=True), FP16()], ids=["int8", "int8_ef", "fp16"])
+def test_a_quantizing_wire_is_refused_at_construction_since_bits_already_sets_the_values_precision(wire) -> None:
+    """SparseLoCo's payload is packed few-bit codes (``bits`` per value), not a float tensor: a
+    quantizing wire would pass it through unchanged, so it is refused when the strategy is made."""
+    match = r"acts on float payloads, but SparseLoCo\(H=4.*bits=2.*coded_payloads.*leave the quantizing wire out"
+    with pytest.raises(ValueError, match=match):
+        CommunicateOptimizeStrategy([SparseLoCoCommunicator(H=4)], wire=wire)
+    with pytest.raises(ValueError, match=match):
+        QuantizeCommunicator(SparseLoCoCommunicator(H=4), wire.fmt, error_feedback=wire.error_feedback)

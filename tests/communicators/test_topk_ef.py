@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from communicators.quantize import Int8, Quantize, QuantizeCommunicator
+from communicators.averaging import AveragingCommunicator
+from communicators.quantize import Quantize, QuantizeCommunicator
 from communicators.topk import TopKCommunicator
 from exogym import Faults, Trainer
+from exogym.core.communicator import Wrapper
+from exogym.core.pipeline import Pipeline
 from exogym.strategy import CommunicateOptimizeStrategy, OptimSpec, SimpleReduceStrategy, TopKEFStrategy
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, node_batches, regression_data
@@ -111,27 +114,22 @@ def test_a_fraction_outside_zero_to_one_is_refused(k) -> None:
         TopKEFStrategy(k=k)
 
 
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "error_feedback"])
 @pytest.mark.parametrize("fmt", ["int8", "fp8", "fp16"])
-def test_a_wire_with_error_feedback_is_refused_before_training_naming_the_entries_that_change(fmt: str) -> None:
-    """A quantizing wire with error feedback keeps one residual per payload site or per located
-    entry; top-k's payload holds other entries every step and does not locate them, so the
-    wire's residuals would be added to the wrong entries: refused at construction."""
-    match = r"error_feedback=True needs payloads that hold the same entries.*TopK\(k=0.1.*use error_feedback=False"
+def test_a_quantizing_wire_is_refused_at_construction_naming_the_coded_payload_and_the_fix(
+    fmt: str, error_feedback: bool
+) -> None:
+    """Top-k's all-gather payload is the bytes of its values and int32 indices, not a float
+    tensor: a quantizing wire would pass it through unchanged (with error feedback its residuals
+    would also land on the wrong entries), so the strategy and the wrapper refuse it when made,
+    before any process starts."""
+    match = r"quantizing wire .* acts on float payloads, but TopK\(k=0.1.*coded_payloads.*leave the quantizing wire out"
+    wire = Quantize(fmt, error_feedback=error_feedback)
     with pytest.raises(ValueError, match=match):
-        CommunicateOptimizeStrategy([TopKCommunicator(0.1)], wire=Quantize(fmt, error_feedback=True))
+        CommunicateOptimizeStrategy([TopKCommunicator(0.1)], wire=wire)
     with pytest.raises(ValueError, match=match):
-        QuantizeCommunicator(TopKCommunicator(0.1), fmt, error_feedback=True)
-
-
-def test_a_wire_without_error_feedback_leaves_the_byte_payload_as_it_is() -> None:
-    """Top-k's all-gather payload is the bytes of its values and int32 indices (not a float
-    tensor), which a quantizing wire passes through: the run and its bytes are those without a
-    wire."""
-    ds = regression_data(2 * 8 * STEPS)
-    plain = train_ranks(2, lambda: TopKEFStrategy(k=0.1, optim_spec=SGD), STEPS, dataset=ds)
-    wired = train_ranks(
-        2, lambda: CommunicateOptimizeStrategy([TopKCommunicator(0.1)], optim_spec=SGD, wire=Int8()), STEPS, dataset=ds
-    )
-    for a, b in zip(plain, wired, strict=True):
-        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
-        assert [[r.sent for r in s] for s in a["records"]] == [[r.sent for r in s] for s in b["records"]]
+        CommunicateOptimizeStrategy([Pipeline([AveragingCommunicator(), TopKCommunicator(0.1)])], wire=wire)
+    with pytest.raises(ValueError, match=match):
+        QuantizeCommunicator(TopKCommunicator(0.1), fmt, error_feedback=error_feedback)
+    assert Pipeline([TopKCommunicator(0.1)]).coded_payloads and Wrapper(TopKCommunicator(0.1)).coded_payloads
+    assert not Pipeline([AveragingCommunicator()]).coded_payloads

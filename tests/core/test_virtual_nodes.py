@@ -397,6 +397,59 @@ def test_all_reduce_contribute_outside_virtual_nodes_adds_the_share_and_rejects_
         run_ranks(1, lambda rank, comm: comm.all_reduce_contribute(torch.ones(1), "mean"))
 
 
+@pytest.mark.parametrize("groups", [None, [[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]]])
+def test_gather_contributors_run_on_and_gathering_nodes_get_every_member_in_order_each_its_own_copy(groups) -> None:
+    # 6 nodes on 2 workers (0-2, 3-5); nodes 0 and 1 gather each round, the others only
+    # contribute, and node 2 then does local work, which must happen before node 0 gets its
+    # first result (it does not park). Expected: each member's tensor in group order; nodes 0
+    # and 1 get tensors of their own (writing one leaves the other as it was).
+    from exogym.core.comm.comm import NodeComm
+    from tests.fake_world import run_ranks
+
+    hubs = [VirtualHub(Placement.blocks(6, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    events: list[tuple[str, int]] = []
+    got: dict[tuple[int, int], torch.Tensor] = {}
+
+    def node(rank, transport):
+        comm = NodeComm(rank, 6, transport)
+        for rnd in range(3):
+            t = torch.tensor([float(rank), float(rnd)])
+            if rank in (0, 1):
+                got[(rank, rnd)] = comm.all_gather(t, groups=groups, charge=False)
+                events.append(("result", rank))
+            else:
+                comm.all_gather_contribute(t, groups=groups)
+        events.append(("done", rank))
+        return rank
+
+    def worker(w, outer):
+        hubs[w].outer = outer.transport
+        return hubs[w].run(node)
+
+    run_ranks(2, worker)
+    for rank in (0, 1):
+        members = range(6) if groups is None else next(g for g in groups if rank in g)
+        for rnd in range(3):
+            assert got[(rank, rnd)].tolist() == [[float(m), float(rnd)] for m in members], (rank, rnd)
+    assert events.index(("done", 2)) < events.index(("result", 0))  # node 2 never waited for a result
+    before = got[(1, 0)].clone()
+    got[(0, 0)].zero_()
+    assert torch.equal(got[(1, 0)], before)
+
+
+def test_all_gather_contribute_outside_virtual_nodes_sends_the_share() -> None:
+    from tests.fake_world import run_ranks
+
+    def body(rank, comm):
+        t = torch.full((2,), float(rank + 1))
+        if rank == 2:
+            comm.all_gather_contribute(t)
+            return None
+        return comm.all_gather(t, charge=False).tolist()
+
+    assert run_ranks(3, body)[:2] == [[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]] * 2
+
+
 @pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]], [[0, 1], [2, 3]]])
 def test_receiving_nodes_get_the_sum_of_the_others_shares_without_reading_their_own(groups) -> None:
     # 4 nodes on 2 workers (0-1 and 2-3); nodes 1 and 3 receive only. With groups [[0, 1],
@@ -640,6 +693,72 @@ def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_afte
     finally:
         built.restore()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_finished_virtual_node_is_freed_without_the_cyclic_collector() -> None:
+    # The worker's node body (worker._run_node) on 6 virtual nodes of one worker, the collector
+    # off: once the run returns, no node's model copy or strategy is alive (a node's parts refer
+    # back to it through bound methods; TrainNode.close breaks those cycles).
+    import gc
+    import weakref
+
+    import torch._dynamo  # noqa: F401 - imported by the first optimizer otherwise, whose import frames hold node 0
+
+    from exogym.runtime import worker as W
+    from exogym.runtime.node import NodeJob
+    from tests.fake_world import _config
+    from tests.helpers import TinyNet
+
+    cfg = _config(6, 4, 8, 0, 1, None, None, 2, None, False)
+    job = NodeJob(
+        TinyNet(),
+        FedAvgStrategy(H=2, client_sampling=0.5, optim_spec=SGD, lr=0.1),
+        regression_data(n=6 * 8 * 4),
+        None,
+        cfg,
+        "t",
+    )
+    alive: list[weakref.ref] = []
+    built = W.TrainNode.__init__
+
+    def record(node, *args) -> None:
+        built(node, *args)
+        alive.extend([weakref.ref(node), weakref.ref(node.model), weakref.ref(node.strategy)])
+
+    hub = VirtualHub(Placement.blocks(6, 1), 0, None, torch.device("cpu"), 0)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(W.TrainNode, "__init__", record)
+            results = hub.run(lambda rank, transport: W._run_node(rank, job, transport, torch.device("cpu")))
+        assert results[0]["history"] and len(alive) == 18
+        del hub
+        assert [r for r in alive if r() is not None] == []
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_a_warm_worker_keeps_its_frozen_imports_frozen_and_leaves_the_nodes_to_the_collector() -> None:
+    # A pooled worker froze what outlived its last run (launch._after_run): building does not
+    # freeze the nodes (the collection after the run must reach them) nor unfreeze the imports.
+    import gc
+
+    from exogym.runtime.worker import _AfterBuilding
+
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    try:
+        built = _AfterBuilding(2)
+        for _ in range(2):
+            assert not gc.isenabled()
+            built.one_built()
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        built.restore()
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("island,warmup", [(None, 6), (6, 6), (None, None)])

@@ -336,6 +336,21 @@ class NodeComm:
             self.charge("all_gather", len(members), nbytes(tensor), tag, members=self._members(members))
         return gathered.to(tensor.device)
 
+    def all_gather_contribute(self, tensor: torch.Tensor, groups: Groups | None = None) -> None:
+        """Contribute ``tensor`` to an all-gather whose result this node does not need.
+
+        For a node that only sends its share of a measurement (e.g. its metric events, which
+        rank 0 alone turns into rows): the peers call :meth:`all_gather` (or this) with the same
+        ``groups`` and sizes. The caller hands ``tensor`` over: it must not write to it
+        afterwards (virtual nodes queue it and run on at once; the gather reads it later).
+        Nothing is charged. Collective.
+        """
+        self._refuse_missing("all_gather_contribute")
+        self._flush_sitout()
+        _, members = self._my_group(groups)
+        with staged(tensor) as t, self._timed():
+            self.transport.all_gather_contribute(t, subset(groups, members))
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
         """Overwrite ``tensor`` in place with rank ``src``'s and return it. Collective."""
         if not 0 <= src < self.world_size:

@@ -58,9 +58,10 @@ class Transport:
 
     A transport implements :meth:`all_reduce`, :meth:`all_gather`, :meth:`broadcast` and
     :meth:`barrier`. The partial-participation calls (:meth:`all_reduce_absent`,
-    :meth:`all_reduce_contribute`, :meth:`all_reduce_receive`) have defaults here made of
-    :meth:`all_reduce`; a transport overrides them where it can do less work (virtual nodes
-    queue a call they need no result from and run on).
+    :meth:`all_reduce_contribute`, :meth:`all_reduce_receive`, :meth:`all_gather_contribute`)
+    have defaults here made of :meth:`all_reduce` and :meth:`all_gather`; a transport overrides
+    them where it can do less work (virtual nodes queue a call they need no result from and run
+    on).
     """
 
     rank: int
@@ -97,6 +98,11 @@ class Transport:
         """Contribute ``tensor`` to an all-reduce whose result this rank does not need (the
         caller hands ``tensor`` over: its contents afterwards are undefined)."""
         self.all_reduce(tensor, op, members)
+
+    def all_gather_contribute(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> None:
+        """Contribute ``tensor`` to an all-gather whose result this rank does not need (the
+        caller hands ``tensor`` over: it must not write to it afterwards)."""
+        self.all_gather(tensor, members)
 
     def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
         """Take part in an all-reduce contributing ``op``'s identity; return the result (read

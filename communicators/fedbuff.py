@@ -1,0 +1,203 @@
+"""FedBuff (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous Aggregation", arXiv
+2106.06639): ``concurrency`` clients train at once, each on its own clock; a client that has
+taken its ``local_steps`` pushes its update ``local - start`` to the server, which scales it by
+its staleness ``s(tau) = 1 / sqrt(1 + tau)`` (``tau``: server steps since the client's download)
+and adds it to a buffer; once ``buffer_size`` updates are buffered the server steps:
+``x <- x + server_lr * buffer / buffer_size``. Each receipt frees a slot: a client drawn from
+those not in flight downloads the server's model at that instant and starts training when it
+arrives (with a fresh local optimizer).
+
+Client draws follow :func:`draw_client`, from the run's seed (the same on every rank). The timing
+(:class:`FedBuffTiming`) and the values (:class:`FedBuffCommunicator`) follow
+:mod:`communicators.server`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from communicators.server import ServerCommunicator
+from exogym.core.timeline import Event, Simulation
+
+
+def draw_client(seed: int, draw: int, free: list[int]) -> int:
+    """The ``draw``-th client drawn in a run from ``seed``: uniform among ``free`` (the clients not
+    in flight, ascending)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, draw])))
+    return free[int(rng.integers(len(free)))]
+
+
+def staleness_weight(tau: int) -> float:
+    """FedBuff's staleness scaling ``1 / sqrt(1 + tau)``."""
+    return 1.0 / math.sqrt(1.0 + tau)
+
+
+class FedBuffTiming(Simulation):
+    """When clients are drawn, train, push, and when the server steps.
+
+    Args:
+        step_seconds, transfer: per client, seconds per step and per model transfer.
+        max_ticks: the run's steps (ticks).
+        concurrency, buffer_size, local_steps: FedBuff's ``C``, ``B`` and ``Q``.
+        seed: the run's seed (client draws).
+    """
+
+    def __init__(
+        self,
+        step_seconds: list[float],
+        transfer: list[float],
+        max_ticks: int,
+        concurrency: int,
+        buffer_size: int,
+        local_steps: int,
+        seed: int,
+    ) -> None:
+        super().__init__(step_seconds, max_ticks)
+        if concurrency > self.num_nodes:
+            raise ValueError(f"concurrency={concurrency} is more than the {self.num_nodes} nodes (clients)")
+        self.transfer = transfer
+        self.concurrency, self.buffer_size, self.local_steps, self.seed = concurrency, buffer_size, local_steps, seed
+        self.in_flight = set()
+        self.draws = 0
+        self.in_segment = [0] * self.num_nodes
+        self.segment = [0] * self.num_nodes
+        self.pulled = [0] * self.num_nodes
+        self.version = 0
+        self.buffered = 0
+
+    def _draw(self, time: float, source: int) -> None:
+        free = [r for r in range(self.num_nodes) if r not in self.in_flight]
+        r = draw_client(self.seed, self.draws, free)
+        self.draws += 1
+        self.join(r)
+        self.schedule(time, "serve", r, source=-1 if r == source else source)
+
+    def begin(self) -> None:
+        for _ in range(self.concurrency):
+            self._draw(0.0, -1)  # every node starts with the server's initial state
+        self.timeline.holders = frozenset(self.in_flight)
+
+    def on_start(self, ev: Event) -> None:
+        r = ev.rank
+        end = self.step_end(r, ev.time)
+        self.in_segment[r] += 1
+        if self.in_segment[r] < self.local_steps:
+            self.schedule(end, "start", r)
+            return
+        self.in_segment[r] = 0
+        self.schedule(end, "capture", r, self.segment[r])
+        self.schedule(end + self.transfer[r], "receive", r, self.segment[r])
+        self.segment[r] += 1
+
+    def on_receive(self, ev: Event) -> Event:
+        staleness = self.version - self.pulled[ev.rank]
+        self.record_update(ev.time, ev.rank, staleness)
+        self.buffered += 1
+        if self.buffered == self.buffer_size:
+            self.version += 1
+            self.buffered = 0
+        self.in_flight.discard(ev.rank)
+        if not self.draining:
+            self._draw(ev.time, ev.rank)  # the client that leaves sends its copy to the next
+        return replace(ev, staleness=staleness, leaves=True)
+
+    def on_serve(self, ev: Event) -> None:
+        self.pulled[ev.rank] = self.version
+        self.schedule(ev.time + self.transfer[ev.rank], "deliver", ev.rank)
+
+    def on_deliver(self, ev: Event) -> None:
+        self.schedule(ev.time, "start", ev.rank)
+
+
+class FedBuffCommunicator(ServerCommunicator):
+    """FedBuff's module: the client side (update ``local - start``, a fresh local optimizer per
+    participation) and the server side (staleness-scaled buffer, a step every ``buffer_size``).
+
+    Args:
+        local_steps: ``Q``, a client's steps per participation.
+        buffer_size: ``B``, updates per server step.
+        concurrency: ``C``, clients training at once (at most the number of nodes); ``None``:
+            half the nodes (at least one).
+        server_lr: ``eta_g`` (default 1.0).
+    """
+
+    def __init__(self, local_steps: int, buffer_size: int, concurrency: int | None, server_lr: float = 1.0) -> None:
+        super().__init__()
+        checked = [("local_steps", local_steps), ("buffer_size", buffer_size)]
+        if concurrency is not None:
+            checked.append(("concurrency", concurrency))
+        for name, v in checked:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
+            raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
+        if not math.isfinite(server_lr):
+            raise ValueError(f"server_lr must be finite, got {server_lr!r}")
+        self.local_steps, self.buffer_size, self.concurrency, self.server_lr = (
+            local_steps,
+            buffer_size,
+            concurrency,
+            server_lr,
+        )
+
+    def timing_key(self) -> tuple[Any, ...]:
+        return (self.local_steps, self.buffer_size, self.clients)
+
+    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
+        return FedBuffTiming(step_seconds, transfer, max_steps, self.clients, self.buffer_size, self.local_steps, seed)
+
+    def setup(self, ctx: Any) -> None:
+        #: The clients training at once in this run.
+        self.clients = self.concurrency if self.concurrency is not None else max(1, ctx.num_nodes // 2)
+        if self.clients > ctx.num_nodes:
+            raise ValueError(
+                f"concurrency={self.concurrency} is more than num_nodes={ctx.num_nodes} (each node is a client)"
+            )
+        super().setup(ctx)
+        self.buffer = torch.zeros_like(self.server)
+        self.buffered = 0
+        self._count = torch.zeros(1, dtype=self.server.dtype)  # buffered, as a tensor to send along
+
+    def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        return local - start
+
+    def apply(self, update: torch.Tensor, ev: Event) -> None:
+        self.buffer.add_(update * staleness_weight(ev.staleness))
+        self.buffered += 1
+        if self.buffered == self.buffer_size:
+            self.server.add_(self.buffer / self.buffer_size * self.server_lr)
+            self.buffer.zero_()
+            self.buffered = 0
+
+    def deliver(self, state: torch.Tensor) -> None:
+        super().deliver(state)
+        self.ctx.optimizer.state.clear()  # a fresh local optimizer per participation
+
+    def server_tensors(self) -> list[torch.Tensor]:
+        self._count.fill_(self.buffered)
+        return [self.buffer, self._count]
+
+    def _unpack(self, flat: torch.Tensor) -> None:
+        super()._unpack(flat)
+        self.buffered = int(self._count.item())
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer, "buffered": self.buffered}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.copy_(state["buffer"])
+        self.buffered = int(state["buffered"])
+
+    def describe(self) -> str:
+        return (
+            f"FedBuff(local_steps={self.local_steps}, buffer_size={self.buffer_size}, "
+            f"concurrency={self.concurrency}, server_lr={self.server_lr})"
+        )
+
+
+__all__ = ["FedBuffCommunicator", "FedBuffTiming", "draw_client", "staleness_weight"]

@@ -1,0 +1,318 @@
+"""A simulated parameter server, and the base of the asynchronous algorithms that talk to it.
+
+A :class:`ServerCommunicator` follows its algorithm's :class:`~exogym.core.timeline.Timeline`
+(simulated once, the same on every rank): at each tick the nodes the timeline names train; after
+it, the events up to the next tick happen in simulated-time order:
+
+- ``capture``: the node's update leaves it (:meth:`ServerCommunicator.update`; charged to its
+  ledger as a transfer of the payload to the server);
+- ``receive``: the server applies it (:meth:`ServerCommunicator.apply`). The server is
+  simulated on every node: each holds a replica, and the update reaches every replica through
+  one uncharged all-reduce to which only its sender contributes. Every replica applies the same
+  updates in the same order, so they hold the same bits: no rank is the server;
+- ``serve``: the server's state at that instant is set aside for the node;
+- ``deliver``: the node receives it (:meth:`ServerCommunicator.deliver`; charged as a transfer of
+  the state from the server).
+
+After the run's last tick the strategy's ``finish`` drains the pushes still in flight (the
+server receives and applies them; their transfers are charged after the last metric row) and
+every node takes the server's state (the run's result).
+The server's state, the updates in flight and what was served but not delivered are part of the
+module's :meth:`~ServerCommunicator.state_dict`, so a checkpoint taken with updates in flight
+resumes bit-identically.
+
+Compute must be modelled (``Network(compute=<seconds per step>)``, node speeds from
+``compute_slowdown``): with measured compute the timeline would depend on this machine's speed.
+A transfer between a node and the server takes ``latency + 8 * bytes / bandwidth`` seconds on a
+homogeneous network; on a world, on the link between the node's region and the server's (the
+first region) and the node's access link.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from exogym.core.comm.network import Network
+from exogym.core.communicator import Communicator, NodeContext, Participation
+from exogym.core.timeline import Event, Simulation, Timeline
+
+
+def transfer_seconds(network: Network, rank: int, nbytes: int) -> float:
+    """Simulated seconds to move ``nbytes`` between node ``rank`` and the server."""
+    world = network.world
+    if world is None:
+        return network.latency + 8.0 * nbytes / network.bandwidth
+    link = world.links[world.region_of[rank]][0]
+    if link is None:  # a region of one node, the server's: only the access link
+        a, bw = 0.0, float("inf")
+    else:
+        a, bw = link.latency, link.bandwidth
+    if world.access:
+        a, bw = a + world.access[rank].latency, min(bw, world.access[rank].bandwidth)
+    return a + 8.0 * nbytes / bw
+
+
+def step_seconds(network: Network, num_nodes: int) -> list[float]:
+    """Per node, the simulated seconds of a training step: the network's modelled ``compute``
+    times the node's ``compute_slowdown``. ``ValueError`` where compute is not a number."""
+    c = network.compute
+    if isinstance(c, str):
+        raise ValueError(
+            f"asynchronous strategies follow a simulated timeline, which needs modelled compute: the "
+            f"network has compute={c!r}; pass fit(..., compute=<seconds per step>) or "
+            "Network(..., compute=<seconds per step>)"
+        )
+    return [float(c) * network.slowdown(r) for r in range(num_nodes)]
+
+
+#: Timelines simulated in this process, by their settings (the virtual nodes of a worker share one).
+_TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
+
+
+#: Per process, tensors that stand for a payload's dtype and size in absent calls.
+_LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> Timeline:
+    tl = _TIMELINES.get(key)
+    if tl is None:
+        tl = _TIMELINES[key] = build()
+        while len(_TIMELINES) > 8:
+            _TIMELINES.popitem(last=False)
+    return tl
+
+
+class ServerCommunicator(Communicator):
+    """Base of asynchronous modules that push to and pull from a simulated server.
+
+    Subclasses give :meth:`simulation` (the algorithm's timing) and define the values:
+    :meth:`update` (what a node pushes), :meth:`apply` (how the server applies an update) and
+    :meth:`deliver` (what a node does with the state it pulls); :meth:`server_state_dict` and
+    :meth:`load_server_state_dict` for the server's own state (e.g. its optimizer's).
+
+    A parameter-space module that runs after every tick; its participation statement names the
+    nodes that train at each tick (the others sit it out: they neither compute nor read data).
+    """
+
+    space = "param"
+    needs_step_seconds = True
+
+    def __init__(self) -> None:
+        super().__init__(H=1)
+        self.timeline: Timeline | None = None
+
+    # -- what subclasses define -------------------------------------------------------------
+    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
+        """The algorithm's timing: ``step_seconds`` and ``transfer`` (seconds to move the model
+        between each node and the server) per node."""
+        raise NotImplementedError
+
+    def timing_key(self) -> tuple[Any, ...]:
+        """The settings the timing depends on (the timeline's cache key, with the world's)."""
+        raise NotImplementedError
+
+    def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """What a node pushes at the end of a segment, from its flat parameters at the
+        segment's start and at its end."""
+        raise NotImplementedError
+
+    def apply(self, update: torch.Tensor, ev: Event) -> None:
+        """Apply ``update`` (received as ``ev``) to :attr:`server` in place."""
+        raise NotImplementedError
+
+    def deliver(self, state: torch.Tensor) -> None:
+        """Load the pulled server state into the node (default: the parameters)."""
+        self._write(state)
+
+    def server_tensors(self) -> list[torch.Tensor]:
+        """The server's own state as tensors of its parameters' dtype (sent along with its
+        parameters to a node that starts following it), e.g. an optimizer's buffers."""
+        return []
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    # -- the runtime's side -----------------------------------------------------------------
+    def setup(self, ctx: NodeContext) -> None:
+        super().setup(ctx)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        flat = self._read()
+        self.nbytes = flat.numel() * flat.element_size()
+        #: The server's state (a replica on every node; all hold the same bits).
+        self.server = flat.clone()
+        #: This node's parameters at the start of its segment.
+        self.start = flat.clone()
+        #: This node's updates in flight, by segment.
+        self.pending: dict[int, torch.Tensor] = {}
+        #: The state served to this node and not yet delivered.
+        self.incoming: torch.Tensor | None = None
+        #: Whether this node follows the server (keeps its copy current); ``leaving``: it stops
+        #: once it has handed its copy on.
+        self.holding, self.leaving = True, False
+        network = ctx.network
+        if network is None:
+            self.timeline = None
+            return
+        k = ctx.num_nodes
+        seconds = step_seconds(network, k)
+        transfer = [transfer_seconds(network, r, self.nbytes) for r in range(k)]
+        key = (type(self).__name__, self.timing_key(), tuple(seconds), tuple(transfer), ctx.max_steps, ctx.seed)
+        self.timeline = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
+        holders = self.timeline.holders
+        self.holding = holders is None or ctx.rank in holders
+
+    def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
+        tl = self.timeline
+        if tl is None or step >= len(tl.trains):
+            return None
+        if tl.following is None:  # every node follows the server: everyone takes part
+            return Participation(period=1, trains=tl.trains[step], replaces=False)
+        # the others take no part in the tick's communication: it cannot concern them
+        return Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
+
+    @torch.no_grad()
+    def communicate(self, step: int) -> None:
+        tl = self.timeline
+        if tl is None:
+            raise RuntimeError(
+                f"{type(self).__name__} needs the run's network to simulate its timeline (run it with fit)"
+            )
+        if step == 0:
+            for ev in tl.before:
+                if ev.kind == "deliver" and ev.rank == self.ctx.rank:
+                    self._charge(is_root=False)
+        self._run(tl.after[step])
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """The drain, after the run's last step: the pushes in flight are received and applied;
+        then the node takes the server's state (the run's result). Collective."""
+        tl = self.timeline
+        if tl is not None:
+            self._run(tl.drain)
+            if tl.final_holder >= 0:  # the nodes that stopped following the server get its state
+                comm = self.ctx.comm
+                if self.ctx.rank == tl.final_holder:
+                    comm.all_reduce(self._pack(), charge=False)
+                else:
+                    self._unpack(comm.all_reduce_receive(self._pack()))
+        self._write(self.server)
+
+    def _run(self, events: list[Event]) -> None:
+        handlers = {
+            "capture": self._on_capture,
+            "receive": self._on_receive,
+            "serve": self._on_serve,
+            "deliver": self._on_deliver,
+        }
+        for ev in events:
+            handlers[ev.kind](ev)
+
+    def _on_capture(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            self.pending[ev.segment] = self.update(self.start, self._read())
+            self._charge(is_root=True)
+
+    def _on_receive(self, ev: Event) -> None:
+        comm, me = self.ctx.comm, self.ctx.rank
+        if ev.rank == me:
+            update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
+            self.leaving = ev.leaves
+        elif self.holding:
+            update = comm.all_reduce_receive(self.server)
+        else:  # a node not following the server: its copy is sent when it is served
+            comm.all_reduce_absent(self.server)
+            return
+        self.apply(update, ev)
+
+    def _on_serve(self, ev: Event) -> None:
+        comm, me = self.ctx.comm, self.ctx.rank
+        if ev.source >= 0:  # the served node gets the server's state from a node that holds it
+            if me == ev.source:
+                comm.all_reduce(self._pack(), charge=False)
+                self.holding = self.leaving = False
+            elif me == ev.rank:
+                self._unpack(comm.all_reduce_receive(self._pack()))
+            else:
+                comm.all_reduce_absent(self._pack_like())
+        if ev.rank == me:
+            self.holding, self.leaving = True, False
+            self.incoming = self.server.clone()
+
+    def _on_deliver(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            assert self.incoming is not None
+            self.start.copy_(self.incoming)
+            self.deliver(self.incoming)
+            self.incoming = None
+            self._charge(is_root=False)
+
+    def _pack_like(self) -> torch.Tensor:
+        """A tensor of :meth:`_pack`'s dtype and size, shared by this process's nodes (what an
+        absent node names in the collective that sends a node the server's state)."""
+        n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
+        key = (n, self.server.dtype, self.server.device)
+        like = _LIKES.get(key)
+        if like is None:
+            like = _LIKES[key] = torch.zeros(n, dtype=self.server.dtype, device=self.server.device)
+        return like
+
+    def _pack(self) -> torch.Tensor:
+        """The server's state as one flat tensor: its parameters, then its own state's tensors."""
+        extra = [t.reshape(-1) for t in self.server_tensors()]
+        return torch.cat([self.server, *extra]) if extra else self.server.clone()
+
+    def _unpack(self, flat: torch.Tensor) -> None:
+        n = self.server.numel()
+        self.server.copy_(flat[:n])
+        for t in self.server_tensors():
+            t.copy_(flat[n : n + t.numel()].view_as(t))
+            n += t.numel()
+
+    def _charge(self, is_root: bool) -> None:
+        r = self.ctx.rank
+        self.ctx.comm.charge("broadcast", 2, self.nbytes, type(self).__name__, is_root=is_root, members=(r, r))
+
+    def _read(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def _write(self, flat: torch.Tensor) -> None:
+        i = 0
+        for p in self.params:
+            n = p.numel()
+            p.copy_(flat[i : i + n].view_as(p))
+            i += n
+
+    def summary(self) -> dict[str, Any]:
+        """The run as simulated: per node its steps; the staleness of the updates (see
+        :meth:`exogym.core.timeline.Timeline.summary`)."""
+        return self.timeline.summary() if self.timeline is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "start": self.start,
+            "pending": dict(self.pending),
+            "incoming": self.incoming,
+            "holding": self.holding,
+            "leaving": self.leaving,
+            "server_state": self.server_state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server.copy_(state["server"])
+        self.start.copy_(state["start"])
+        self.pending = {int(k): v.clone() for k, v in state["pending"].items()}
+        self.incoming = None if state["incoming"] is None else state["incoming"].clone()
+        self.holding, self.leaving = bool(state["holding"]), bool(state["leaving"])
+        self.load_server_state_dict(state["server_state"])
+
+
+__all__ = ["ServerCommunicator", "step_seconds", "transfer_seconds"]

@@ -1,0 +1,59 @@
+"""``AsyncDiLoCoStrategy``: asynchronous DiLoCo with delayed Nesterov and dynamic local updates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from communicators.async_diloco import AsyncDiLoCoCommunicator
+from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
+
+
+class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
+    """Asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135): each node pushes its
+    pseudo-gradient to a simulated server when its local steps are done, on its own clock; the
+    server applies it at once with delayed Nesterov momentum and sends the node its parameters.
+
+    Pipeline: ``[AsyncDiLoCoCommunicator(H, ...)]`` (see :mod:`communicators.async_diloco`).
+    Needs modelled compute (``fit(..., compute=<seconds per step>)``); node speeds come from the
+    network's ``compute_slowdown``. The run's steps are ticks of the simulated timeline
+    (:mod:`exogym.core.timeline`); :meth:`run_summary` gives each node's steps and the updates'
+    staleness.
+
+    Args:
+        H: local steps per segment (the fastest node's, with ``dylu``; default 100).
+        outer_lr: the server's learning rate (default 0.7).
+        outer_momentum: its Nesterov momentum (default 0.9).
+        dn_period: updates per momentum step (default: the number of nodes).
+        dn_c: factor of the plain steps between momentum steps (default 0).
+        dylu: dynamic local updates: slower nodes take proportionally fewer local steps
+            (default ``True``).
+        **strategy_kwargs: ``optim_spec``, ``lr``, ``lr_scheduler``, ``max_norm``, ... as for
+            ``Strategy``.
+    """
+
+    def __init__(
+        self,
+        H: int = 100,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        dn_period: int | None = None,
+        dn_c: float = 0.0,
+        dylu: bool = True,
+        **strategy_kwargs: Any,
+    ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
+        self.server = AsyncDiLoCoCommunicator(H, outer_lr, outer_momentum, dn_period, dn_c, dylu)
+        super().__init__([self.server], **strategy_kwargs)
+
+    def finish(self) -> None:
+        """Apply the updates still in flight; every node takes the server's state. Collective."""
+        self.server.finish()
+
+    def run_summary(self) -> dict[str, Any]:
+        """Per node its training steps; the staleness of the server's updates (distribution,
+        mean, maximum); the number of updates; the simulated end (seconds)."""
+        return self.server.summary()
+
+
+__all__ = ["AsyncDiLoCoStrategy"]

@@ -1,0 +1,54 @@
+"""``FedBuffStrategy``: buffered asynchronous federated averaging."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from communicators.fedbuff import FedBuffCommunicator
+from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import check_strategy_kwargs
+
+
+class FedBuffStrategy(CommunicateOptimizeStrategy):
+    """FedBuff (Nguyen et al. 2022, arXiv 2106.06639): ``concurrency`` of the run's nodes
+    (clients) train at once on their own clocks; the server buffers their staleness-scaled
+    updates and steps once ``buffer_size`` have arrived; each arrival frees a slot for a client
+    drawn from the shared seed.
+
+    Pipeline: ``[FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)]`` (see
+    :mod:`communicators.fedbuff`). Needs modelled compute (``fit(..., compute=<seconds per
+    step>)``). The run's steps are ticks of the simulated timeline (:mod:`exogym.core.timeline`);
+    :meth:`run_summary` gives each client's steps and the updates' staleness.
+
+    Args:
+        local_steps: a client's steps per participation (default 10).
+        buffer_size: updates per server step (default 10).
+        concurrency: clients training at once (default 20; at most the number of nodes;
+            ``None``: half the nodes).
+        server_lr: the server's learning rate (default 1.0).
+        **strategy_kwargs: the clients' ``optim_spec``, ``lr``, ``max_norm``, ... as for ``Strategy``.
+    """
+
+    def __init__(
+        self,
+        local_steps: int = 10,
+        buffer_size: int = 10,
+        concurrency: int | None = 20,
+        server_lr: float = 1.0,
+        **strategy_kwargs: Any,
+    ) -> None:
+        check_strategy_kwargs(self, strategy_kwargs)
+        self.server = FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)
+        super().__init__([self.server], **strategy_kwargs)
+
+    def finish(self) -> None:
+        """Apply the updates still in flight; every node takes the server's state. Collective."""
+        self.server.finish()
+
+    def run_summary(self) -> dict[str, Any]:
+        """Per client its training steps; the staleness of the updates (distribution, mean,
+        maximum); the number of updates; the simulated end (seconds)."""
+        return self.server.summary()
+
+
+__all__ = ["FedBuffStrategy"]

@@ -1,0 +1,208 @@
+"""Asynchronous DiLoCo and FedBuff on the runtime: the synchronous limit, node speeds, the same
+schedule and values in every layout, clear errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import exogym
+from exogym import Trainer
+from exogym.core.comm.network import Network
+from exogym.strategy import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, OptimSpec
+from tests.fake_world import train_ranks
+from tests.helpers import TinyNet, regression_data
+
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+#: Speeds 1, 1, 2, 4 (a step of 1 s on the slowest nodes), 10 ms each way to the server.
+SPEEDS = Network(1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_with_equal_speeds_and_dylu_off_async_diloco_equals_synchronous_diloco(k: int) -> None:
+    # every node's update arrives at one instant; DN with N = K and c = 0 takes one Nesterov
+    # step on their mean, which every node then pulls
+    steps, ds = 12, regression_data(k * 8 * 12)
+    net = Network(1e9, 0.01, compute=1.0)
+    a = train_ranks(
+        k,
+        lambda: AsyncDiLoCoStrategy(H=3, outer_lr=0.7, outer_momentum=0.5, dylu=False, optim_spec=SGD),
+        steps,
+        dataset=ds,
+        network=net,
+    )
+    b = train_ranks(
+        k, lambda: DiLoCoStrategy(H=3, outer_lr=0.7, outer_momentum=0.5, optim_spec=SGD), steps, dataset=ds, network=net
+    )
+    for rank in range(k):
+        for x, y in zip(a[rank]["params"], b[rank]["params"], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)  # the mean summed in another order
+    assert a[0]["strategy"].run_summary()["steps"] == [steps] * k
+
+
+def test_with_dylu_the_fastest_node_takes_four_times_the_steps_of_the_slowest() -> None:
+    out = train_ranks(4, lambda: AsyncDiLoCoStrategy(H=4, optim_spec=SGD), 12, network=SPEEDS)
+    summary = out[0]["strategy"].run_summary()
+    assert summary["steps"] == [3, 3, 6, 12]
+    # every node ends with the server's parameters
+    for rank in range(1, 4):
+        for x, y in zip(out[0]["params"], out[rank]["params"], strict=True):
+            assert torch.equal(x, y)
+
+
+def test_async_runs_refuse_measured_compute_before_any_process_starts() -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match="modelled compute.*compute='measured'"):
+        trainer.fit(AsyncDiLoCoStrategy(H=2), num_nodes=2, max_steps=4, network=Network(1e9, 0.01))
+
+
+def test_fedbuff_refuses_more_concurrent_clients_than_nodes_naming_both() -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match="concurrency=5 is more than num_nodes=3"):
+        trainer.fit(FedBuffStrategy(concurrency=5), num_nodes=3, max_steps=4, network=SPEEDS)
+
+
+@pytest.mark.parametrize("bad", [{"H": 0}, {"outer_momentum": 1.0}, {"dn_period": 0}, {"dn_c": -1.0}])
+def test_async_diloco_names_a_bad_argument(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        AsyncDiLoCoStrategy(**bad)
+
+
+#: Columns measured on this machine; every other column is simulated and must match exactly.
+MEASURED = ("wall_time", "comm_time", "peak_memory")
+
+LAYOUT_STRATEGIES = {
+    "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, optim_spec=SGD),
+    "fedbuff": lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD),
+}
+
+
+def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
+    trainer = Trainer(TinyNet(), regression_data(4 * 8 * 40))
+    model = trainer.fit(
+        LAYOUT_STRATEGIES[name](),
+        num_nodes=4,
+        max_steps=24,
+        batch_size=8,
+        workers=workers,
+        network=SPEEDS,
+        logger=False,
+        progress=False,
+        val_size=0,
+        log_interval=4,
+    )
+    rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
+    return [p.detach().clone() for p in model.parameters()], rows, trainer.result["summary"]
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(LAYOUT_STRATEGIES))
+def test_processes_and_virtual_nodes_on_one_and_two_workers_run_the_same_schedule_and_values(name: str) -> None:
+    try:
+        runs = {w: _fit(name, w) for w in (4, 1, 2)}  # one process per node; virtual nodes
+    finally:
+        exogym.shutdown()
+    params, rows, summary = runs[4]
+    assert summary["updates"] > 0 and rows
+    for w in (1, 2):
+        assert runs[w][2] == summary  # every node's steps, the staleness of every update
+        assert runs[w][1] == rows  # losses, bytes, simulated times: every row
+        for x, y in zip(runs[w][0], params, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+
+
+def _pending_updates(state: Any) -> int:
+    """Updates in flight held in a node file's state (the server module's ``pending``)."""
+    if isinstance(state, dict):
+        own = len(state["pending"]) if isinstance(state.get("pending"), dict) else 0
+        return own + sum(_pending_updates(v) for k, v in state.items() if k != "pending")
+    if isinstance(state, (list, tuple)):
+        return sum(_pending_updates(v) for v in state)
+    return 0
+
+
+#: Nodes at different paces (no DyLU): pushes are in flight across the checkpoint at step 8.
+RESUMED = {
+    "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
+    "fedbuff": LAYOUT_STRATEGIES["fedbuff"],
+}
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name: str, tmp_path) -> None:
+    # 0.4 s each way to the server, steps of 0.25-1 s: pushes are in flight across step 8
+    net = Network(1e9, 0.4, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+
+    def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+        trainer = Trainer(TinyNet(), regression_data(1024))
+        model = trainer.fit(
+            RESUMED[name](),
+            num_nodes=4,
+            max_steps=steps,
+            batch_size=8,
+            network=net,
+            logger=False,
+            progress=False,
+            val_size=0,
+            log_interval=2,
+            **kw,
+        )
+        rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
+        return [p.detach().clone() for p in model.parameters()], rows
+
+    try:
+        whole, whole_rows = fit(16)
+        fit(8, checkpoint_dir=str(tmp_path))  # ends with a checkpoint at 8, then drains its own run
+        files = sorted((tmp_path / "step-00000008").glob("node-*.pt"))
+        assert sum(_pending_updates(torch.load(f, weights_only=True)) for f in files) > 0
+        resumed, resumed_rows = fit(16, resume_from=str(tmp_path))
+    finally:
+        exogym.shutdown()
+    assert all(torch.equal(x, y) for x, y in zip(whole, resumed, strict=True))
+    assert resumed_rows == whole_rows
+
+
+def _clients(rank: int, num_nodes: int, train: bool) -> Any:
+    """Client ``rank``'s 16 examples (drawn with its own seed): 1,000 clients share 2,048."""
+    data = regression_data(2048)
+    idx = torch.randint(0, len(data), (16,), generator=torch.Generator().manual_seed(rank))
+    return torch.utils.data.Subset(data, idx.tolist())
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fedbuff_on_1000_virtual_clients_runs_the_same_schedule_and_values_on_one_and_two_workers() -> None:
+    net = Network(1e9, 0.01, compute=0.01, compute_slowdown=tuple(1.0 + (r % 7) * 0.37 for r in range(1000)))
+
+    def run(workers: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        trainer = Trainer(TinyNet(), _clients)
+        model = trainer.fit(
+            FedBuffStrategy(local_steps=2, buffer_size=4, concurrency=20, optim_spec=SGD),
+            num_nodes=1000,
+            workers=workers,
+            max_steps=30,
+            batch_size=8,
+            network=net,
+            logger=False,
+            progress=False,
+            val_size=0,
+            log_interval=10,
+        )
+        return [p.detach().clone() for p in model.parameters()], trainer.result["summary"]
+
+    try:
+        one, two = run(1), run(2)
+    finally:
+        exogym.shutdown()
+    assert one[1] == two[1] and one[1]["updates"] >= 20  # the schedule: exactly the same
+    assert sum(s > 0 for s in one[1]["steps"]) > 20  # more clients than the concurrency took part
+    # one worker computes with two intra-op threads, two workers with one each: the values agree
+    # up to float summation order, as a synchronous run's do
+    for x, y in zip(one[0], two[0], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
