@@ -34,7 +34,7 @@ class SitOut:
         if self._calls and self._calls[-1][0] == key:
             self._calls[-1][4] += repeat
         else:
-            self._calls.append([key, like, op, members, repeat])
+            self._calls.append([key, _stand_in(like), op, members, repeat])
 
     def charge(
         self,
@@ -67,6 +67,13 @@ class SitOut:
         charges, self._charges = self._charges, []
         for args, count, members in charges:
             ledger.record(*args, count=count, members=members)
+
+
+def _stand_in(like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s dtype, device and number of elements that holds one element: an
+    absent call reads only those, and the caller's tensor (a model-sized buffer, say) is not
+    kept alive while the call waits in a queue (a client asleep through 40 rounds queued 40)."""
+    return torch.zeros((), dtype=like.dtype, device=like.device).expand(like.numel())
 
 
 __all__ = ["SitOut"]
