@@ -241,11 +241,14 @@ def state_tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _rejoin_groups(members: tuple[int, ...], num_nodes: int) -> list[list[int]]:
     """The partition of a rejoin's collectives: its members, and every other rank. One list per
-    rejoin shared by a process's nodes (the comm checks a partition once per object)."""
-    rest = [r for r in range(num_nodes) if r not in members]
+    rejoin shared by a process's nodes (the comm checks a partition once per object), kept for
+    as many rounds as the comm keeps partitions (sleeping clients make a rejoin's calls rounds
+    ahead of the others)."""
+    inside = set(members)
+    rest = [r for r in range(num_nodes) if r not in inside]
     return [list(members), rest] if rest else [list(members)]
 
 
