@@ -33,7 +33,6 @@ from it at every step, which multiplies that step's compute time (on top of the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import io
@@ -220,7 +219,7 @@ def _draw(seed: int, num_nodes: int, p: float, round_: int, explicit: frozenset[
     """The nodes missing from round ``round_``: ``explicit`` and those whose uniform draw from
     ``(seed, round_)`` falls below ``p``; where that is every node, the one with the largest draw
     not in ``explicit`` stays. Cached per process: a worker's virtual nodes ask about the same
-    rounds (a sleeping client's plan looks dozens of rounds ahead)."""
+    rounds, one draw of ``num_nodes`` numbers each."""
     nodes = set(explicit)
     if p > 0:
         u = np.random.default_rng([seed, _DROP_STREAM, round_]).random(num_nodes)
@@ -241,61 +240,36 @@ def state_tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-@functools.lru_cache(maxsize=64)
-def _rejoin_groups(members: tuple[int, ...], num_nodes: int) -> list[list[int]]:
-    """The partition of a rejoin's collectives: its members, and every other rank. One list per
-    rejoin shared by a process's nodes (the comm checks a partition once per object), kept for
-    as many rounds as the comm keeps partitions (sleeping clients make a rejoin's calls rounds
-    ahead of the others)."""
-    inside = set(members)
-    rest = [r for r in range(num_nodes) if r not in inside]
-    return [list(members), rest] if rest else [list(members)]
-
-
 @torch.no_grad()
 def rejoin(comm: Any, model: torch.nn.Module, strategy: Any, nodes: Sequence[int], source: int) -> None:
     """``nodes`` load ``source``'s model and strategy state (everything its ``state_dict``
     holds), sent serialised, so the states may differ in layout (a client that sat rounds out
     may have no optimizer state yet); the ledger charges a broadcast of the state's tensor bytes
     from ``source`` to ``nodes`` (tag ``rejoin``). Collective: every rank calls it with the same
-    arguments.
-
-    The state travels in two sum all-reduces within the group of ``source`` and ``nodes`` (its
-    size, then its bytes; the other members add zeros, so the sum is the source's exactly); the
-    other ranks form a group of their own and sit both out (they need nothing from a rejoin and
-    do not wait for it: a FedAvg client asleep through many rounds stays asleep)."""
-    members = tuple(sorted({source, *nodes}))
-    groups = _rejoin_groups(members, comm.world_size)
-    if comm.rank not in members:
-        with contextlib.nullcontext() if comm.is_sitting_out else comm.sitting_out():
-            comm.all_reduce(torch.zeros(1, dtype=torch.int64), "sum", groups=groups, charge=False)
-            comm.all_reduce(torch.zeros(1, dtype=torch.int64), "sum", groups=groups, charge=False)
-        return
+    arguments."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     header = torch.zeros(2, dtype=torch.int64, device=device)  # (serialised bytes, tensor bytes)
-    raw = None
+    payload = None
     if comm.rank == source:
         state = {"model": model.state_dict(), "strategy": strategy.state_dict()}
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        raw = buffer.getvalue()
-        header[0] = len(raw)
+        raw = io.BytesIO()
+        torch.save(state, raw)
+        payload = torch.frombuffer(bytearray(raw.getbuffer()), dtype=torch.uint8).to(device)
+        header[0] = payload.numel()
         header[1] = sum(t.numel() * t.element_size() for t in state_tensors(state))
-    comm.all_reduce(header, "sum", groups=groups, charge=False)
-    size = int(header[0])
-    # The bytes as int64 words (a sum of int64 is exact on every transport), zero-padded.
-    words = torch.zeros(-(-size // 8), dtype=torch.int64)
-    if raw is not None:
-        words.view(torch.uint8)[:size] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    words = comm.all_reduce(words.to(device), "sum", groups=groups, charge=False)
+    comm.broadcast(header, src=source, charge=False)
+    if payload is None:
+        payload = torch.empty(int(header[0]), dtype=torch.uint8, device=device)
+    comm.broadcast(payload, src=source, charge=False)
     if comm.rank in nodes:
         # A peer node of this run sent it, not a file: a strategy's state of any type travels
         # (checkpoints, which come from disk, are loaded with weights_only=True).
-        payload = words.cpu().view(torch.uint8)[:size].numpy().tobytes()
-        state = torch.load(io.BytesIO(payload), map_location=device, weights_only=False)
+        state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         strategy.load_state_dict(state["strategy"])
-    comm.charge("broadcast", len(members), int(header[1]), "rejoin", is_root=comm.rank == source, members=members)
+    if comm.rank == source or comm.rank in nodes:
+        members = tuple(sorted({source, *nodes}))
+        comm.charge("broadcast", len(members), int(header[1]), "rejoin", is_root=comm.rank == source, members=members)
 
 
 __all__ = ["FaultPlan", "Faults", "check_can_drop", "check_supported", "rejoin", "state_tensors", "with_availability"]

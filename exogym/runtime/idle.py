@@ -115,34 +115,12 @@ class IdleSteps:
 
     def may_sit_out(self, step: int) -> bool:
         """Whether this idle node may sit out the communication of ``step``: the strategy says a
-        later communication replaces what it would receive, nothing reads the node's state in
-        between (validation reads it), and the faults allow it (:meth:`faults_allow`)."""
-        return self.schedule.may_sit_out(step, self.next_read(step)) and self.faults_allow(step)
-
-    def faults_allow(self, step: int) -> bool:
-        """Where faults drop nodes, whether this node, idle at ``step`` (a round's last step), may
-        sit out its communication as far as the faults go (always without dropouts):
-
-        - it is not dropped from the round (a dropped node takes the round's missing steps);
-        - no node rejoins from it after ``step`` (the source hands over the round's result);
-        - the next round's communication replaces its state: every node that trains in the next
-          round is present (a group of clients whose every trainer is missing keeps what it had,
-          and this node would keep a stale state), or this node is dropped from the next round
-          (it rejoins with a survivor's state).
-        """
-        faults = self.faults
-        if faults is None or not faults.drops:
-            return True
-        if self.comm.rank in faults.missing(step):
+        later communication replaces what it would receive, and nothing reads the node's state
+        in between (validation reads it). Never when faults drop nodes (a survivor that sat a
+        round out could not hand its state to a node that rejoins)."""
+        if self.faults is not None and self.faults.drops:
             return False
-        back = faults.rejoining(step)
-        if back is not None and back[1] == self.comm.rank:
-            return False
-        following = faults.missing(step + 1)
-        if self.comm.rank in following:
-            return True
-        nxt = self.schedule.statement(step + 1, keep=False)
-        return nxt is not None and not (nxt.trains & following)
+        return self.schedule.may_sit_out(step, self.next_read(step))
 
     def next_read(self, step: int) -> int:
         """The first step after ``step`` at whose end validation reads this node's state (the
@@ -175,56 +153,48 @@ class IdleSteps:
         :meth:`~exogym.runtime.meter.StepMeter.begin_step`)."""
         _release_thread_buffers()
         ends = [step + n - 1]
-        for end in self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step)):
-            if not self.faults_allow(end):
-                break
-            ends.append(end)
+        ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
         spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
-        before = len(self.comm.ledger.step_records)  # (charged before the sleep: its first round's)
-        per: list[int] = []  # records charged per round
         with self.comm.sitting_out():
             for end in ends:
-                # As the node would take part awake: with the round's missing nodes left out,
-                # then the round's rejoin (which it sits out too).
-                with self.comm.leaving_out(self.faults.missing(end) if self.faults is not None else frozenset()):
-                    self.strategy.communicate_phase("param", end)
-                self._rejoin(end)
-                per.append(self.comm.charged_sitting_out - sum(per))
-        per[0] += before
+                self.strategy.communicate_phase("param", end)
+        per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - meter.transport0) / len(spans)
-        idle_lr, lr = self._advance(spans)
-        sent, received, sim, keys, comms = self._charges(per)
+        idle_lr, lr = self._advance(spans, ends)
+        sent, received, sim, keys, comms = self._charges(len(spans), per)
         # What StepMeter.add_idle and StepMeter.add would add round by round.
         wall = time.perf_counter() - meter.start
         meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
 
-    def _advance(self, spans: list[int]) -> tuple[list[float], list[float]]:
-        """Move the step counter over the slept rounds (``spans`` steps each); per round, the
-        learning rate of its quiet steps and of its last step."""
+    def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
+        """Move the step counter over the slept rounds (``spans`` steps each, the last ending at
+        ``ends``), rejoining after each where faults are injected; per round, the learning rate
+        of its quiet steps and of its last step."""
         strategy = self.strategy
-        if strategy.scheduler is None:  # one LR: the counter moves at once
+        if strategy.scheduler is None and self.faults is None:  # one LR, no rejoins: the counter moves at once
             strategy.skip_steps(sum(spans))
             return [strategy.lr] * len(spans), [strategy.lr] * len(spans)
         idle_lr: list[float] = []
         lr: list[float] = []
-        for m in spans:
+        for m, end in zip(spans, ends, strict=True):
             strategy.skip_steps(m - 1)
             idle_lr.append(strategy.lr)
             strategy.skip_steps(1)
             lr.append(strategy.lr)
+            self._rejoin(end)
         return idle_lr, lr
 
-    def _charges(self, per: list[int]) -> tuple[list, list, list, list, list | None]:
-        """Per slept round, its ledger records' (``per[i]`` of them, in order) bytes sent, bytes
-        received, modelled communication seconds, meeting keys and (with a world's traces, else
-        ``None`` for all) communication seconds per epoch of the traces. Each round's records end
-        a step of the ledger; rounds charged alike are priced once."""
+    def _charges(self, rounds: int, per: int) -> tuple[list, list, list, list, list | None]:
+        """Per slept round, its ``per`` ledger records' bytes sent, bytes received, modelled
+        communication seconds, meeting keys and (with a world's traces, else ``None`` for all)
+        communication seconds per epoch of the traces. Each round's records end a step of the
+        ledger; rounds charged alike are priced once."""
         network = self.cfg.network
         traced = bool(network.trace_changes)
         out: list[tuple] = []
         priced: tuple | None = None
-        for count in per:
-            records = self.comm.ledger.end_step(count)
+        for _ in range(rounds):
+            records = self.comm.ledger.end_step(per)
             if priced is None or records != priced[0]:
                 comms = network.records_times(records) if traced else None
                 priced = (

@@ -391,7 +391,7 @@ class TrainNode:
         if back is None:
             return
         nodes, source = back
-        if self._offloader is not None and (self.rank == source or self.rank in nodes):
+        if self._offloader is not None:
             self._offloader.to_device()
         F.rejoin(self.comm, self.model, self.strategy, nodes, source)
         if self.rank == 0:

@@ -144,12 +144,6 @@ class NodeComm:
         """Whether a :meth:`sitting_out` block is open."""
         return self._sitout is not None
 
-    @property
-    def charged_sitting_out(self) -> int:
-        """The collectives charged so far in the open :meth:`sitting_out` block (its ledger
-        records, made when the block ends); ``0`` outside one."""
-        return 0 if self._sitout is None else self._sitout.charged
-
     # -- bookkeeping ------------------------------------------------------------------------
     def present(self, groups: Groups | None = None) -> list[int]:
         """The members of this rank's group that are not :attr:`missing`. Not a collective."""

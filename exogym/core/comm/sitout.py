@@ -26,8 +26,6 @@ class SitOut:
     def __init__(self) -> None:
         self._calls: list[list] = []  # [key, like, op, members, repeat]
         self._charges: list[list] = []  # [args, count, members]
-        #: Collectives charged in the block so far (each of a ``count`` counts).
-        self.charged = 0
 
     def absent(self, like: torch.Tensor, op: str, members: list[int] | None, repeat: int = 1) -> None:
         """An all-reduce sat out (``repeat`` in a row) over ``members`` (``None``: the world)."""
@@ -48,7 +46,6 @@ class SitOut:
         members: tuple[int, ...] | None = None,
     ) -> None:
         """A charge made while sitting out (recorded when the block ends, in order)."""
-        self.charged += count
         args = (kind, group_size, int(payload), tag, is_root)
         last = self._charges[-1] if self._charges else None
         if last is not None and last[0] == args and (last[2] is members or last[2] == members):
