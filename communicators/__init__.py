@@ -23,16 +23,19 @@ the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
   (eager updates);
 * :class:`ServerCommunicator`: the base of asynchronous modules that push to and pull from a
   simulated server on a simulated timeline; :class:`AsyncDiLoCoCommunicator` (asynchronous
-  DiLoCo, delayed Nesterov, dynamic local updates) and :class:`FedBuffCommunicator` (buffered
-  asynchronous aggregation) are built on it.
+  DiLoCo, delayed Nesterov, dynamic local updates), :class:`FedBuffCommunicator` (buffered
+  asynchronous aggregation), :class:`HALoSCommunicator` (regional and global servers) and
+  :class:`DecoupledDiLoCoCommunicator` (learners merged by a quorum) are built on it.
 """
 
 from communicators.async_diloco import AsyncDiLoCoCommunicator
 from communicators.averaging import AveragingCommunicator
 from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKReducer
+from communicators.decoupled_diloco import DecoupledDiLoCoCommunicator
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
 from communicators.fedbuff import FedBuffCommunicator
+from communicators.halos import HALoSCommunicator
 from communicators.islands import draw_islands, draw_participants
 from communicators.noloco import NoLoCoCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
@@ -59,11 +62,13 @@ __all__ = [
     "DCTCompressCommunicator",
     "DCTTopKExchange",
     "DCTTopKReducer",
+    "DecoupledDiLoCoCommunicator",
     "Communicator",
     "DiLoCoCommunicator",
     "During",
     "EagerDiLoCoCommunicator",
     "FedBuffCommunicator",
+    "HALoSCommunicator",
     "NoLoCoCommunicator",
     "NodeContext",
     "OptimizerStateAveraging",

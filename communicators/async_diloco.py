@@ -50,6 +50,45 @@ def dylu_steps(H: int, step_seconds: list[float]) -> list[int]:
     return [max(1, math.floor(H * fastest / s + 1e-9)) for s in step_seconds]
 
 
+class DelayedNesterov:
+    """The delayed Nesterov (DN) server update on a flat parameter tensor (updated in place).
+
+    Counts the pseudo-gradients ``g`` it applies; with ``N = period``, ``c`` and momentum
+    ``beta``, the ``t``-th: ``D += g``; every ``N``-th ``m = beta m + D / N``,
+    ``theta -= lr ((1 - cN + c) beta m + g / N)``, ``D = 0``; else ``theta -= lr (c beta m + g / N)``.
+
+    Args:
+        like: a tensor of the parameters' shape and dtype (the buffers are zeros like it).
+        lr, beta, period, c: as above.
+    """
+
+    def __init__(self, like: torch.Tensor, lr: float, beta: float, period: int, c: float = 0.0) -> None:
+        self.lr, self.beta, self.period, self.c = lr, beta, period, c
+        self.momentum = torch.zeros_like(like)
+        self.buffer = torch.zeros_like(like)
+        self.count = 0
+
+    def step(self, theta: torch.Tensor, g: torch.Tensor) -> None:
+        """Apply pseudo-gradient ``g`` to ``theta`` in place."""
+        lr, beta, n, c = self.lr, self.beta, self.period, self.c
+        self.count += 1
+        self.buffer.add_(g)
+        if self.count % n == 0:
+            self.momentum.mul_(beta).add_(self.buffer / n)
+            theta.sub_(lr * ((1 - c * n + c) * beta * self.momentum + g / n))
+            self.buffer.zero_()
+        else:
+            theta.sub_(lr * (c * beta * self.momentum + g / n))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "buffer": self.buffer, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.momentum.copy_(state["momentum"])
+        self.buffer.copy_(state["buffer"])
+        self.count = int(state["count"])
+
+
 class AsyncDiLoCoTiming(Simulation):
     """When each node steps, pushes and receives the server's parameters.
 
@@ -155,31 +194,20 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
         self.period = self.dn_period or ctx.num_nodes
         if self.dn_c > 1 / self.period:
             raise ValueError(f"dn_c must be in [0, 1/N] = [0, {1 / self.period:g}] (N = dn_period), got {self.dn_c}")
-        self.momentum = torch.zeros_like(self.server)
-        self.buffer = torch.zeros_like(self.server)
-        self.count = 0
+        #: The server's optimizer.
+        self.dn = DelayedNesterov(self.server, self.outer_lr, self.outer_momentum, self.period, self.dn_c)
 
     def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return start - local
 
     def apply(self, update: torch.Tensor, ev: Event) -> None:
-        lr, beta, n, c = self.outer_lr, self.outer_momentum, self.period, self.dn_c
-        self.count += 1
-        self.buffer.add_(update)
-        if self.count % n == 0:
-            self.momentum.mul_(beta).add_(self.buffer / n)
-            self.server.sub_(lr * ((1 - c * n + c) * beta * self.momentum + update / n))
-            self.buffer.zero_()
-        else:
-            self.server.sub_(lr * (c * beta * self.momentum + update / n))
+        self.dn.step(self.server, update)
 
     def server_state_dict(self) -> dict[str, Any]:
-        return {"momentum": self.momentum, "buffer": self.buffer, "count": self.count}
+        return self.dn.state_dict()
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.momentum.copy_(state["momentum"])
-        self.buffer.copy_(state["buffer"])
-        self.count = int(state["count"])
+        self.dn.load_state_dict(state)
 
     def describe(self) -> str:
         n = self.dn_period if self.dn_period is not None else "K"
@@ -189,4 +217,4 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
         )
 
 
-__all__ = ["AsyncDiLoCoCommunicator", "AsyncDiLoCoTiming", "dylu_steps"]
+__all__ = ["AsyncDiLoCoCommunicator", "AsyncDiLoCoTiming", "DelayedNesterov", "dylu_steps"]

@@ -10,7 +10,10 @@ optimizer steps at once with the eager mix
 
 its own fresh share at once, the other nodes' shares of the previous round's mean one round late
 (none in the first round). Every node's pseudo-gradient thus enters every node's outer step
-exactly once, weighted ``1/n``. Each node keeps its own outer parameters and optimizer state,
+exactly once, weighted ``1/n``: the paper's eager variant (its Algorithm 3), "a mixture of the
+current local outer gradient with the delayed mixture of all other replicas' outer gradients",
+read with DiLoCo's ``1/n`` weight per replica (docs/algorithms/eager-diloco.md says which parts
+of the paper this reading rests on). Each node keeps its own outer parameters and optimizer state,
 so the nodes' parameters differ by their own last shares (``fit`` returns their average). With
 one node this is DiLoCo. The last round's mean would land after training and is not applied;
 a checkpoint keeps it.

@@ -5,7 +5,8 @@ Each node ``i`` keeps its own outer weights ``phi_i`` and outer momentum ``delta
 between nodes: no step makes them equal). Every ``H`` inner steps the nodes are split into random
 pairs, drawn from the shared seed for the round (:func:`communicators.islands.draw_islands` with
 islands of two: a random perfect matching; with an odd number of nodes one node is alone and
-steps on its own). With ``theta`` the local (inner) weights and means taken over the pair::
+steps on its own). With ``theta`` the local (inner) weights and means taken over the pair, the
+paper's outer step (its Eq. 2, local group size ``n = 2``)::
 
     delta_i = alpha * delta_i - beta * mean(phi - theta) - gamma * (phi_i - mean(phi))
     phi_i   = phi_i + delta_i
@@ -13,13 +14,14 @@ steps on its own). With ``theta`` the local (inner) weights and means taken over
 
 ``beta`` is the outer learning rate, ``alpha`` the outer momentum, and the ``gamma`` term pulls
 each node's outer weights towards its peer's, which keeps the replicas from drifting apart
-without any global synchronisation. With ``gamma == beta`` (the default) the two terms fold into
+without any global synchronisation. The signs and the heavy-ball form of the momentum step are
+those of the authors' released code (``outer_step`` in ``src/noloco/sparse_optimizer_c.py`` of
+gensyn-ai/noloco), which uses ``gamma == beta``; its NoLoCo runs use ``H = 50``, ``beta = 0.7``,
+``alpha = 0.5``, the defaults here. With ``gamma == beta`` the two terms fold into
 ``-beta * (phi_i - mean(theta))``, so only the local weights travel; otherwise the outer weights
-travel with them. The momentum step is the heavy-ball form of the authors' DiLoCo code
-(``delta = alpha * delta - beta * pseudo_gradient; phi += delta``); with two nodes (always one
-pair) it is DiLoCo with outer SGD momentum ``alpha`` (not Nesterov) and learning rate ``beta``.
-The paper's random routing of activations between pipeline stages has no counterpart here (the
-nodes hold whole models).
+travel with them. With two nodes (always one pair) this is DiLoCo with outer SGD momentum
+``alpha`` (heavy ball, not Nesterov) and learning rate ``beta``. The paper's random routing of
+activations between pipeline stages has no counterpart here (the nodes hold whole models).
 
 Bytes per node and round (ledger): one all-reduce between two nodes of the local weights
 (``gamma == beta``) or of the local and outer weights: ``P`` or ``2P`` bytes sent per node for
@@ -43,7 +45,7 @@ class NoLoCoCommunicator(Communicator):
     docstring). State: the node's outer weights and outer momentum.
 
     Args:
-        H: inner steps between outer steps.
+        H: inner steps between outer steps (default 50, the paper's runs).
         outer_lr: ``beta`` (default 0.7).
         outer_momentum: ``alpha`` (default 0.5).
         gamma: weight of the pull towards the peer's outer weights (default: ``outer_lr``).
@@ -56,7 +58,7 @@ class NoLoCoCommunicator(Communicator):
     supports_dropout: ClassVar[bool] = True
 
     def __init__(
-        self, H: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.5, gamma: float | None = None
+        self, H: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.5, gamma: float | None = None
     ) -> None:
         super().__init__(H)
         gamma = outer_lr if gamma is None else gamma

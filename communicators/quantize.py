@@ -37,6 +37,7 @@ import torch
 
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.entries import Entries
+from exogym.core.comm.handles import CollectiveHandle
 from exogym.core.communicator import Communicator, Wrapper
 from exogym.core.wire import Wire, WireComm
 
@@ -156,9 +157,12 @@ class QuantizedComm(WireComm):
         charge: bool = True,
         tag: str = "",
         entries: Entries | None = None,
-    ) -> torch.Tensor:
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """As :meth:`NodeComm.all_reduce`; float ``sum``/``mean`` payloads travel quantized (with
         ``entries``, error feedback keeps its residual per located entry)."""
+        if async_op:
+            return self.started("all_reduce", tensor, lambda t: self.all_reduce(t, op, groups, charge, tag, entries))
         if not tensor.is_floating_point() or op not in ("sum", "mean"):
             return self.base.all_reduce(tensor, op, groups, charge, tag, entries)
         # The reduction of the quantized contributions: each node's payload as its peers decode
@@ -174,9 +178,16 @@ class QuantizedComm(WireComm):
         return tensor
 
     def all_gather(
-        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
-    ) -> torch.Tensor:
+        self,
+        tensor: torch.Tensor,
+        groups: Groups | None = None,
+        charge: bool = True,
+        tag: str = "",
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """As :meth:`NodeComm.all_gather`; float payloads travel quantized."""
+        if async_op:
+            return self.started("all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False)
         if not tensor.is_floating_point():
             return self.base.all_gather(tensor, groups, charge, tag)
         codes, scales = self._encode_next(tensor, tag)
@@ -220,9 +231,11 @@ class QuantizedComm(WireComm):
         for _ in range(repeat):
             self.all_reduce_receive(like, op, groups)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
+    ) -> torch.Tensor | CollectiveHandle:
         """Passed through unquantized."""
-        return self.base.broadcast(tensor, src, charge, tag)
+        return self.base.broadcast(tensor, src, charge, tag, async_op)
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": dict(self.residuals), "entry_residuals": dict(self.entry_residuals)}

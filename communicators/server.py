@@ -72,6 +72,9 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
 _TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
 
 
+#: Per timeline of this process, its participation statement of each tick (built once).
+_STATEMENTS: OrderedDict[int, tuple[Timeline, list[Participation | None]]] = OrderedDict()
+
 #: Per process, tensors that stand for a payload's dtype and size in absent calls.
 _LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
 
@@ -127,6 +130,15 @@ class ServerCommunicator(Communicator):
         """Load the pulled server state into the node (default: the parameters)."""
         self._write(state)
 
+    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
+        """Per node, the seconds to move ``nbytes`` between it and the server it talks to
+        (default: :func:`transfer_seconds`)."""
+        return [transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
+
+    def served_state(self, rank: int) -> torch.Tensor:
+        """The server state a pull of node ``rank`` is served (default: :attr:`server`)."""
+        return self.server
+
     def server_tensors(self) -> list[torch.Tensor]:
         """The server's own state as tensors of its parameters' dtype (sent along with its
         parameters to a node that starts following it), e.g. an optimizer's buffers."""
@@ -162,7 +174,7 @@ class ServerCommunicator(Communicator):
             return
         k = ctx.num_nodes
         seconds = step_seconds(network, k)
-        transfer = [transfer_seconds(network, r, self.nbytes) for r in range(k)]
+        transfer = self.transfers(network, k, self.nbytes)
         key = (type(self).__name__, self.timing_key(), tuple(seconds), tuple(transfer), ctx.max_steps, ctx.seed)
         self.timeline = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
         holders = self.timeline.holders
@@ -172,23 +184,38 @@ class ServerCommunicator(Communicator):
         tl = self.timeline
         if tl is None or step >= len(tl.trains):
             return None
-        if tl.following is None:  # every node follows the server: everyone takes part
-            return Participation(period=1, trains=tl.trains[step], replaces=False)
-        # the others take no part in the tick's communication: it cannot concern them
-        return Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
+        statements = _STATEMENTS.get(id(tl))
+        if statements is None or statements[0] is not tl:  # one list per timeline, shared by a worker's nodes
+            statements = _STATEMENTS[id(tl)] = (tl, [None] * len(tl.trains))
+            while len(_STATEMENTS) > 8:
+                _STATEMENTS.popitem(last=False)
+        st = statements[1][step]
+        if st is None:
+            if tl.following is None:  # every node follows the server: everyone takes part
+                st = Participation(period=1, trains=tl.trains[step], replaces=False)
+            else:  # the others take no part in the tick's communication: it cannot concern them
+                st = Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
+            statements[1][step] = st
+        return st
 
-    @torch.no_grad()
     def communicate(self, step: int) -> None:
         tl = self.timeline
         if tl is None:
             raise RuntimeError(
                 f"{type(self).__name__} needs the run's network to simulate its timeline (run it with fit)"
             )
-        if step == 0:
-            for ev in tl.before:
-                if ev.kind == "deliver" and ev.rank == self.ctx.rank:
-                    self._charge(is_root=False)
-        self._run(tl.after[step])
+        events = tl.after[step]
+        if not events and step:  # most ticks of a run of unequal nodes: nothing happens between them
+            return
+        with torch.no_grad():
+            if step == 0:  # what happened before the first tick: every node holds the initial state
+                for ev in tl.before:
+                    if ev.kind == "serve":  # its delivery may come after the first tick
+                        self._on_serve(ev)
+                    elif ev.kind == "deliver" and ev.rank == self.ctx.rank:
+                        self.incoming = None
+                        self._charge(is_root=False)
+            self._run(events)
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -206,14 +233,10 @@ class ServerCommunicator(Communicator):
         self._write(self.server)
 
     def _run(self, events: list[Event]) -> None:
-        handlers = {
-            "capture": self._on_capture,
-            "receive": self._on_receive,
-            "serve": self._on_serve,
-            "deliver": self._on_deliver,
-        }
+        """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
+        declares kinds of its own defines their handlers)."""
         for ev in events:
-            handlers[ev.kind](ev)
+            getattr(self, f"_on_{ev.kind}")(ev)
 
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
@@ -222,13 +245,18 @@ class ServerCommunicator(Communicator):
 
     def _on_receive(self, ev: Event) -> None:
         comm, me = self.ctx.comm, self.ctx.rank
+        # where nodes sit the server out, every collective of the module has the size of the
+        # state handed to a joining node, so that a sleeping node's absent calls coalesce
+        like = self.server if self.timeline.holders is None else self._pack_like()
         if ev.rank == me:
-            update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
+            sent = torch.zeros_like(like)
+            sent[: self.numel].copy_(self.pending.pop(ev.segment))
+            update = comm.all_reduce(sent, charge=False)[: self.numel]
             self.leaving = ev.leaves
         elif self.holding:
-            update = comm.all_reduce_receive(self.server)
+            update = comm.all_reduce_receive(like)[: self.numel]
         else:  # a node not following the server: its copy is sent when it is served
-            comm.all_reduce_absent(self.server)
+            comm.all_reduce_absent(like)
             return
         self.apply(update, ev)
 
@@ -244,7 +272,7 @@ class ServerCommunicator(Communicator):
                 comm.all_reduce_absent(self._pack_like())
         if ev.rank == me:
             self.holding, self.leaving = True, False
-            self.incoming = self.server.clone()
+            self.incoming = self.served_state(me).clone()
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:

@@ -14,6 +14,13 @@ indices and none is ever sent (SPARTA, Baioumy & Cheema 2025):
 averaged; the ranks' choices differ, so the indices are all-gathered (and charged) before the
 union is averaged.
 
+With ``delay`` (asynchronous SPARTA), each round's all-reduce starts without waiting
+(:mod:`exogym.core.comm.handles`) and its average is written ``delay`` rounds later, after a
+wait that stalls the node only for what the rounds between did not cover; ``delay="auto"``
+writes it at the first step at which its transfer has arrived on the node's clock (rounds land
+in the order they were sent), so the delay follows the link speed. ``"auto"`` needs modelled
+compute (``Network(compute=<seconds per step>)``).
+
 For ``random`` and ``blockwise``, a tensor of ``n`` entries averages ``floor(p*n)`` entries plus
 one more with probability ``frac(p*n)`` (shared draw), so the expected payload is exactly ``p``
 of the dense one and small tensors are not starved.
@@ -30,6 +37,7 @@ from communicators.islands import draw_islands
 from exogym import ops
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.flat import dtype_buckets, group_by_dtype
+from exogym.core.comm.handles import AUTO, CollectiveHandle, check_modelled_compute
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.core.seeding import generator
 
@@ -97,7 +105,8 @@ class SparseCommunicator(Communicator):
         delay: apply each round's average ``delay`` rounds later (asynchronous SPARTA: the
             averages travel while training goes on; the values written are those of the round
             they were taken in, replacing the local progress on those entries since). ``0``:
-            at once. Averages still in flight when the run ends are not applied. Not with
+            at once; ``"auto"``: at the first step at which it has arrived on the simulated
+            clock. Averages still in flight when the run ends are not applied. Not with
             ``topk``.
     """
 
@@ -115,7 +124,7 @@ class SparseCommunicator(Communicator):
         island_size: int | None = None,
         *,
         sparsification_rate: float | None = None,
-        delay: int = 0,
+        delay: int | str = 0,
     ) -> None:
         super().__init__(H)
         if p is not None and sparsification_rate is not None:
@@ -129,16 +138,24 @@ class SparseCommunicator(Communicator):
             raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
         if island_size is not None and island_size < 1:
             raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
-        if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
-            raise ValueError(f"delay (rounds before an average is applied) must be an int >= 0, got {delay!r}")
+        if delay != AUTO and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
+            raise ValueError(
+                f"delay (rounds before an average is applied) must be an int >= 0 or 'auto' (when it arrives on the "
+                f"simulated clock), got {delay!r}"
+            )
         if delay and selector == "topk":
             raise ValueError("delay is not available with selector='topk' (its snapshots follow each average)")
         self.p, self.selector, self.island_size, self.delay = float(p), selector, island_size, delay
         #: The shared-index selectors average among the present nodes; ``topk`` all-gathers.
         self.supports_dropout = selector != "topk"  # type: ignore[misc]
+        #: "auto" asks the clock whether a round has arrived while the step runs: with
+        #: compute="flops", the run turns FLOPs into seconds per step before it starts.
+        self.needs_step_seconds = delay == AUTO  # type: ignore[misc]
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
+        if self.delay == AUTO:
+            check_modelled_compute(ctx.network, "delay='auto' (SPARTA's async_sparta_delay)")
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.dtype_groups = group_by_dtype(self.params)
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -147,8 +164,9 @@ class SparseCommunicator(Communicator):
             self.snapshots = [b.buffer.pack(b.tensors).clone() for b in self.buckets]
         else:
             self.shared = SharedSelector(self.selector, self.p, ctx.seed, [p.numel() for p in self.params], device)
-        #: Averages in flight (``delay > 0``), oldest first: (scale, [(dtype group, indices, sums)]).
-        self.pending: list[tuple[float, list[tuple[int, list[torch.Tensor], torch.Tensor]]]] = []
+        #: Averages in flight (with ``delay``), oldest first: (scale, [(dtype group, indices, handle
+        #: whose wait gives the sums)]).
+        self.pending: list[tuple[float, list[tuple[int, list[torch.Tensor], CollectiveHandle]]]] = []
 
     def _islands(self, step: int) -> tuple[list[list[int]] | None, int]:
         """(islands or None, how many present nodes this rank's average is over)."""
@@ -157,6 +175,10 @@ class SparseCommunicator(Communicator):
             islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
         return islands, max(1, len(self.ctx.comm.present(islands)))
 
+    def is_due(self, step: int) -> bool:
+        """A round every ``H`` steps; with ``delay="auto"``, every step while one is in flight."""
+        return super().is_due(step) or (self.delay == AUTO and bool(self.pending))
+
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         if self.p == 0:
@@ -164,6 +186,16 @@ class SparseCommunicator(Communicator):
         if self.selector == "topk":
             self._communicate_topk(step)
             return
+        if super().is_due(step):
+            self._round(step)
+        if self.delay == AUTO:
+            while self.pending and all(h.is_completed() for _, _, h in self.pending[0][1]):
+                self._land()
+        elif self.delay and len(self.pending) > self.delay:
+            self._land()
+
+    def _round(self, step: int) -> None:
+        """Average this round's entries, or start their all-reduce (with ``delay``)."""
         islands, size = self._islands(step)
         indices = self.shared.select(step)
         sent = []
@@ -173,18 +205,23 @@ class SparseCommunicator(Communicator):
             if sum(t.numel() for t in idx) == 0:
                 continue
             buf = ops.sparse_gather(params, idx)
-            with self.ctx.comm.ledger.overlapping(self.delay * self.H):  # async: hidden behind the delay
-                self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse", entries=Entries(params, idx))
+            entries = Entries(params, idx)
             if self.delay:
-                sent.append((g, idx, buf))
+                handle = self.ctx.comm.all_reduce(
+                    buf, op="sum", groups=islands, tag="sparse", entries=entries, async_op=True
+                )
+                sent.append((g, idx, handle))
             else:
+                self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse", entries=entries)
                 ops.sparse_scatter_(params, idx, buf, 1.0 / size)
         if self.delay:
             self.pending.append((1.0 / size, sent))
-            if len(self.pending) > self.delay:
-                scale, arrived = self.pending.pop(0)
-                for g, idx, buf in arrived:
-                    ops.sparse_scatter_([self.params[i] for i in self.dtype_groups[g]], idx, buf, scale)
+
+    def _land(self) -> None:
+        """Wait for the oldest round in flight and write its average."""
+        scale, arrived = self.pending.pop(0)
+        for g, idx, handle in arrived:
+            ops.sparse_scatter_([self.params[i] for i in self.dtype_groups[g]], idx, handle.wait(), scale)
 
     def _communicate_topk(self, step: int) -> None:
         islands, _ = self._islands(step)
@@ -207,7 +244,7 @@ class SparseCommunicator(Communicator):
         if self.selector == "topk":
             return {"snapshots": list(self.snapshots)}
         return (
-            {"pending": [(s, [(g, list(i), b) for g, i, b in items]) for s, items in self.pending]}
+            {"pending": [(s, [(g, list(i), h.state_dict()) for g, i, h in items]) for s, items in self.pending]}
             if self.delay
             else {}
         )
@@ -217,8 +254,9 @@ class SparseCommunicator(Communicator):
             for s, t in zip(self.snapshots, state["snapshots"], strict=True):
                 s.copy_(t)
         elif self.delay:
+            clock = self.ctx.comm.clock
             self.pending = [
-                (float(s), [(int(g), list(i), b.clone()) for g, i, b in items]) for s, items in state["pending"]
+                (float(s), [(int(g), list(i), clock.resume(h)) for g, i, h in items]) for s, items in state["pending"]
             ]
         else:
             super().load_state_dict(state)

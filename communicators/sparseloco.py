@@ -104,8 +104,9 @@ class SparseLoCoCommunicator(Communicator):
         _check_int("chunk", chunk, 1, None, "entries per chunk")
         _check_int("k", k, 1, chunk, "entries sent per chunk, at most chunk")
         _check_int("bits", bits, 1, 8, "bits per sent value")
-        for name, value, ok in (("beta", beta, 0.0 <= beta <= 1.0), ("outer_lr", outer_lr, outer_lr > 0.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
+        for name, value in (("beta", beta), ("outer_lr", outer_lr)):
+            number = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not number or not (0.0 <= value <= 1.0 if name == "beta" else value > 0.0):
                 bound = "in [0, 1]" if name == "beta" else "> 0"
                 raise ValueError(f"{name} must be a number {bound}, got {value!r}")
         self.chunk, self.k, self.beta, self.bits, self.outer_lr = chunk, k, float(beta), bits, float(outer_lr)

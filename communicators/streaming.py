@@ -6,9 +6,10 @@ fragments of (almost) equal size. Fragment ``f`` synchronises every ``H`` steps,
 steps ``s`` with ``(s + 1) % H == floor((f + 1) * H / F) % H`` (so the last fragment keeps
 DiLoCo's schedule, and the others are spread evenly before it, as torchft's fragments are).
 
-At a fragment's sync step each rank sends ``delta_f = theta_global_f - theta_local_f`` (its
-mean over the ranks is all-reduced then). ``tau = overlap_steps`` steps later, while training
-went on, every rank applies it: the outer optimizer steps ``theta_global_f`` with the mean
+At a fragment's sync step each rank starts the all-reduce of ``delta_f = theta_global_f -
+theta_local_f`` (its mean over the ranks) without waiting for it
+(:mod:`exogym.core.comm.handles`). ``tau = overlap_steps`` steps later, while training went on,
+every rank waits for it and applies it: the outer optimizer steps ``theta_global_f`` with the mean
 ``delta_f`` as its gradient, and the local fragment becomes
 ``alpha * theta_local_f + (1 - alpha) * theta_global_f`` (``alpha = 0``: the new global values,
 discarding the local progress of the ``tau`` steps, as torchft does; the paper suggests 0.5
@@ -17,9 +18,15 @@ in flight when the run ends (sent in its last ``tau`` steps) is not applied, as 
 after training; a checkpoint keeps it, so a run resumed for more steps applies it on time.
 
 Per step, at most one fragment travels: the peak bytes per step are ``1/F`` of DiLoCo's, the
-total is the same. A fragment's transfer overlaps the next ``tau`` steps of compute: the ledger
-marks it (``overlap_steps``) and the network model counts only what ``tau`` steps of compute
-cannot hide (all of it with ``tau = 0``).
+total is the same. A fragment's transfer runs on the simulated clock while the next ``tau``
+steps compute: the wait after them stalls the node only for what they did not cover (all of
+it with ``tau = 0``).
+
+``overlap_steps="auto"`` applies each update at the first step at which its transfer has
+arrived on the node's clock (``is_completed()``), so how many steps the overlap hides follows
+the link speed: on a link fast enough to deliver it within a step's compute it lands one step
+later, on a slow one several. It lands at the latest before its fragment is sent again (a wait
+there stalls the node). This needs modelled compute (``Network(compute=<seconds per step>)``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch
 from communicators.diloco import DEFAULT_OUTER
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.flat import dtype_buckets
+from exogym.core.comm.handles import AUTO, CollectiveHandle, check_modelled_compute
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -43,7 +51,8 @@ class StreamingDiLoCoCommunicator(Communicator):
         H: inner steps between two synchronisations of the same fragment.
         num_fragments: F, the number of fragments (``1 <= F <= H``).
         overlap_steps: tau, the steps between sending a fragment's pseudo-gradient and applying
-            its outer update (``0 <= tau < H``).
+            its outer update (``0 <= tau < H``), or ``"auto"``: when its transfer has arrived on
+            the simulated clock (see the module docstring).
         alpha: the share of the local values kept when the update is applied (``[0, 1]``).
         outer_optim: the outer optimizer (default Nesterov SGD, lr 0.7, momentum 0.9).
     """
@@ -56,7 +65,7 @@ class StreamingDiLoCoCommunicator(Communicator):
         self,
         H: int = 100,
         num_fragments: int = 2,
-        overlap_steps: int = 0,
+        overlap_steps: int | str = 0,
         alpha: float = 0.0,
         outer_optim: OptimSpec | None = None,
     ) -> None:
@@ -65,10 +74,12 @@ class StreamingDiLoCoCommunicator(Communicator):
             raise ValueError(
                 f"num_fragments must be an int in [1, H={H}] (one fragment syncs at a time), got {num_fragments!r}"
             )
-        if not isinstance(overlap_steps, int) or isinstance(overlap_steps, bool) or not 0 <= overlap_steps < H:
+        if overlap_steps != AUTO and (
+            not isinstance(overlap_steps, int) or isinstance(overlap_steps, bool) or not 0 <= overlap_steps < H
+        ):
             raise ValueError(
-                f"overlap_steps must be an int in [0, H={H}) (a fragment's update lands before its next sync), "
-                f"got {overlap_steps!r}"
+                f"overlap_steps must be an int in [0, H={H}) (a fragment's update lands before its next sync) or "
+                f"'auto' (when its transfer arrives on the simulated clock), got {overlap_steps!r}"
             )
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha (the share of local values kept) must be in [0, 1], got {alpha!r}")
@@ -78,9 +89,14 @@ class StreamingDiLoCoCommunicator(Communicator):
         self.num_fragments, self.overlap_steps, self.alpha = num_fragments, overlap_steps, float(alpha)
         #: Fragment f syncs after steps s with (s + 1) % H == offsets[f].
         self.offsets = [math.floor((f + 1) * H / num_fragments) % H for f in range(num_fragments)]
+        #: "auto" asks the clock whether a transfer has arrived while the step runs: with
+        #: compute="flops", the run turns FLOPs into seconds per step before it starts.
+        self.needs_step_seconds = overlap_steps == AUTO  # type: ignore[misc]
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
+        if self.overlap_steps == AUTO:
+            check_modelled_compute(ctx.network, "overlap_steps='auto'")
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.buckets = dtype_buckets(self.params)
         F = self.num_fragments
@@ -96,41 +112,54 @@ class StreamingDiLoCoCommunicator(Communicator):
             for f, (lo, hi) in enumerate(self.bounds[-1]):
                 self.global_[f].append(flat[lo:hi].detach().clone())
         self.outer = [self.outer_spec.build(g) for g in self.global_]
-        #: Sent, not yet applied: (step to apply after, fragment, mean delta per bucket).
-        self.pending: list[tuple[int, int, list[torch.Tensor]]] = []
+        #: Sent, not yet applied: (step to apply after, -1 with "auto"; fragment; one handle per
+        #: bucket, whose wait gives the mean delta).
+        self.pending: list[tuple[int, int, list[CollectiveHandle]]] = []
 
     def fragments_due(self, step: int) -> list[int]:
         """The fragments whose pseudo-gradient is sent after local step ``step``."""
         return [f for f, off in enumerate(self.offsets) if (step + 1) % self.H == off]
 
     def is_due(self, step: int) -> bool:
-        """Whether a fragment is sent, or a sent one is applied, after ``step``."""
-        return bool(self.fragments_due(step)) or any(p[0] == step for p in self.pending)
+        """Whether a fragment is sent, or a sent one may be applied, after ``step`` (with
+        ``"auto"``, at every step while one is in flight)."""
+        if self.fragments_due(step):
+            return True
+        return bool(self.pending) if self.overlap_steps == AUTO else any(p[0] == step for p in self.pending)
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         for f in self.fragments_due(step):
+            if self.overlap_steps == AUTO:  # its previous update lands before it is sent again
+                self._land([p for p in self.pending if p[1] == f])
             self._send(step, f)
-        ready = [p for p in self.pending if p[0] == step]
-        self.pending = [p for p in self.pending if p[0] != step]
-        for _, f, deltas in ready:
-            self._apply(f, deltas)
+        if self.overlap_steps == AUTO:
+            self._land([p for p in self.pending if all(h.is_completed() for h in p[2])])
+        else:
+            self._land([p for p in self.pending if p[0] == step])
+
+    def _land(self, ready: list[tuple[int, int, list[CollectiveHandle]]]) -> None:
+        """Wait for the ``ready`` updates and apply them."""
+        for item in ready:
+            self.pending.remove(item)
+            self._apply(item[1], [h.wait() for h in item[2]])
 
     def _send(self, step: int, f: int) -> None:
-        deltas = []
+        handles = []
         for b, bucket in enumerate(self.buckets):
             lo, hi = self.bounds[b][f]
             local = bucket.buffer.pack(bucket.tensors)[lo:hi]
             delta = self.global_[f][b] - local
-            with self.ctx.comm.ledger.overlapping(self.overlap_steps):
-                self.ctx.comm.all_reduce(
-                    delta,
-                    op="mean",
-                    tag="streaming_diloco",
-                    entries=Entries.of_flat(bucket.tensors, torch.arange(lo, hi, device=delta.device)),
-                )
-            deltas.append(delta)
-        self.pending.append((step + self.overlap_steps, f, deltas))
+            handle = self.ctx.comm.all_reduce(
+                delta,
+                op="mean",
+                tag="streaming_diloco",
+                entries=Entries.of_flat(bucket.tensors, torch.arange(lo, hi, device=delta.device)),
+                async_op=True,
+            )
+            handles.append(handle)
+        land = -1 if self.overlap_steps == AUTO else step + self.overlap_steps
+        self.pending.append((land, f, handles))
 
     def _apply(self, f: int, deltas: list[torch.Tensor]) -> None:
         for g, d in zip(self.global_[f], deltas, strict=True):
@@ -148,7 +177,7 @@ class StreamingDiLoCoCommunicator(Communicator):
         return {
             "global": [list(g) for g in self.global_],
             "outer": [o.state_dict() for o in self.outer],
-            "pending": [(s, f, list(d)) for s, f, d in self.pending],
+            "pending": [(s, f, [h.state_dict() for h in hs]) for s, f, hs in self.pending],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -157,7 +186,8 @@ class StreamingDiLoCoCommunicator(Communicator):
                 g.copy_(t)
         for o, s in zip(self.outer, state["outer"], strict=True):
             o.load_state_dict(s)
-        self.pending = [(int(s), int(f), [t.clone() for t in d]) for s, f, d in state["pending"]]
+        clock = self.ctx.comm.clock
+        self.pending = [(int(s), int(f), [clock.resume(h) for h in hs]) for s, f, hs in state["pending"]]
 
     def describe(self) -> str:
         return (

@@ -61,12 +61,13 @@ def _group_key(members: tuple[int, ...]) -> float:
 def meeting_keys(records: Sequence[CollectiveRecord]) -> tuple[float, ...]:
     """The keys of the groups a step's ``records`` meet in, one per distinct group of two
     or more (the same key on every member): ``()`` when the node meets no one. A record
-    whose participants are not named meets the nodes charged alike (keyed by its group size)."""
+    whose participants are not named meets the nodes charged alike (keyed by its group size);
+    a collective started with ``async_op=True`` (``blocking=False``) meets no one."""
     keys: list[float] = []
     seen: list[object] = []
     for r in records:
         group: object = r.members if r.members is not None else r.group_size
-        if r.group_size <= 1 or any(g is group or g == group for g in seen):
+        if r.group_size <= 1 or not r.blocking or any(g is group or g == group for g in seen):
             continue
         seen.append(group)
         keys.append(_group_key(r.members) if r.members is not None else _key_of(("unnamed", r.group_size)))

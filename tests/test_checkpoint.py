@@ -49,6 +49,10 @@ STRATEGIES = {
     "demo": DeMoStrategy,
     # an update in flight (sent after step 7, applied after step 8) lives in the checkpoint at 8
     "streaming_diloco": lambda: StreamingDiLoCoStrategy(H=4, num_fragments=2, overlap_steps=1, alpha=0.5),
+    # on the clock: the fragment sent after step 7 arrives during step 8, its handle in the checkpoint at 8
+    "streaming_diloco_auto": lambda: StreamingDiLoCoStrategy(H=4, num_fragments=2, overlap_steps="auto", alpha=0.5),
+    # on the clock: the round sent after step 7 is in flight in the checkpoint at 8
+    "sparta_auto": lambda: SPARTAStrategy(p_sparta=0.1, async_sparta_delay="auto"),
     # gradients all-reduced as int8 with error feedback (the residuals live in the checkpoint)
     "int8_ef": lambda: CommunicateOptimizeStrategy(
         [QuantizeCommunicator(AveragingCommunicator(target="grads"), "int8", error_feedback=True)]

@@ -140,7 +140,8 @@ class Communicator:
     (every tensor it keeps between steps, for checkpoints), :meth:`describe` (a label with its
     settings: logs, and the check that a resumed run has the settings of the checkpoint).
     Capabilities are class attributes: :attr:`supports_dropout`, :attr:`stable_payloads`,
-    :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`.
+    :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`,
+    :attr:`follows_availability`.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -171,10 +172,15 @@ class Communicator:
     #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
-    #: Whether the module follows a simulated timeline (the asynchronous ones,
-    #: :mod:`exogym.core.timeline`), which needs every node's step seconds before the run: with
-    #: ``compute="flops"`` the run then counts one training step's FLOPs before it starts.
+    #: Whether the module needs every node's step seconds before the run: it follows a simulated
+    #: timeline (the asynchronous ones, :mod:`exogym.core.timeline`) or asks a handle's
+    #: ``is_completed()`` (:mod:`exogym.core.comm.handles`). With ``compute="flops"`` the run
+    #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
+    #: Whether the module follows the network's availability trace itself, in its simulated
+    #: timeline (a node absent from a time on takes no step and misses what arrives until it
+    #: returns): the runtime then neither refuses the trace nor turns it into rounds dropped.
+    follows_availability: ClassVar[bool] = False
     #: Whether the module codes its payloads into bytes itself (values and indices packed into
     #: one buffer, values already at a chosen precision): a wire transform that acts on float
     #: payloads would pass them through unchanged, so a quantizing wire refuses the module
@@ -287,6 +293,10 @@ class Wrapper(Communicator):
     @property  # type: ignore[override]
     def coded_payloads(self) -> bool:
         return self.inner.coded_payloads
+
+    @property  # type: ignore[override]
+    def follows_availability(self) -> bool:
+        return self.inner.follows_availability
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""

@@ -185,6 +185,12 @@ class Strategy(ABC):
         seconds before the run (see :attr:`exogym.core.communicator.Communicator.needs_step_seconds`)."""
         return False
 
+    @property
+    def follows_availability(self) -> bool:
+        """Whether the strategy follows the network's availability trace in its own timeline
+        (see :attr:`exogym.core.communicator.Communicator.follows_availability`)."""
+        return False
+
     def finish(self) -> None:
         """End of the run, after the last step and its checkpoint, before the final state is
         read: nothing, unless a strategy has work left (the asynchronous ones apply the updates

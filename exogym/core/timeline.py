@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 #: would leave them a few 1e-18 s apart and split one tick into several.
 TIME_DIGITS = 9
 
-#: Event kinds in their order at one simulated instant.
+#: Event kinds in their order at one simulated instant (a :class:`Simulation` may declare more).
 KINDS = ("capture", "receive", "serve", "deliver", "start")
-_ORDER = {k: i for i, k in enumerate(KINDS)}
 
 
 class DeadlockError(RuntimeError):
@@ -62,7 +61,7 @@ class Event:
 
     Attributes:
         time: its simulated second.
-        kind: one of :data:`KINDS`.
+        kind: one of its simulation's :attr:`Simulation.kinds` (:data:`KINDS` by default).
         rank: the node it concerns.
         segment: the node's push it concerns (its count of pushes before it), else ``0``.
         staleness: for ``receive``: server versions applied between the version the node
@@ -72,6 +71,8 @@ class Event:
         leaves: for ``receive``: the node stops following the server after this update (a
             FedBuff client whose participation ends); it then sends its copy to the next one
             served (as the ``source`` of that serve) and keeps no copy.
+        data: what else an algorithm's own kinds of event carry (e.g. the nodes a merge takes,
+            with their weights).
     """
 
     time: float
@@ -81,6 +82,7 @@ class Event:
     staleness: int = 0
     source: int = -1
     leaves: bool = False
+    data: tuple = ()
 
 
 @dataclass
@@ -105,6 +107,8 @@ class Timeline:
         following: per tick, the nodes that follow the server at some event after it (``None``
             where every node does): the others take no part in the tick's communication and may
             sleep through it.
+        records: an algorithm's further records, by name (e.g. HALoS's updates between its
+            servers), each a list of tuples in simulated-time order.
     """
 
     ticks: list[float] = field(default_factory=list)
@@ -118,6 +122,7 @@ class Timeline:
     end_time: float = 0.0
     holders: frozenset[int] | None = None
     following: list[frozenset[int]] | None = None
+    records: dict[str, list[tuple]] = field(default_factory=dict)
 
     @property
     def final_holder(self) -> int:
@@ -126,14 +131,16 @@ class Timeline:
         return -1 if self.holders is None or not self.updates else self.updates[-1][1]
 
     def summary(self) -> dict[str, object]:
-        """Per node its steps; over updates the staleness distribution (``{staleness: count}``),
-        its mean and maximum; the number of updates and the simulated end."""
+        """Per node its steps and utilisation (its compute seconds over the run's simulated
+        seconds); over updates the staleness distribution (``{staleness: count}``), its mean and
+        maximum; the number of updates and the simulated end."""
         hist: dict[int, int] = {}
         for _, _, s in self.updates:
             hist[s] = hist.get(s, 0) + 1
         n = len(self.updates)
         return {
             "steps": list(self.steps),
+            "utilisation": [c / self.end_time if self.end_time > 0 else 0.0 for c in self.compute],
             "updates": n,
             "staleness": dict(sorted(hist.items())),
             "staleness_mean": sum(s * c for s, c in hist.items()) / n if n else 0.0,
@@ -144,11 +151,16 @@ class Timeline:
 
 def format_summary(summary: dict[str, object]) -> str:
     """A strategy's :meth:`~exogym.core.strategy.Strategy.run_summary` in one line for logs:
-    ``key=value`` pairs, floats to 4 significant digits."""
-    parts = []
-    for k, v in summary.items():
-        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
-    return ", ".join(parts)
+    ``key=value`` pairs, floats (also in lists) to 4 significant digits."""
+
+    def text(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + ", ".join(text(x) for x in v) + "]"
+        return str(v)
+
+    return ", ".join(f"{k}={text(v)}" for k, v in summary.items())
 
 
 class Simulation:
@@ -157,12 +169,24 @@ class Simulation:
     and :meth:`on_deliver` (each may :meth:`schedule` more, and may return the event with what
     it found, e.g. a receipt's staleness, which the timeline then keeps).
 
+    A subclass with events of its own (e.g. between two servers) lists every kind in
+    :attr:`kinds`, in their order at one instant, and handles kind ``k`` in ``on_k``; ``start``
+    stays the last kind (steps start after everything else at their instant).
+
     Args:
         step_seconds: per node, the simulated seconds one training step lasts.
         max_ticks: the run's steps (ticks).
     """
 
+    #: The event kinds, in their order at one simulated instant.
+    kinds: tuple[str, ...] = KINDS
+    #: The kinds still handled after the run's last tick (the drain).
+    drain_kinds: frozenset[str] = frozenset({"capture", "receive"})
+
     def __init__(self, step_seconds: Sequence[float], max_ticks: int) -> None:
+        if self.kinds[-1] != "start":
+            raise ValueError(f"{type(self).__name__}.kinds must end with 'start', got {self.kinds}")
+        self._order = {k: i for i, k in enumerate(self.kinds)}
         if any(not (s >= 0 and math.isfinite(s)) for s in step_seconds):
             raise ValueError(f"step seconds must be finite and >= 0, got {list(step_seconds)}")
         self.step_seconds = list(step_seconds)
@@ -188,13 +212,14 @@ class Simulation:
         if tl.following:
             tl.following[-1] = tl.following[-1] | {rank}
 
-    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1) -> None:
-        """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``
-        and ``source`` as in :class:`Event`)."""
+    def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1, data: tuple = ()) -> None:
+        """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``,
+        ``source`` and ``data`` as in :class:`Event`). Events at one instant run in the order of
+        :attr:`kinds`, then by ``rank``, then in the order they were scheduled."""
         self._seq += 1
         time = round(time, TIME_DIGITS)
-        ev = Event(time, kind, rank, segment, source=source)
-        heapq.heappush(self._heap, (time, _ORDER[kind], rank, self._seq, ev))
+        ev = Event(time, kind, rank, segment, source=source, data=data)
+        heapq.heappush(self._heap, (time, self._order[kind], rank, self._seq, ev))
 
     def step_end(self, rank: int, start: float) -> float:
         """The end of node ``rank``'s step that starts at ``start`` (its compute counted)."""
@@ -208,6 +233,14 @@ class Simulation:
     def record_update(self, time: float, rank: int, staleness: int) -> None:
         """Note an update the server applies (for the staleness report)."""
         self.timeline.updates.append((time, rank, staleness))
+
+    def record(self, name: str, *values: object) -> None:
+        """Append ``values`` to the timeline's record ``name`` (see :attr:`Timeline.records`)."""
+        self.timeline.records.setdefault(name, []).append(values)
+
+    def touch(self, time: float) -> None:
+        """Something happened at ``time``: the run lasts at least until then."""
+        self.timeline.end_time = max(self.timeline.end_time, time)
 
     # -- what subclasses define -------------------------------------------------------------
     def begin(self) -> None:
@@ -233,13 +266,7 @@ class Simulation:
         """Simulate the run; ``DeadlockError`` where events run out before its last tick."""
         tl = self.timeline
         self.begin()
-        handlers = {
-            "start": self.on_start,
-            "capture": self.on_capture,
-            "receive": self.on_receive,
-            "serve": self.on_serve,
-            "deliver": self.on_deliver,
-        }
+        handlers = {k: getattr(self, f"on_{k}") for k in self.kinds}
         while self._heap:
             time, _, rank, _, ev = heapq.heappop(self._heap)
             self.clock = time
@@ -258,7 +285,7 @@ class Simulation:
                         tl.following.append(frozenset(self.in_flight))
                 tl.trains[-1] = tl.trains[-1] | {rank}
                 self.waiting.pop(rank, None)
-            elif self.draining and ev.kind not in ("receive", "capture"):
+            elif self.draining and ev.kind not in self.drain_kinds:
                 continue
             if ev.kind == "receive":
                 tl.end_time = max(tl.end_time, time)

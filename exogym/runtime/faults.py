@@ -83,13 +83,14 @@ def check_can_drop(strategy: Any, what: str) -> None:
 
 
 def with_availability(
-    faults: Faults | None, network: Any, num_nodes: int, round_steps: int, max_steps: int
+    faults: Faults | None, network: Any, num_nodes: int, round_steps: int, max_steps: int, strategy: Any = None
 ) -> Faults | None:
     """``faults`` with the rounds ``network``'s availability trace takes nodes away added to its
     ``drop`` (:meth:`Network.drop_plan <exogym.core.comm.network.Network.drop_plan>`): the same
-    plan ``Faults(drop=...)`` would give for those rounds. ``faults`` itself without a trace, or
-    when the trace takes no node away during the run."""
-    if network.availability is None:
+    plan ``Faults(drop=...)`` would give for those rounds. ``faults`` itself without a trace,
+    when the trace takes no node away during the run, or for a ``strategy`` that follows the
+    trace itself (``follows_availability``)."""
+    if network.availability is None or getattr(strategy, "follows_availability", False):
         return faults
     plan = network.drop_plan(num_nodes, round_steps, max_steps)
     if not plan:
@@ -265,6 +266,7 @@ def rejoin(comm: Any, model: torch.nn.Module, strategy: Any, nodes: Sequence[int
         # A peer node of this run sent it, not a file: a strategy's state of any type travels
         # (checkpoints, which come from disk, are loaded with weights_only=True).
         state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=device, weights_only=False)
+        comm.clock.abandon()  # its handles in flight: the source's replace them
         model.load_state_dict(state["model"])
         strategy.load_state_dict(state["strategy"])
     if comm.rank == source or comm.rank in nodes:

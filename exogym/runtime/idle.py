@@ -165,6 +165,8 @@ class IdleSteps:
         # What StepMeter.add_idle and StepMeter.add would add round by round.
         wall = time.perf_counter() - meter.start
         meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
+        for seconds in sim:  # the rounds' communication on the node's own clock, as StepMeter.add moves it
+            self.comm.clock.close_step(0.0, seconds)
 
     def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at

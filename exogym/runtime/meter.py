@@ -5,6 +5,10 @@ which the nodes flush together into train rows.
 Compute time is measured (wall time less the transport's) or modelled by the network
 (``Network(compute=...)``) and slowed where faults make the node a straggler; the peak memory is
 read only where a row ends, and at flushes by a node that trained since the last one.
+
+The meter also drives the node's own clock (:class:`~exogym.core.comm.handles.LocalClock`),
+which times its non-blocking collectives: each step closes it with the step's compute and
+communication, and a step's stall on a handle is part of its communication time.
 """
 
 from __future__ import annotations
@@ -54,14 +58,30 @@ class StepMeter:
         #: When the current step began: ``time.perf_counter()`` and the transport's seconds.
         self.t0 = self.transport0 = 0.0
         self._trained = False  # since the last flush
+        self._step = 0  # the step begun last
+        #: Whether the node trains in the step begun last (else it computes nothing).
+        self.trains = True
+        modelled = isinstance(network.compute, (int, float))
+        comm.clock.attach(network, self._compute_now if modelled else None)
 
     def begin_run(self) -> None:
         """The run's clock starts now, less the wall time already in the metrics (a resumed run)."""
         self.start = time.perf_counter() - self.metrics.wall
 
-    def begin_step(self) -> None:
-        """A step (or a span of steps) begins now."""
+    def begin_step(self, step: int = 0) -> None:
+        """Step ``step`` (or a span of steps from it) begins now."""
         self.t0, self.transport0 = time.perf_counter(), self.comm.transport_seconds
+        self._step = step
+
+    def _compute_now(self) -> float:
+        """The running step's modelled compute seconds, as :meth:`add` will count them (a node
+        that does not train in it computes nothing). For a network whose compute is a number."""
+        if not self.trains:
+            return 0.0
+        compute = self.network.compute_seconds(0.0, 0.0)
+        if self.faults is not None:
+            compute *= self.faults.slowdown(self.rank, self._step)
+        return compute * self.network.slowdown(self.rank)
 
     def add(
         self,
@@ -92,6 +112,12 @@ class StepMeter:
         # With traces, priced in every epoch: the replay of the clocks knows when it starts.
         comms = network.records_times(records, slowed) if metrics.epochs > 1 else None
         comm_sim = comms[0] if comms is not None else network.records_time(records, slowed)
+        clock = self.comm.clock
+        own = comm_sim if comms is None else network.records_time(records, slowed, clock.seconds + slowed)
+        stall = clock.close_step(slowed, own)
+        if stall:  # waiting for handles is communication
+            comm_sim += stall
+            comms = [c + stall for c in comms] if comms is not None else None
         keys = meeting_keys(records)
         metrics.add(
             StepSample(

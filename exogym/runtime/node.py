@@ -145,7 +145,9 @@ class TrainNode:
         self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)
         self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
         self.faults = None
-        faults = F.with_availability(cfg.faults, cfg.network, cfg.num_nodes, cfg.fault_round_steps, self.max_steps)
+        faults = F.with_availability(
+            cfg.faults, cfg.network, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, self.strategy
+        )
         if faults is not None:
             self.faults = F.FaultPlan(faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
             self.faults.check()  # again: a dataset factory's length is known only here
@@ -193,9 +195,10 @@ class TrainNode:
         Collective: every node of the run must call it."""
         run, step = self._begin()
         while step < self.max_steps:
-            run.meter.begin_step()
+            run.meter.begin_step(step)
             missing = self._missing(step)
             idle = self.idle.idle_steps(step)
+            run.meter.trains = not idle and self.rank not in missing  # (what a handle's clock counts)
             if self._offloader is not None and not (idle and self.rank not in missing):
                 self._offloader.to_device()  # it works this step
             if self.rank in missing:
@@ -319,6 +322,7 @@ class TrainNode:
         if self._offloader is not None:
             self._offloader.to_device()
         self.strategy.finish()
+        self.comm.clock.finish()  # handles still in flight: results into their tensors
         state = self.evaluator.averaged_state(needed=self.rank == 0 or keep_state)
         if self.logger is not None:
             self.logger.finish()

@@ -1,9 +1,9 @@
 """What a node writes to a checkpoint and reads back when the run resumes.
 
-A node's state: its model, strategy (inner optimizer, LR scheduler, step, communicator state),
-torch RNG streams, data position, training batches drawn, the FLOPs of a training step, ledger
-totals, metric totals and, on rank 0, the metric history. The files, folders and RNG streams
-themselves are :mod:`exogym.runtime.checkpoint`'s.
+A node's state: its model, strategy (inner optimizer, LR scheduler, step, communicator state,
+handles in flight), torch RNG streams, data position, training batches drawn, the FLOPs of a
+training step, ledger totals, its own simulated clock, metric totals and, on rank 0, the metric
+history. The files, folders and RNG streams themselves are :mod:`exogym.runtime.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _write(node: TrainNode, root: str, done: int, batches: D.BatchStream, metric
         "batches_drawn": node.batches_drawn,
         "step_flops": node.step_flops,
         "ledger": {k: getattr(ledger, k) for k in _LEDGER_TOTALS},
+        "clock": node.comm.clock.state_dict(),
         "metrics": metrics.state_dict(),
         "history": node.history if node.rank == 0 else None,
     }
@@ -67,6 +68,7 @@ def restore(node: TrainNode, folder: str, batches: D.BatchStream, metrics: Metri
     node.batches_drawn, node.step_flops = state["batches_drawn"], state["step_flops"]
     for k, v in state["ledger"].items():
         setattr(node.comm.ledger, k, v)
+    node.comm.clock.load_state_dict(state["clock"])
     metrics.load_state_dict(state["metrics"])
     step = int(state["step"])
     if node.rank == 0:

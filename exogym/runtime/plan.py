@@ -120,7 +120,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
     )
     if steps is not None:
-        faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps)
+        faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps, strategy)
         if faults is not None:
             FaultPlan(faults, run.num_nodes, fault_round, steps, run.seed).check()
     minibatch = run.given_minibatch_size or _probe_minibatch(model, train_dataset, run, device)
@@ -202,7 +202,7 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
         return 1
     if faults is not None:
         check_supported(faults, strategy)
-    if availability is not None and availability.drops:
+    if availability is not None and availability.drops and not strategy.follows_availability:
         check_can_drop(strategy, f"Availability traces that take nodes away (network {network.name!r})")
     return round_steps(strategy)
 

@@ -155,6 +155,8 @@ class NodeSchedule:
         idle spans in a row that the node may sit out whole: each span idle from its first step,
         ending before ``stop``, and its communication replaced before step ``read_at``, where
         something reads the node's state (validation)."""
+        if len(self.leaves) == 1:
+            return self._single_span_ends(step, stop, read_at)
         ends: list[int] = []
         s = step
         while s < stop:
@@ -166,6 +168,37 @@ class NodeSchedule:
                 break
             ends.append(s + n - 1)
             s += n
+        return ends
+
+    def _single_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
+        """:meth:`idle_span_ends` of a strategy of one module (the module that states the rounds
+        communicates at each round's last step): each round's statement is asked once, and the
+        next round's answers both whether this round's communication is replaced and whether
+        the node sleeps on (what :meth:`idle_steps` and :meth:`overwritten_at` say, step by
+        step, for one module). Asynchronous runs sleep through thousands of one-step rounds."""
+        ends: list[int] = []
+        if not self.can_sit_out:
+            return ends
+        rank, (module,) = self.rank, self.leaves
+        s = step
+        st = self.statement(s, keep=False)
+        while s < stop:
+            if st is None or rank in st.trains:
+                break
+            period = st.period
+            end = s + period - s % period - 1
+            if end >= stop or rank in st.receives or not module.is_due(end):
+                break
+            until = end + period
+            if until >= self.max_steps or until >= read_at:
+                break
+            nxt = self.statement(end + 1, keep=False)
+            if nxt is None or not nxt.replaces or rank in nxt.trains:
+                break
+            if nxt.period - (end + 1) % nxt.period != period:  # the next span is not a whole round
+                break
+            ends.append(end)
+            s, st = end + 1, nxt
         return ends
 
     def may_sit_out(self, step: int, read_at: int = sys.maxsize) -> bool:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from exogym.core.comm.comm import current
+from exogym.core.comm.handles import CollectiveHandle
 
 _OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -20,17 +21,22 @@ _OPS = {
 }
 
 
-def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp | str = dist.ReduceOp.SUM) -> torch.Tensor:
-    """Reduce ``tensor`` in place over all nodes (``op``: a ``ReduceOp`` or ``'sum'|'mean'|'max'|'min'``)."""
+def all_reduce(
+    tensor: torch.Tensor, op: dist.ReduceOp | str = dist.ReduceOp.SUM, async_op: bool = False
+) -> torch.Tensor | CollectiveHandle:
+    """Reduce ``tensor`` in place over all nodes (``op``: a ``ReduceOp`` or ``'sum'|'mean'|'max'|'min'``).
+    ``async_op=True``: start it and return a handle whose ``wait()`` writes the result into
+    ``tensor`` (:mod:`exogym.core.comm.handles`)."""
     name = op if isinstance(op, str) else _OPS.get(op)
     if name is None:
         raise ValueError(f"unsupported reduce op {op!r}; use SUM, MAX, MIN or PRODUCT")
-    return current().all_reduce(tensor, op=name, tag="user")
+    return current().all_reduce(tensor, op=name, tag="user", async_op=async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Overwrite ``tensor`` in place with node ``src``'s copy."""
-    return current().broadcast(tensor, src=src, tag="user")
+def broadcast(tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> torch.Tensor | CollectiveHandle:
+    """Overwrite ``tensor`` in place with node ``src``'s copy (``async_op=True``: at the handle's
+    ``wait()``)."""
+    return current().broadcast(tensor, src=src, tag="user", async_op=async_op)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:

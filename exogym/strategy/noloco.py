@@ -21,7 +21,7 @@ class NoLoCoStrategy(CommunicateOptimizeStrategy):
     Pipeline: ``[NoLoCoCommunicator(H, outer_lr, outer_momentum, gamma)]``.
 
     Args:
-        H: inner steps between outer steps (default 100).
+        H: inner steps between outer steps (default 50, as in the paper's runs).
         outer_lr: the outer learning rate beta (default 0.7).
         outer_momentum: the outer momentum alpha (default 0.5).
         gamma: the pull towards the peer's outer weights (default ``outer_lr``: then only the
@@ -32,7 +32,7 @@ class NoLoCoStrategy(CommunicateOptimizeStrategy):
 
     def __init__(
         self,
-        H: int = 100,
+        H: int = 50,
         outer_lr: float = 0.7,
         outer_momentum: float = 0.5,
         gamma: float | None = None,

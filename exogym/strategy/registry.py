@@ -101,6 +101,14 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         lambda lr, H=20: S.FedBuffStrategy(local_steps=H, buffer_size=2, concurrency=None, optim_spec=_adamw(lr)),
         "FedBuff: half the clients train H steps at a time; the server steps every 2 staleness-scaled updates",
     ),
+    "halos": (
+        lambda lr, H=20: S.HALoSStrategy(H=H, optim_spec=_adamw(lr)),
+        "HALoS: nodes push to their region's server after H steps; regional servers merge with a global one",
+    ),
+    "decoupled_diloco": (
+        lambda lr, H=20: S.DecoupledDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
+        "Decoupled DiLoCo: nodes never wait; a merge every H steps once half the nodes sent, within a grace window",
+    ),
 }
 
 

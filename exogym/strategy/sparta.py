@@ -8,6 +8,7 @@ from communicators.diloco import DiLoCoCommunicator
 from communicators.quantize import QuantizeCommunicator
 from communicators.sparse import SELECTORS, SparseCommunicator
 from exogym.compat import legacy_keywords
+from exogym.core.comm.handles import AUTO
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import check_strategy_kwargs
@@ -22,7 +23,7 @@ def sparse_module(
     compression_method: str | None,
     quantization_bits: int | None,
     sparta_interval: int = 1,
-    async_sparta_delay: int = 0,
+    async_sparta_delay: int | str = 0,
 ) -> Communicator:
     """The SPARTA communicator from the preset spellings (``compression_method`` is an alias of
     ``sparsification_mode``; ``quantization_bits`` 8 or 16 wraps it in a quantizer;
@@ -40,9 +41,11 @@ def sparse_module(
         raise ValueError(f"{name} must be one of {SELECTORS}, got {mode!r}")
     if not isinstance(sparta_interval, int) or isinstance(sparta_interval, bool) or sparta_interval < 1:
         raise ValueError(f"sparta_interval (steps between SPARTA rounds) must be an int >= 1, got {sparta_interval!r}")
-    if not isinstance(async_sparta_delay, int) or isinstance(async_sparta_delay, bool) or async_sparta_delay < 0:
+    d = async_sparta_delay
+    if d != AUTO and (not isinstance(d, int) or isinstance(d, bool) or d < 0):
         raise ValueError(
-            f"async_sparta_delay (rounds before an average is applied) must be an int >= 0, got {async_sparta_delay!r}"
+            f"async_sparta_delay (rounds before an average is applied) must be an int >= 0 or 'auto' (when it "
+            f"arrives on the simulated clock), got {d!r}"
         )
     module: Communicator = SparseCommunicator(p_sparta, mode, H=sparta_interval, delay=async_sparta_delay)
     if quantization_bits is not None and quantization_bits != 32:
@@ -67,7 +70,8 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         quantization_bits: 8 (int8 with per-chunk scales), 16 (fp16), or 32/``None`` (none).
         sparta_interval: average every this many steps (default 1).
         async_sparta_delay: apply each round's average this many rounds later (default 0: at
-            once), as the original exo gym's asynchronous SPARTA.
+            once), as the original exo gym's asynchronous SPARTA; ``"auto"``: at the first step
+            at which its transfer has arrived on the simulated clock (needs modelled compute).
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
@@ -79,7 +83,7 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
         compression_method: str | None = None,
         quantization_bits: int | None = None,
         sparta_interval: int = 1,
-        async_sparta_delay: int = 0,
+        async_sparta_delay: int | str = 0,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
@@ -110,7 +114,7 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
         compression_method: str | None = None,
         quantization_bits: int | None = None,
         sparta_interval: int = 1,
-        async_sparta_delay: int = 0,
+        async_sparta_delay: int | str = 0,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)

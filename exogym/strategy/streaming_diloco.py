@@ -26,7 +26,9 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
     Args:
         H: inner steps between two synchronisations of a fragment (default 100).
         num_fragments: F (default 2); ``1`` with ``overlap_steps=0`` and ``alpha=0`` is DiLoCo.
-        overlap_steps: tau, steps between sending a fragment and applying its update (default 0).
+        overlap_steps: tau, steps between sending a fragment and applying its update (default 0),
+            or ``"auto"``: at the first step at which its transfer has arrived on the simulated
+            clock (needs modelled compute).
         alpha: share of the local values kept when an update is applied (default 0.0).
         outer_optim, outer_lr, outer_momentum, nesterov: the outer optimizer, as for
             :class:`~exogym.strategy.diloco.DiLoCoStrategy` (``'sgd'``: Nesterov SGD, lr 0.7,
@@ -40,7 +42,7 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
         self,
         H: int = 100,
         num_fragments: int = 2,
-        overlap_steps: int = 0,
+        overlap_steps: int | str = 0,
         alpha: float = 0.0,
         outer_optim: str | OptimSpec = "sgd",
         outer_lr: float | None = None,

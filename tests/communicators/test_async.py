@@ -1,5 +1,5 @@
-"""Asynchronous DiLoCo and FedBuff on the runtime: the synchronous limit, node speeds, the same
-schedule and values in every layout, clear errors."""
+"""Asynchronous DiLoCo, FedBuff and HALoS on the runtime: the synchronous limit, node speeds, the
+same schedule and values in every layout, resumes with updates in flight, clear errors."""
 
 from __future__ import annotations
 
@@ -10,14 +10,26 @@ import torch
 
 import exogym
 from exogym import Trainer
+from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
-from exogym.strategy import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, OptimSpec
+from exogym.strategy import (
+    AsyncDiLoCoStrategy,
+    DecoupledDiLoCoStrategy,
+    DiLoCoStrategy,
+    FedBuffStrategy,
+    HALoSStrategy,
+    OptimSpec,
+)
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, regression_data
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 #: Speeds 1, 1, 2, 4 (a step of 1 s on the slowest nodes), 10 ms each way to the server.
 SPEEDS = Network(1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+#: The same speeds on two regions of two nodes (HALoS's servers: one per region and a global one).
+REGIONS = Network.regions(
+    {"a": [0, 1], "b": [2, 3]}, Link(1e9, 0.01), Link(1e8, 0.3), compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -76,7 +88,16 @@ MEASURED = ("wall_time", "comm_time", "peak_memory")
 LAYOUT_STRATEGIES = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, optim_spec=SGD),
     "fedbuff": lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD),
+    "halos": lambda: HALoSStrategy(H=4, accumulation=2, lps_momentum=0.5, optim_spec=SGD),
+    "decoupled_diloco": lambda: DecoupledDiLoCoStrategy(H=4, fragments=2, quorum=2, optim_spec=SGD),
 }
+#: The same speeds, node 1 away from 3 s to 6 s (Decoupled DiLoCo follows the trace).
+AWAY = Network(
+    1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25),
+    availability=[{"time": 3.0, "node": 1, "available": 0}, {"time": 6.0, "node": 1, "available": 1}],
+)  # fmt: skip
+#: The network of each strategy's layout and resume runs.
+NETWORKS = {"halos": REGIONS, "decoupled_diloco": AWAY}
 
 
 def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
@@ -87,7 +108,7 @@ def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, An
         max_steps=24,
         batch_size=8,
         workers=workers,
-        network=SPEEDS,
+        network=NETWORKS.get(name, SPEEDS),
         logger=False,
         progress=False,
         val_size=0,
@@ -107,20 +128,30 @@ def test_processes_and_virtual_nodes_on_one_and_two_workers_run_the_same_schedul
         exogym.shutdown()
     params, rows, summary = runs[4]
     assert summary["updates"] > 0 and rows
+    losses = ("train_loss", "val_loss", "val_loss_local", "val_loss_global")
     for w in (1, 2):
         assert runs[w][2] == summary  # every node's steps, the staleness of every update
-        assert runs[w][1] == rows  # losses, bytes, simulated times: every row
+        # bytes and simulated times: equal in every row; losses up to float summation order (a
+        # merge of several learners sums in the layout's order)
+        assert [{c: v for c, v in r.items() if c not in losses} for r in runs[w][1]] == [
+            {c: v for c, v in r.items() if c not in losses} for r in rows
+        ]
+        for got, want in zip(runs[w][1], rows, strict=True):
+            assert {c: got[c] for c in losses if c in got} == pytest.approx(
+                {c: want[c] for c in losses if c in want}, rel=1e-6
+            )
         for x, y in zip(runs[w][0], params, strict=True):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
 
 
-def _pending_updates(state: Any) -> int:
-    """Updates in flight held in a node file's state (the server module's ``pending``)."""
+def _pending_updates(state: Any, key: str = "pending") -> int:
+    """Updates in flight held in a node file's state (the server module's ``pending``; HALoS's
+    pushes between its servers: ``region_push``; Decoupled DiLoCo's contributions: ``outbox``)."""
     if isinstance(state, dict):
-        own = len(state["pending"]) if isinstance(state.get("pending"), dict) else 0
-        return own + sum(_pending_updates(v) for k, v in state.items() if k != "pending")
+        own = len(state[key]) if isinstance(state.get(key), dict) else 0
+        return own + sum(_pending_updates(v, key) for k, v in state.items() if k != key)
     if isinstance(state, (list, tuple)):
-        return sum(_pending_updates(v) for v in state)
+        return sum(_pending_updates(v, key) for v in state)
     return 0
 
 
@@ -128,6 +159,11 @@ def _pending_updates(state: Any) -> int:
 RESUMED = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
     "fedbuff": LAYOUT_STRATEGIES["fedbuff"],
+    "halos": lambda: HALoSStrategy(H=4, accumulation=1, lps_momentum=0.5, dylu=False, optim_spec=SGD),
+    "decoupled_diloco": LAYOUT_STRATEGIES["decoupled_diloco"],
+    "decoupled_diloco_cgad": lambda: DecoupledDiLoCoStrategy(
+        H=4, fragments=2, quorum=2, outer="cgad", outer_lr=0.05, optim_spec=SGD
+    ),
 }
 
 
@@ -137,6 +173,11 @@ RESUMED = {
 def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name: str, tmp_path) -> None:
     # 0.4 s each way to the server, steps of 0.25-1 s: pushes are in flight across step 8
     net = Network(1e9, 0.4, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+    if name == "halos":  # 0.4 s to the regional servers, 1.2 s more between them and the global one
+        links = {("a", "a"): Link(1e9, 0.4), ("b", "b"): Link(1e9, 0.4), ("a", "b"): Link(1e9, 1.6)}
+        net = Network.regions(
+            {"a": [0, 1], "b": [2, 3]}, links=links, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+        )
 
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
         trainer = Trainer(TinyNet(), regression_data(1024))
@@ -159,7 +200,10 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
         whole, whole_rows = fit(16)
         fit(8, checkpoint_dir=str(tmp_path))  # ends with a checkpoint at 8, then drains its own run
         files = sorted((tmp_path / "step-00000008").glob("node-*.pt"))
-        assert sum(_pending_updates(torch.load(f, weights_only=True)) for f in files) > 0
+        key = "outbox" if name.startswith("decoupled_diloco") else "pending"  # a learner's contributions not merged yet
+        assert sum(_pending_updates(torch.load(f, weights_only=True), key) for f in files) > 0
+        if name == "halos":  # a regional server's push to the global one is in flight too
+            assert sum(_pending_updates(torch.load(f, weights_only=True), "region_push") for f in files) > 0
         resumed, resumed_rows = fit(16, resume_from=str(tmp_path))
     finally:
         exogym.shutdown()
@@ -206,3 +250,44 @@ def test_fedbuff_on_1000_virtual_clients_runs_the_same_schedule_and_values_on_on
     # up to float summation order, as a synchronous run's do
     for x, y in zip(one[0], two[0], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compare_of_the_four_asynchronous_presets_runs_one_schedule_on_processes_and_one_or_two_workers(
+    tmp_path,
+) -> None:
+    from exogym.cli.compare import compare
+
+    def run(workers: int):
+        return compare(
+            "digits", ["async_diloco", "fedbuff", "halos", "decoupled_diloco"], nodes=4, steps=24, batch_size=8,
+            H=4, network=REGIONS, compute=0.05, out_dir=str(tmp_path / f"w{workers}"), progress=False, val_size=64,
+            workers=workers, raise_on_failure=True,
+        )  # fmt: skip
+
+    try:
+        runs = {w: run(w) for w in (4, 1, 2)}  # one process per node; virtual nodes on 1 and 2 workers
+    finally:
+        exogym.shutdown()
+    schedule = ("strategy", "sim_time", "bytes_sent_per_node", "utilisation", "steps", "staleness", "staleness_max")
+    want = [{c: row.get(c) for c in schedule} for row in runs[4].summary]
+    assert [row["strategy"] for row in want] == ["async_diloco", "fedbuff", "halos", "decoupled_diloco"]
+    for w in (1, 2):
+        assert [{c: row.get(c) for c in schedule} for row in runs[w].summary] == want
+        for got, ref in zip(runs[w].summary, runs[4].summary, strict=True):
+            assert got["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)  # up to float summation order
+
+
+def test_a_fedbuff_client_served_before_the_first_step_and_reached_after_it_starts_from_the_initial_state() -> None:
+    # region b is 0.3 s away from the server: its clients' first state arrives after region a's
+    # clients took their first steps
+    out = train_ranks(
+        4, lambda: FedBuffStrategy(local_steps=2, buffer_size=1, concurrency=4, optim_spec=SGD), 12,
+        dataset=regression_data(4 * 8 * 12), network=REGIONS,
+    )  # fmt: skip
+    tl = out[0]["strategy"].server.timeline
+    late = [ev for ev in tl.after[0] if ev.kind == "deliver"]
+    assert late and all(ev.rank in (2, 3) for ev in late)
+    assert tl.steps[2] > 0 and tl.steps[3] > 0

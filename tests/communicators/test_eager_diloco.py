@@ -1,7 +1,9 @@
 """DiLoCo with eager updates against a plain-PyTorch reference written from the paper's rule
-(Kale, Douillard & Donchev 2025, arXiv 2502.12996): each node's outer step takes its own fresh
-pseudo-gradient share at once and the others' shares one round late; its bytes (DiLoCo's,
-overlapping the next inner phase), dropped nodes, virtual nodes."""
+(Kale, Douillard & Donchev 2025, arXiv 2502.12996, the eager variant of its Algorithm 3: the
+current local outer gradient mixed with the other replicas' delayed ones, each weighted 1/M):
+each node's outer step takes its own fresh pseudo-gradient share at once and the others' shares
+one round late; its bytes (DiLoCo's, overlapping the next inner phase), dropped nodes, virtual
+nodes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """NoLoCo against a plain-PyTorch reference written from its outer step (Kolehmainen et al. 2025,
-arXiv 2506.10911): every H steps each node averages with one random peer and takes a momentum
-step pulled towards the peer's outer weights; its bytes (flat in K), pairs, and dropped nodes."""
+arXiv 2506.10911, Eq. 2 with the signs of the authors' code): every H steps each node averages
+with one random peer and takes a momentum step pulled towards the peer's outer weights; its
+bytes (flat in K), pairs, dropped nodes and defaults (the authors' NoLoCo runs)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,9 @@ def test_virtual_nodes_end_as_nodes_on_their_own_threads() -> None:
 def test_negative_or_non_numeric_outer_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="must be a number >= 0"):
         NoLoCoStrategy(**kwargs)
+
+
+def test_the_defaults_are_the_settings_of_the_authors_noloco_runs() -> None:
+    (module,) = NoLoCoStrategy().communication_modules
+    assert (module.H, module.outer_lr, module.outer_momentum, module.gamma) == (50, 0.7, 0.5, 0.7)
+    assert not module.sends_outer_weights  # gamma == beta: only the local weights travel

@@ -3,10 +3,13 @@ SPARTA every k steps (``sparta_interval``), against a plain-PyTorch reference.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from communicators.sparse import SharedSelector, SparseCommunicator
+from exogym.core.comm.network import Network
 from exogym.strategy import FedAvgStrategy, OptimSpec, SPARTAStrategy
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, node_batches, regression_data
@@ -95,7 +98,10 @@ def test_a_delay_sends_the_same_bytes_in_the_same_steps() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: SPARTAStrategy(async_sparta_delay=-1), r"async_sparta_delay .* must be an int >= 0, got -1"),
+        (
+            lambda: SPARTAStrategy(async_sparta_delay=-1),
+            r"async_sparta_delay .* must be an int >= 0 or 'auto' .*, got -1",
+        ),
         (lambda: SPARTAStrategy(sparta_interval=0), r"sparta_interval .* must be an int >= 1, got 0"),
         (lambda: SparseCommunicator(0.1, "topk", delay=1), "delay is not available with selector='topk'"),
     ],
@@ -103,3 +109,60 @@ def test_a_delay_sends_the_same_bytes_in_the_same_steps() -> None:
 def test_bad_delay_and_interval_name_the_argument(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def _rows(out) -> list[dict]:
+    measured = ("wall_time", "comm_time", "peak_memory")
+    return [{k: v for k, v in r.items() if k not in measured} for r in out[0]["node"].history]
+
+
+@pytest.mark.parametrize(("bandwidth", "latency"), [(1e9, 1e-4), (1e5, 0.01)])
+def test_auto_delay_lands_each_round_at_the_step_its_transfer_arrives(bandwidth: float, latency: float) -> None:
+    """async_sparta_delay="auto" writes each round's average after as many steps as its
+    all-reduce takes on the link (ring: 2(k-1) a + 2(k-1)/k * 8 bytes / B, over steps of 0.01 s):
+    the same parameters and rows as that many rounds of delay, which hide it whole."""
+    k, compute, steps = 2, 0.01, 12
+    net = Network(bandwidth, latency, compute=compute)
+    make = lambda d: lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay=d, optim_spec=SGD)  # noqa: E731
+    auto = train_ranks(k, make("auto"), steps, network=net)
+    payloads = [r.payload for recs in auto[0]["records"] for r in recs]
+    delays = {math.ceil((2 * (k - 1) * latency + 2 * (k - 1) / k * 8 * b / bandwidth) / compute) for b in payloads}
+    assert len(payloads) == steps and len(delays) == 1
+    (delay,) = delays
+    fixed = train_ranks(k, make(delay), steps, network=net)
+    for a, b in zip(auto, fixed, strict=True):
+        for p, q in zip(a["params"], b["params"], strict=True):
+            assert torch.equal(p, q)
+    assert _rows(auto) == _rows(fixed)
+    assert delay == (1 if bandwidth == 1e9 else 4)
+    trained = [r for r in fixed[0]["node"].history if "train_loss" in r]
+    assert [r["sim_comm_time"] for r in trained] == [0.0] * len(trained)  # hidden whole: the node never waits
+    assert [r["sim_time"] for r in trained] == [
+        pytest.approx(r["step"] * compute, abs=1e-12) for r in trained
+    ]  # the slow link delays each average by 3 more rounds
+
+
+def test_auto_delay_refuses_measured_compute_and_topk() -> None:
+    with pytest.raises(ValueError, match=r"delay='auto' .* compute='measured'"):
+        train_ranks(2, lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay="auto", optim_spec=SGD), 2)
+    with pytest.raises(ValueError, match="delay is not available with selector='topk'"):
+        SparseCommunicator(0.1, "topk", delay="auto")
+
+
+@pytest.mark.parametrize("delay", [1, "auto"])
+def test_averages_in_flight_travel_with_the_state_of_a_node_that_rejoins(delay) -> None:
+    """Nodes dropped and rejoining mid-run take a survivor's averages in flight (handles started
+    in the step of the rejoin included); the run is deterministic, and virtual nodes on 2
+    workers give the same simulated times."""
+    from exogym import Faults
+
+    net = Network(1e5, 0.01, compute=0.01, compute_slowdown=(1, 1, 2, 4))
+    faults = Faults(drop_probability=0.3)
+    make = lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay=delay, optim_spec=SGD)  # noqa: E731
+    runs = [train_ranks(4, make, 20, network=net, faults=faults, workers=w) for w in (None, None, 2)]
+    assert any(r.get("nodes_alive", 4) < 4 for r in runs[0][0]["node"].history)  # someone did drop out
+    assert _rows(runs[0]) == _rows(runs[1])
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
+    times = [[(r["step"], r.get("sim_time"), r.get("sim_comm_time")) for r in _rows(run)] for run in (runs[0], runs[2])]
+    assert times[0] == times[1]

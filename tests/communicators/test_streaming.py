@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from exogym.core.comm.network import Network
 from exogym.strategy import DiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, node_batches, regression_data
@@ -127,6 +128,7 @@ def test_quantized_fragments_are_charged_as_int8() -> None:
     [
         ({"num_fragments": 5}, r"num_fragments must be an int in \[1, H=4\]"),
         ({"overlap_steps": 4}, r"overlap_steps must be an int in \[0, H=4\)"),
+        ({"overlap_steps": "later"}, r"overlap_steps must be an int in \[0, H=4\) .* or 'auto'"),
         ({"alpha": 1.5}, r"alpha .* must be in \[0, 1\]"),
         ({"quantize": "fp4"}, "quantize must be one of"),
     ],
@@ -134,3 +136,73 @@ def test_quantized_fragments_are_charged_as_int8() -> None:
 def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StreamingDiLoCoStrategy(H=H, **kwargs)
+
+
+def _rows(out) -> list[dict]:
+    measured = ("wall_time", "comm_time", "peak_memory")
+    return [{k: v for k, v in r.items() if k not in measured} for r in out[0]["node"].history]
+
+
+def _fragment_steps(bandwidth: float, latency: float, compute: float, k: int, floats: int) -> int:
+    """Steps of ``compute`` seconds until a fragment's ring all-reduce of ``floats`` float32
+    among ``k`` nodes has arrived: ceil((2(k-1) a + 2(k-1)/k * 32 floats / B) / compute)."""
+    return math.ceil((2 * (k - 1) * latency + 2 * (k - 1) / k * 32 * floats / bandwidth) / compute)
+
+
+@pytest.mark.parametrize(("bandwidth", "latency"), [(1e9, 1e-4), (1e5, 0.01)])
+def test_auto_lands_each_fragment_at_the_step_its_transfer_arrives(bandwidth: float, latency: float) -> None:
+    """With overlap_steps="auto" an update lands after as many steps as its transfer takes on the
+    link: the same parameters and rows as overlap_steps=<those steps>, which hides it whole."""
+    k, h, compute = 2, 8, 0.01
+    # TinyNet's 161 parameters in two fragments of 80 and 81 floats
+    tau = {_fragment_steps(bandwidth, latency, compute, k, n) for n in (80, 81)}
+    assert len(tau) == 1
+    (tau,) = tau
+    net = Network(bandwidth, latency, compute=compute)
+    auto = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=h, overlap_steps="auto", optim_spec=SGD), 24, network=net)
+    fixed = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=h, overlap_steps=tau, optim_spec=SGD), 24, network=net)
+    for a, b in zip(auto, fixed, strict=True):
+        for p, q in zip(a["params"], b["params"], strict=True):
+            assert torch.equal(p, q)
+    assert _rows(auto) == _rows(fixed)
+    assert tau == (1 if bandwidth == 1e9 else 5)
+    trained = [r for r in fixed[0]["node"].history if "train_loss" in r]
+    assert [r["sim_comm_time"] for r in trained] == [0.0] * len(trained)  # hidden whole: the node never waits
+    assert [r["sim_time"] for r in trained] == [
+        pytest.approx(r["step"] * compute, abs=1e-12) for r in trained
+    ]  # the slow link delays each update by 4 more steps
+
+
+def test_a_step_count_that_the_transfer_does_not_fit_stalls_at_the_wait() -> None:
+    """tau=1 on a link that takes 4.6 steps: the update lands one step after it was sent, the
+    node waiting there for the rest of the transfer (auto lands it later, without the stall)."""
+    net = Network(1e5, 0.01, compute=0.01)
+    fixed = train_ranks(2, lambda: StreamingDiLoCoStrategy(H=8, overlap_steps=1, optim_spec=SGD), 8, network=net)
+    t = 2 * 0.01 + 32 * 80 / 1e5  # fragment 0 (80 floats), sent after step 3, waited for after step 4
+    rows = [r for r in fixed[0]["node"].history if "train_loss" in r]
+    assert [r["sim_comm_time"] for r in rows[:4]] == [0.0] * 4
+    assert rows[4]["sim_comm_time"] == pytest.approx(t - 0.01, abs=1e-12)
+    assert rows[4]["sim_time"] == pytest.approx(4 * 0.01 + t, abs=1e-12)
+
+
+def test_auto_refuses_measured_compute_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"overlap_steps='auto' .* compute='measured': pass fit\(\.\.\., compute="):
+        train_ranks(2, lambda: StreamingDiLoCoStrategy(H=4, overlap_steps="auto", optim_spec=SGD), 4)
+
+
+def test_auto_lands_at_the_same_steps_on_virtual_nodes() -> None:
+    """On a world of speeds 1, 1, 2, 4 (each node's own clock decides), virtual nodes on 1 and 2
+    workers give the thread world's schedule exactly and its values up to summation order."""
+    net = Network(1e5, 0.01, compute=0.01, compute_slowdown=(1, 1, 2, 4))
+    make = lambda: StreamingDiLoCoStrategy(H=8, overlap_steps="auto", optim_spec=SGD)  # noqa: E731
+    runs = [train_ranks(4, make, 24, network=net, workers=w) for w in (None, 1, 2)]
+    schedule = [
+        [{k: r.get(k) for k in ("step", "sim_time", "sim_comm_time", "bytes_sent")} for r in _rows(o)] for o in runs
+    ]
+    clocks = [[o["node"].comm.clock.seconds for o in run] for run in runs]
+    assert schedule[1] == schedule[0] and schedule[2] == schedule[0]
+    assert clocks[1] == clocks[0] and clocks[2] == clocks[0]
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run, strict=True):
+            for p, q in zip(a["params"], b["params"], strict=True):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

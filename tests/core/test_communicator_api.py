@@ -27,6 +27,7 @@ def test_the_overridable_surface_is_at_most_eight_documented_members() -> None:
         "locates_payloads",
         "needs_step_seconds",
         "coded_payloads",
+        "follows_availability",
     }
     public = {n for n in vars(Communicator) if not n.startswith("_")} - runtime - capabilities
     assert public == set(SURFACE) and len(SURFACE) <= 8

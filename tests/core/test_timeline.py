@@ -6,7 +6,7 @@ import pytest
 
 from communicators.async_diloco import AsyncDiLoCoTiming, dylu_steps
 from communicators.fedbuff import FedBuffTiming
-from exogym.core.timeline import DeadlockError, Event, Simulation
+from exogym.core.timeline import DeadlockError, Event, Simulation, format_summary
 
 
 def test_dylu_gives_each_node_local_steps_in_proportion_to_its_speed() -> None:
@@ -46,6 +46,12 @@ def test_pushes_of_segments_done_by_the_last_tick_are_drained_after_it() -> None
     assert [(e.kind, e.rank, e.time) for e in tl.drain] == [("capture", 1, 10.0), ("receive", 1, 10.0)]
     # node 1 pulled version 0; node 0's three updates came first
     assert tl.updates[-1] == (10.0, 1, 3) and tl.end_time == 10.0
+
+
+def test_utilisation_is_each_nodes_compute_over_the_simulated_run() -> None:
+    # node 0: 3 steps of 1 s; node 1: one step of 10 s; the run ends at 10 s (node 1's receipt)
+    summary = AsyncDiLoCoTiming([1.0, 10.0], [0.0, 0.0], 3, [1, 1]).run().summary()
+    assert summary["utilisation"] == [0.3, 1.0]
 
 
 def test_staleness_counts_the_server_versions_applied_since_the_node_pulled() -> None:
@@ -92,3 +98,8 @@ def test_a_deadlock_is_reported_in_simulated_time_naming_each_node_and_what_it_w
     assert "node 0 waits for a quorum of 3 pushes (2 will come)" in msg
     assert "node 1 waits for a quorum of 3 pushes" in msg
     assert err.value.waiting.keys() == {0, 1}
+
+
+def test_the_summary_line_gives_floats_in_lists_to_four_significant_digits() -> None:
+    line = format_summary({"steps": [1, 2], "utilisation": [0.98365684, 1.0], "end_time": 10.123456})
+    assert line == "steps=[1, 2], utilisation=[0.9837, 1], end_time=10.12"

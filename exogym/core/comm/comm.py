@@ -17,6 +17,10 @@ modes change what the collectives do, both set by the runtime, never by a commun
 All methods but :meth:`NodeComm.charge` and :meth:`NodeComm.present` are collectives: every
 rank must call them in the same order with the same ``groups`` partition, or the run deadlocks
 (the launcher then tears it down).
+
+``all_reduce``, ``all_gather`` and ``broadcast`` take ``async_op=True``: the collective starts
+and returns a :class:`~exogym.core.comm.handles.CollectiveHandle` whose result arrives at a
+simulated time (:mod:`exogym.core.comm.handles`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from exogym.core.comm.groups import (
     world_list,
     world_members,
 )
+from exogym.core.comm.handles import CollectiveHandle, LocalClock, start
 from exogym.core.comm.ledger import Ledger
 from exogym.core.comm.protocol import Comm
 from exogym.core.comm.sitout import SitOut
@@ -99,6 +104,8 @@ class NodeComm:
         self.missing: frozenset[int] = frozenset()
         self._everyone = world_list(world_size)  # the members when groups is None (read only, shared)
         self._sitout: SitOut | None = None
+        #: The node's own simulated clock, which times its handles (:mod:`exogym.core.comm.handles`).
+        self.clock = LocalClock()
 
     # -- modes (set by the runtime) ---------------------------------------------------------
     def leaving_out(self, missing: frozenset[int]) -> contextlib.AbstractContextManager[None]:
@@ -218,15 +225,27 @@ class NodeComm:
         charge: bool = True,
         tag: str = "",
         entries: Entries | None = None,
-    ) -> torch.Tensor:
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """Reduce ``tensor`` in place within this rank's group and return it.
 
         ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``; ``groups`` is a partition of
         the ranks, the same on every rank (groups may carry tensors of different sizes). Charged
         as one all_reduce of ``tensor``'s bytes over this rank's group. ``entries`` (where the
         values come from, see :class:`~exogym.core.comm.entries.Entries`) is for wire
-        transforms; the node's own comm moves the values as they are. Collective.
+        transforms; the node's own comm moves the values as they are. ``async_op=True``: start
+        it on ``tensor``'s values at the call and return a
+        :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` writes the result
+        into ``tensor``. Collective.
         """
+        if async_op:
+            return start(
+                self.clock,
+                self.ledger,
+                "all_reduce",
+                tensor,
+                lambda t: self.all_reduce(t, op, groups, charge, tag, entries),
+            )
         if op not in ALL_REDUCE_OPS:
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
         _, members = self._my_group(groups)
@@ -321,12 +340,24 @@ class NodeComm:
             return self.transport.all_reduce_receive(like, op, subset(groups, members))
 
     def all_gather(
-        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
-    ) -> torch.Tensor:
+        self,
+        tensor: torch.Tensor,
+        groups: Groups | None = None,
+        charge: bool = True,
+        tag: str = "",
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """Return ``[len(group), *tensor.shape]``: every group member's ``tensor`` in group order.
 
-        Charged as one all_gather of ``tensor``'s bytes over this rank's group. Collective.
+        Charged as one all_gather of ``tensor``'s bytes over this rank's group. ``async_op=True``:
+        start it on ``tensor``'s values at the call and return a
+        :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` returns the gathered
+        tensor. Collective.
         """
+        if async_op:
+            return start(
+                self.clock, self.ledger, "all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False
+            )
         self._refuse_missing("all_gather")
         self._flush_sitout()
         _, members = self._my_group(groups)
@@ -351,10 +382,16 @@ class NodeComm:
         with staged(tensor) as t, self._timed():
             self.transport.all_gather_contribute(t, subset(groups, members))
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
-        """Overwrite ``tensor`` in place with rank ``src``'s and return it. Collective."""
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
+    ) -> torch.Tensor | CollectiveHandle:
+        """Overwrite ``tensor`` in place with rank ``src``'s and return it. ``async_op=True``: start
+        it at the call and return a :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()``
+        writes rank ``src``'s values (as they were at the start) into ``tensor``. Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
+        if async_op:
+            return start(self.clock, self.ledger, "broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
         self._refuse_missing("broadcast")
         self._flush_sitout()
         with staged(tensor) as t, self._timed():

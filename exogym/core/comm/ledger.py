@@ -60,12 +60,15 @@ class CollectiveRecord:
         received: bytes this node takes off the network.
         tag: free-form name of the issuer (e.g. the communicator), for breakdowns.
         overlap_steps: the algorithm overlaps this transfer with its next ``overlap_steps``
-            steps of compute (Streaming DiLoCo's tau, asynchronous SPARTA's delay); ``0``: the
-            step waits for it. The network model hides it behind that compute.
+            steps of compute (Eager DiLoCo's inner phase); ``0``: the step waits for it. The
+            network model hides it behind that compute.
         members: the participating ranks (``group_size`` of them), or ``None`` where the
             charge did not name them. Records of one group share one tuple, so a record stays
             a few pointers whatever the group's size; a network of regions prices the
             collective on the links these ranks use.
+        blocking: ``False`` for a collective started with ``async_op=True``: the step does not
+            wait for it (its handle's wait does, :mod:`exogym.core.comm.handles`), and it is no
+            meeting of its members.
     """
 
     kind: str
@@ -76,6 +79,7 @@ class CollectiveRecord:
     tag: str = ""
     overlap_steps: int = 0
     members: tuple[int, ...] | None = None
+    blocking: bool = True
 
 
 @dataclass
@@ -93,6 +97,8 @@ class Ledger:
     total_collectives: int = 0
     #: Records made now overlap this many steps of compute (see :meth:`overlapping`).
     overlap_steps: int = 0
+    #: Whether records made now block their step (see :meth:`nonblocking`).
+    blocking: bool = True
 
     @contextlib.contextmanager
     def overlapping(self, steps: int) -> Iterator[None]:
@@ -103,6 +109,16 @@ class Ledger:
             yield
         finally:
             self.overlap_steps = previous
+
+    @contextlib.contextmanager
+    def nonblocking(self) -> Iterator[None]:
+        """Within the block, records carry ``blocking=False``: the collectives of a handle
+        (:mod:`exogym.core.comm.handles`), which the step does not wait for."""
+        previous, self.blocking = self.blocking, False
+        try:
+            yield
+        finally:
+            self.blocking = previous
 
     def record(
         self,
@@ -120,7 +136,9 @@ class Ledger:
         if members is not None and len(members) != group_size:
             raise ValueError(f"members names {len(members)} ranks for a group of {group_size}")
         sent, received = wire_bytes(kind, group_size, payload, is_root)
-        rec = CollectiveRecord(kind, group_size, int(payload), sent, received, tag, self.overlap_steps, members)
+        rec = CollectiveRecord(
+            kind, group_size, int(payload), sent, received, tag, self.overlap_steps, members, self.blocking
+        )
         if count == 1:
             self.step_records.append(rec)
         else:

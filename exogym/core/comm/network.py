@@ -296,12 +296,16 @@ class Network:
         """Seconds a node's step waits for its collectives, run one after the other. Transfers
         the algorithm overlaps with its next ``k`` steps (``overlap_steps``) are hidden behind
         ``k * compute`` (``compute``: this step's compute seconds, taken as the next steps' too);
-        only what exceeds it is waited for. ``at``: the simulated second the step's collectives
-        start (a world's traces price them on the bandwidths then)."""
+        only what exceeds it is waited for; a collective started with ``async_op=True``
+        (``blocking=False``) costs the step nothing: its handle's wait stalls the step that
+        waits (:mod:`exogym.core.comm.handles`). ``at``: the simulated second the step's
+        collectives start (a world's traces price them on the bandwidths then)."""
         blocking = overlapped = 0.0
         budget = 0.0
         world = self.world.at(at) if self.world is not None else None
         for r in records:
+            if not r.blocking:
+                continue
             if world is None:
                 t = self.collective_time(r.kind, r.group_size, r.payload)
             else:

@@ -13,6 +13,7 @@ import torch
 
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.groups import Groups
+from exogym.core.comm.handles import CollectiveHandle, LocalClock
 from exogym.core.comm.ledger import Ledger
 
 
@@ -29,6 +30,8 @@ class Comm(Protocol):
     rank: int
     world_size: int
     ledger: Ledger
+    #: The node's own simulated clock, which times non-blocking collectives.
+    clock: LocalClock
     #: Ranks missing from the current round (fault injection).
     missing: frozenset[int]
     #: Whether a node may sit a round out (contribute nothing, receive nothing) and have the
@@ -44,9 +47,11 @@ class Comm(Protocol):
         charge: bool = True,
         tag: str = "",
         entries: Entries | None = None,
-    ) -> torch.Tensor:
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """Reduce ``tensor`` in place within this rank's group; return it. ``entries``: where
-        its values live in parameter space, for wire transforms that keep state per entry."""
+        its values live in parameter space, for wire transforms that keep state per entry.
+        ``async_op=True``: return a handle instead (:mod:`exogym.core.comm.handles`)."""
         ...
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
@@ -64,13 +69,22 @@ class Comm(Protocol):
         ...
 
     def all_gather(
-        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
-    ) -> torch.Tensor:
-        """``[len(group), *tensor.shape]``: every group member's ``tensor``, in group order."""
+        self,
+        tensor: torch.Tensor,
+        groups: Groups | None = None,
+        charge: bool = True,
+        tag: str = "",
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
+        """``[len(group), *tensor.shape]``: every group member's ``tensor``, in group order
+        (``async_op=True``: a handle whose ``wait()`` returns it)."""
         ...
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
-        """Overwrite ``tensor`` in place with rank ``src``'s; return it."""
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
+    ) -> torch.Tensor | CollectiveHandle:
+        """Overwrite ``tensor`` in place with rank ``src``'s; return it (``async_op=True``: a
+        handle)."""
         ...
 
     def barrier(self) -> None:

@@ -4,15 +4,23 @@ Every call goes to ``base`` unchanged; a subclass overrides the calls it transfo
 :class:`communicators.quantize.QuantizedComm` quantizes float payloads). The runtime's modes
 (missing nodes, sitting out) live on the node's own comm at the bottom, so a wrapper sees them
 through ``base``.
+
+``async_op=True`` is handled here once for every wrapper: the wrapper's own blocking call runs
+on a copy of the payload inside :func:`~exogym.core.comm.handles.start`, so a transform of the
+wire reaches non-blocking collectives too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from exogym.core.comm.comm import Comm
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.groups import Groups
+from exogym.core.comm.handles import CollectiveHandle, LocalClock, start
 from exogym.core.comm.ledger import Ledger
 
 
@@ -39,6 +47,10 @@ class CommWrapper:
         return self.base.ledger
 
     @property
+    def clock(self) -> LocalClock:
+        return self.base.clock
+
+    @property
     def missing(self) -> frozenset[int]:
         return self.base.missing
 
@@ -54,8 +66,19 @@ class CommWrapper:
         charge: bool = True,
         tag: str = "",
         entries: Entries | None = None,
-    ) -> torch.Tensor:
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
+        if async_op:
+            return self.started("all_reduce", tensor, lambda t: self.all_reduce(t, op, groups, charge, tag, entries))
         return self.base.all_reduce(tensor, op, groups, charge, tag, entries)
+
+    def started(
+        self, kind: str, tensor: torch.Tensor, run: Callable[[torch.Tensor], Any], in_place: bool = True
+    ) -> CollectiveHandle:
+        """A handle for ``run`` (this wrapper's blocking ``kind`` call) on a copy of ``tensor``
+        (see :func:`~exogym.core.comm.handles.start`): what an override of a collective returns
+        for ``async_op=True``."""
+        return start(self.clock, self.ledger, kind, tensor, run, in_place)
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
         self.base.all_reduce_contribute(tensor, op, groups)
@@ -69,11 +92,22 @@ class CommWrapper:
         self.base.all_reduce_absent(like, op, groups, repeat)
 
     def all_gather(
-        self, tensor: torch.Tensor, groups: Groups | None = None, charge: bool = True, tag: str = ""
-    ) -> torch.Tensor:
+        self,
+        tensor: torch.Tensor,
+        groups: Groups | None = None,
+        charge: bool = True,
+        tag: str = "",
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
+        if async_op:
+            return self.started("all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False)
         return self.base.all_gather(tensor, groups, charge, tag)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "") -> torch.Tensor:
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
+    ) -> torch.Tensor | CollectiveHandle:
+        if async_op:
+            return self.started("broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
         return self.base.broadcast(tensor, src, charge, tag)
 
     def barrier(self) -> None:

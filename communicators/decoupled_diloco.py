@@ -1,0 +1,515 @@
+"""Decoupled DiLoCo (Douillard et al. 2026, "Decoupled DiLoCo for Resilient Distributed
+Pre-training", arXiv 2604.21428): learners on their own clocks, never waiting; a synchronizer
+that merges the fragments that arrived once a minimum quorum of learners sent one, after an
+adaptive grace window, weighting each learner by the steps (tokens) behind its fragment.
+
+- **Fragments.** The trainable parameters, flat in ``model.parameters()`` order, are cut into
+  ``fragments`` contiguous slices of near-equal size (the first ``N % P`` one entry longer).
+  Fragment ``p`` is due at the offset ``t_p = ((p + 1) H // P) % H``.
+- **Learners.** A learner counts its steps ``s`` over the run and, per fragment, the steps
+  ``c_p`` since it last adopted that fragment. At the end of step ``s`` it sends its slice of
+  every fragment with ``s % H == t_p`` (with ``c_p``) and trains on at once. When a step starts
+  it first adopts every merged fragment that has reached it with a version newer than its own:
+  it overwrites its slice and sets ``c_p = 0``.
+- **Synchronizer.** Per fragment it keeps ``Theta_p``, a Nesterov momentum buffer and the round
+  of contributions since its last merge (the latest from each learner). A round opens with its
+  first contribution (at ``t_open``); when ``quorum`` learners have contributed (at ``t_q``) the
+  merge is set for ``t_q + grace * max(0, tau * step_ref - (t_q - t_open) - sync)`` (the adaptive
+  grace window: ``step_ref`` the step seconds of the ``quorum``-th fastest learner, ``sync`` one
+  fragment transfer), and takes every contribution received by then. With weights
+  ``w_m = c_m / sum c`` (tokens times tokens per step, equal batches: steps),
+  ``Delta = sum_m w_m (Theta_p - theta_mp)`` and Nesterov SGD:
+  ``b = mu b + Delta``, ``Theta_p -= lr (Delta + mu b)``. The merged fragment goes to every
+  learner present, one fragment transfer later.
+- **Staleness-aware outer optimizer** (``outer="cgad"``, :mod:`communicators.cgad`). Each
+  contribution's staleness ``tau_m`` (merges of the fragment since the version the learner held
+  when it sent) scales it: ``Delta = sum_m w_m sigma(tau_m) (Theta_p - theta_mp)``, and Adam with
+  its own moments and step count per fragment steps ``Theta_p`` on ``Delta``. A merge whose every
+  contribution is gated out (``sigma = 0``) leaves ``Theta_p`` and Adam's state as they were.
+- **Absences.** From the network's availability trace (``Network(availability=...)``: a node is
+  absent from a row's time until its next row): a learner absent at any moment of a step does
+  not take it (the work since its last send is lost), sends nothing and drops the fragments that
+  reach it; when it returns it pulls the whole model (one transfer) and starts from it. A round
+  below quorum waits; the others train on.
+- The run's result is the synchronizer's parameters after the drain (contributions in flight
+  received, the merges due made).
+
+The synchronizer is simulated on every node (a replica each, the same bits; no node is the
+synchronizer); a merge is one uncharged all-reduce of the weighted differences, to which the
+contributors add theirs. Transfers are charged to the learner (its fragments sent, the merged
+fragments and pulls it receives); only a pull blocks its steps (it does not wait for the
+others). Contributions are pseudo-gradients measured from the synchronizer's own
+fragment; the paper's radial-directional averaging is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from communicators.async_diloco import _number
+from communicators.cgad import CGAD, cgad_scale, check_cgad
+from communicators.server import ServerCommunicator
+from exogym.core.comm.network import Network
+from exogym.core.timeline import Event, Simulation
+
+#: ``(start, end)``: simulated seconds a learner is absent, ``end`` excluded (may be ``inf``).
+Interval = tuple[float, float]
+
+#: The outer optimizers and their default learning rates.
+OUTER_LR = {"nesterov": 0.7, "cgad": 0.1}
+
+
+def fragment_bounds(n: int, fragments: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each fragment of ``n`` entries: contiguous, near-equal (the first
+    ``n % fragments`` one entry longer)."""
+    size, extra = divmod(n, fragments)
+    bounds, start = [], 0
+    for p in range(fragments):
+        end = start + size + (1 if p < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def fragment_offsets(H: int, fragments: int) -> list[int]:
+    """The step offset ``t_p = ((p + 1) H // P) % H`` at which fragment ``p`` is sent."""
+    return [((p + 1) * H // fragments) % H for p in range(fragments)]
+
+
+def absences(network: Network | None, num_nodes: int) -> list[list[Interval]]:
+    """Per node, the intervals its availability trace makes it absent (none without a trace)."""
+    out: list[list[Interval]] = [[] for _ in range(num_nodes)]
+    availability = None if network is None else network.availability
+    if availability is None:
+        return out
+    for node, points in availability.series:
+        if node >= num_nodes:
+            continue
+        start = None
+        for t, present in points:
+            if not present and start is None:
+                start = t
+            elif present and start is not None:
+                if t > start:
+                    out[node].append((start, t))
+                start = None
+        if start is not None:
+            out[node].append((start, math.inf))
+    return out
+
+
+def _blocking(spans: list[Interval], t: float, d: float) -> Interval | None:
+    """The first absence overlapping ``[t, t + d)`` (at ``t`` for a step of no time)."""
+    for a, b in spans:
+        if a < t + d and b > t or (d == 0 and a <= t < b):
+            return (a, b)
+    return None
+
+
+def _absent(spans: list[Interval], t: float) -> bool:
+    return any(a <= t < b for a, b in spans)
+
+
+class DecoupledTiming(Simulation):
+    """When each learner steps and sends, when the synchronizer merges, who adopts what when.
+
+    Events: ``capture``/``receive`` (a contribution; ``data``: fragment, send index, the
+    learner's ``c_p`` and version), ``merge`` (``rank``: the fragment; ``data``: the version it
+    makes, ``((rank, send index, weight, staleness), ...)`` and the learners it is sent to), ``deliver``
+    (a merged fragment reaches a learner; ``data``: fragment, version), ``serve``/``restore`` (a
+    returning learner's pull of the whole model), ``adopt`` (at a step start: ``data``, the
+    ``(fragment, version)`` pairs the learner adopts).
+
+    Args:
+        step_seconds: per node, seconds per training step.
+        fragment_seconds: per node and fragment, seconds of one transfer of the fragment.
+        pull_seconds: per node, seconds of one transfer of the whole model.
+        max_ticks: the run's steps (ticks).
+        H, quorum, grace, tau: the schedule's settings.
+        down: per node, its absences.
+    """
+
+    kinds = ("capture", "receive", "merge", "serve", "deliver", "restore", "adopt", "start")
+    drain_kinds = frozenset({"capture", "receive", "merge"})
+
+    def __init__(
+        self,
+        step_seconds: list[float],
+        fragment_seconds: list[list[float]],
+        pull_seconds: list[float],
+        max_ticks: int,
+        H: int,
+        quorum: int,
+        grace: float,
+        tau: int,
+        down: list[list[Interval]],
+    ) -> None:
+        super().__init__(step_seconds, max_ticks)
+        k, P = self.num_nodes, len(fragment_seconds[0])
+        if quorum > k:
+            raise ValueError(f"quorum={quorum} is more than the {k} nodes (learners)")
+        self.fragment_seconds, self.pull_seconds, self.down = fragment_seconds, pull_seconds, down
+        self.H, self.quorum, self.grace, self.tau = H, quorum, grace, tau
+        self.offsets = fragment_offsets(H, P)
+        self.step_ref = sorted(step_seconds)[quorum - 1]
+        self.steps_taken = [0] * k
+        self.sends = [0] * k
+        self.c = [[0] * P for _ in range(k)]
+        self.v = [[0] * P for _ in range(k)]
+        self.arrived = [[0] * P for _ in range(k)]  # the newest version that reached each learner
+        self.version = [0] * P
+        self.round: list[dict[int, tuple[int, int, int, float]]] = [{} for _ in range(P)]
+        self.opened = [0.0] * P
+        self.merging = [False] * P
+
+    def _step_or_leave(self, r: int, t: float, adopt: bool) -> None:
+        """Learner ``r`` starts a step at ``t``, or, absent during it, pulls when it returns."""
+        span = _blocking(self.down[r], t, self.step_seconds[r])
+        if span is None:
+            if adopt:
+                self.schedule(t, "adopt", r)
+            self.schedule(t, "start", r)
+            return
+        a, b = span
+        if math.isinf(b):
+            self.waiting[r] = f"its return (absent from {a:g} s on)"
+            return
+        self.waiting[r] = f"its return at {b:g} s"
+        self.schedule(b, "serve", r)
+
+    def begin(self) -> None:
+        for r in range(self.num_nodes):
+            self._step_or_leave(r, 0.0, adopt=False)
+
+    def on_start(self, ev: Event) -> None:
+        r = ev.rank
+        end = self.step_end(r, ev.time)
+        self.steps_taken[r] += 1
+        s = self.steps_taken[r]
+        c = self.c[r]
+        for p in range(len(c)):
+            c[p] += 1
+        for p, offset in enumerate(self.offsets):
+            if s % self.H == offset:
+                data = (p, self.sends[r], c[p], self.v[r][p])
+                self.schedule(end, "capture", r, data=data)
+                self.schedule(end + self.fragment_seconds[r][p], "receive", r, data=data)
+                self.sends[r] += 1
+        self._step_or_leave(r, end, adopt=True)
+
+    def on_receive(self, ev: Event) -> None:
+        r, (p, send, c, v) = ev.rank, ev.data
+        contributions = self.round[p]
+        if not contributions:
+            self.opened[p] = ev.time
+        contributions[r] = (send, c, v, ev.time)
+        if not self.merging[p] and len(contributions) >= self.quorum:
+            self.merging[p] = True
+            slack = self.tau * self.step_ref - (ev.time - self.opened[p]) - self.fragment_seconds[r][p]
+            self.schedule(ev.time + self.grace * max(0.0, slack), "merge", p)
+
+    def on_merge(self, ev: Event) -> Event:
+        p, t = ev.rank, ev.time
+        contributions = sorted(self.round[p].items())
+        total = float(sum(c for _, (_, c, _, _) in contributions))
+        taken = tuple((r, send, float(c) / total, self.version[p] - v) for r, (send, c, v, _) in contributions)
+        for r, (_, _, v, received) in contributions:
+            self.record_update(received, r, self.version[p] - v)
+        self.version[p] += 1
+        self.round[p], self.merging[p] = {}, False
+        self.record("merges", t, p, tuple(m[0] for m in taken), tuple(m[2] for m in taken))
+        self.touch(t)
+        recipients = []
+        for r in range(self.num_nodes):
+            arrival = t + self.fragment_seconds[r][p]
+            if not _absent(self.down[r], arrival):
+                recipients.append(r)
+                self.schedule(arrival, "deliver", r, data=(p, self.version[p]))
+        return replace(ev, data=(self.version[p], taken, tuple(recipients)))
+
+    def on_deliver(self, ev: Event) -> None:
+        r, (p, version) = ev.rank, ev.data
+        self.arrived[r][p] = max(self.arrived[r][p], version)
+
+    def on_serve(self, ev: Event) -> Event:
+        versions = tuple(self.version)
+        self.schedule(ev.time + self.pull_seconds[ev.rank], "restore", ev.rank, data=versions)
+        return replace(ev, data=versions)
+
+    def on_restore(self, ev: Event) -> None:
+        r = ev.rank
+        self.v[r] = list(ev.data)
+        self.c[r] = [0] * len(self.c[r])
+        self.waiting.pop(r, None)
+        self._step_or_leave(r, ev.time, adopt=True)
+
+    def on_adopt(self, ev: Event) -> Event:
+        r = ev.rank
+        adopted = []
+        for p, version in enumerate(self.arrived[r]):
+            if version > self.v[r][p]:
+                adopted.append((p, version))
+                self.v[r][p], self.c[r][p] = version, 0
+        return replace(ev, data=tuple(adopted))
+
+
+class DecoupledDiLoCoCommunicator(ServerCommunicator):
+    """Decoupled DiLoCo's module: learners, and the synchronizer simulated on every node (see
+    the module docstring).
+
+    Args:
+        H: steps between two sends of one fragment.
+        fragments: ``P``, the fragments (``1 <= P <= H``).
+        quorum: learners whose contribution a merge waits for (``1 <= quorum <=`` the nodes;
+            ``None``: half the nodes, at least one).
+        grace: ``gamma`` in ``[0, 1)``, the share of the slack the synchronizer waits after the
+            quorum (``0``: merge at the quorum).
+        tau: the overlap, in steps, the grace window's slack is measured in.
+        outer_lr: the synchronizer's learning rate (``None``: 0.7 for Nesterov, 0.1 for CGAD).
+        outer_momentum: Nesterov's momentum (``outer="nesterov"`` only).
+        outer: the synchronizer's optimizer: ``"nesterov"`` (Nesterov SGD) or ``"cgad"`` (Adam on
+            staleness-scaled pseudo-gradients, :mod:`communicators.cgad`).
+        cgad_alpha, cgad_cutoff: CGAD's decay per merge of age and the age (merges) from which a
+            contribution is gated out (``float("inf")``: no gate); ``outer="cgad"`` only.
+        cgad_betas, cgad_eps: CGAD's Adam betas and epsilon; ``outer="cgad"`` only.
+    """
+
+    follows_availability = True
+
+    def __init__(
+        self,
+        H: int,
+        fragments: int = 1,
+        quorum: int | None = None,
+        grace: float = 0.5,
+        tau: int = 2,
+        outer_lr: float | None = None,
+        outer_momentum: float = 0.9,
+        outer: str = "nesterov",
+        cgad_alpha: float = 0.1,
+        cgad_cutoff: float = 16,
+        cgad_betas: tuple[float, float] = (0.9, 0.999),
+        cgad_eps: float = 1e-8,
+    ) -> None:
+        super().__init__()
+        checks = (("H", H, 1), ("fragments", fragments, 1), ("quorum", quorum, 1), ("tau", tau, 0))
+        for name, v, least in checks:
+            if v is None and name == "quorum":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                none = " or None (half the nodes)" if name == "quorum" else ""
+                raise ValueError(f"{name} must be an int >= {least}{none}, got {v!r}")
+        if fragments > H:
+            raise ValueError(f"fragments must be at most H={H} (one fragment due per step at most), got {fragments}")
+        if not _number(grace) or not 0 <= grace < 1:
+            raise ValueError(f"grace must be a number in [0, 1) (the share of the slack waited), got {grace!r}")
+        if outer not in OUTER_LR:
+            raise ValueError(f"outer must be one of {sorted(OUTER_LR)} (the synchronizer's optimizer), got {outer!r}")
+        outer_lr = OUTER_LR[outer] if outer_lr is None else outer_lr
+        if not _number(outer_lr) or not outer_lr > 0:
+            raise ValueError(f"outer_lr must be a number > 0 or None (the outer optimizer's default), got {outer_lr!r}")
+        if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
+        check_cgad(cgad_alpha, cgad_cutoff, cgad_betas, cgad_eps)
+        self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
+        self.outer, self.outer_lr, self.outer_momentum = outer, outer_lr, outer_momentum
+        self.cgad_alpha, self.cgad_cutoff = cgad_alpha, cgad_cutoff
+        self.cgad_betas, self.cgad_eps = cgad_betas, cgad_eps
+
+    # -- the timing -------------------------------------------------------------------------
+    def timing_key(self) -> tuple[Any, ...]:
+        down = tuple(tuple(spans) for spans in self.down)
+        fragment_seconds = tuple(tuple(row) for row in self.fragment_seconds)
+        return (self.sync_steps, self.fragments, self._quorum, self.grace, self.tau, fragment_seconds, down)
+
+    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
+        transfer = super().transfers
+        self.pull = transfer(network, num_nodes, nbytes)
+        per_fragment = [transfer(network, num_nodes, 4 * (b - a)) for a, b in self.bounds]
+        self.fragment_seconds = [[per_fragment[p][r] for p in range(self.fragments)] for r in range(num_nodes)]
+        return self.pull
+
+    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
+        return DecoupledTiming(
+            step_seconds, self.fragment_seconds, self.pull, max_steps, self.sync_steps, self._quorum, self.grace,
+            self.tau, self.down,
+        )  # fmt: skip
+
+    # -- the values -------------------------------------------------------------------------
+    def setup(self, ctx: Any) -> None:
+        k = ctx.num_nodes
+        numel = sum(p.numel() for p in ctx.model.parameters() if p.requires_grad)
+        if self.fragments > numel:
+            raise ValueError(f"fragments={self.fragments} is more than the model's {numel} trainable entries")
+        #: Per fragment, its ``[start, end)`` in the flat parameters.
+        self.bounds = fragment_bounds(numel, self.fragments)
+        self._quorum = self.quorum if self.quorum is not None else max(1, k // 2)
+        if self._quorum > k:
+            raise ValueError(f"quorum={self.quorum} is more than num_nodes={k} (each node is a learner)")
+        #: Per node, its absences (from the network's availability trace).
+        self.down = absences(ctx.network, k)
+        self.pull, self.fragment_seconds = [0.0] * k, [[0.0] * self.fragments for _ in range(k)]
+        super().setup(ctx)
+        #: The synchronizer's optimizer state (its parameters are :attr:`server`): Nesterov's
+        #: buffer, or CGAD's Adam moments per fragment.
+        self.momentum: torch.Tensor | None = None
+        self.cgad: CGAD | None = None
+        if self.outer == "cgad":
+            self.cgad = CGAD(self.server, self.fragments, self.outer_lr, self.cgad_betas, self.cgad_eps)
+        else:
+            self.momentum = torch.zeros_like(self.server)
+        #: This learner's contributions not yet merged, by ``(fragment, send index)``.
+        self.outbox: dict[tuple[int, int], torch.Tensor] = {}
+        #: Merged fragments sent to this learner and not yet adopted: fragment -> version -> slice.
+        self.inbox: dict[int, dict[int, torch.Tensor]] = {}
+        #: The whole model a returning learner pulled, until it arrives.
+        self.pulled: torch.Tensor | None = None
+
+    def _slice(self, t: torch.Tensor, p: int) -> torch.Tensor:
+        a, b = self.bounds[p]
+        return t[a:b]
+
+    def _charge_bytes(self, nbytes: int, is_root: bool, blocking: bool = False) -> None:
+        r, comm = self.ctx.rank, self.ctx.comm
+        if blocking:  # a returning learner waits for the model it pulls
+            comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
+            return
+        with comm.ledger.nonblocking():  # the learner trains on meanwhile
+            comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
+
+    def _on_capture(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            p, send = ev.data[0], ev.data[1]
+            self.outbox[(p, send)] = self._slice(self._read(), p).clone()
+            self._charge_bytes(4 * (self.bounds[p][1] - self.bounds[p][0]), is_root=True)
+
+    def _on_receive(self, ev: Event) -> None:
+        return None  # the synchronizer holds the contribution until its merge (in the sender's outbox)
+
+    def _on_merge(self, ev: Event) -> None:
+        p, me, comm = ev.rank, self.ctx.rank, self.ctx.comm
+        version, taken, recipients = ev.data
+        theta = self._slice(self.server, p)
+        # CGAD scales each contribution by its staleness; Nesterov takes them as they are
+        scale = {r: self._scale(tau) for r, _, _, tau in taken}
+        mine = [(send, w) for r, send, w, _ in taken if r == me]
+        if mine:
+            send, w = mine[0]
+            delta = (theta - self.outbox.pop((p, send))) * (w * scale[me])
+            for key in [key for key in self.outbox if key[0] == p and key[1] < send]:
+                del self.outbox[key]  # a later contribution of this learner replaced it
+            delta = comm.all_reduce(delta, charge=False)
+        else:
+            delta = comm.all_reduce_receive(theta)
+        if self.cgad is not None:
+            if any(s > 0 for s in scale.values()):  # all gated out: nothing arrived to step on
+                self.cgad.step(p, self.bounds[p], theta, delta)
+        else:
+            assert self.momentum is not None
+            buf = self._slice(self.momentum, p)
+            buf.mul_(self.outer_momentum).add_(delta)
+            theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
+        if me in recipients:
+            self.inbox.setdefault(p, {})[version] = theta.clone()
+
+    def _scale(self, tau: int) -> float:
+        """The factor of a contribution ``tau`` merges stale: CGAD's ``sigma(tau)``, or 1."""
+        return cgad_scale(tau, self.cgad_alpha, self.cgad_cutoff) if self.outer == "cgad" else 1.0
+
+    def _on_deliver(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            p = ev.data[0]
+            self._charge_bytes(4 * (self.bounds[p][1] - self.bounds[p][0]), is_root=False)
+
+    def _on_serve(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            self.pulled = self.server.clone()
+
+    def _on_restore(self, ev: Event) -> None:
+        if ev.rank == self.ctx.rank:
+            assert self.pulled is not None
+            self._write(self.pulled)
+            self.pulled = None
+            for p, version in enumerate(ev.data):  # what reached it before is older than the pull
+                box = self.inbox.get(p, {})
+                for v in [v for v in box if v <= version]:
+                    del box[v]
+            self._charge_bytes(self.nbytes, is_root=False, blocking=True)
+
+    def _on_adopt(self, ev: Event) -> None:
+        if ev.rank != self.ctx.rank or not ev.data:
+            return
+        flat = self._read()
+        for p, version in ev.data:
+            box = self.inbox[p]
+            self._slice(flat, p).copy_(box[version])
+            for v in [v for v in box if v <= version]:
+                del box[v]
+        self._write(flat)
+
+    def summary(self) -> dict[str, Any]:
+        """As :meth:`ServerCommunicator.summary`, plus the merges: their number and the mean
+        number of learners a merge takes; with CGAD, ``gated``: the merged contributions at or past
+        the cutoff (scaled to zero)."""
+        out = super().summary()
+        tl = self.timeline
+        if tl is None:
+            return out
+        merges = tl.records.get("merges", [])
+        out["merges"] = len(merges)
+        out["learners_per_merge"] = sum(len(m[2]) for m in merges) / len(merges) if merges else 0.0
+        if self.outer == "cgad":
+            out["gated"] = sum(1 for _, _, tau in tl.updates if tau >= self.cgad_cutoff)
+        return out
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {
+            "momentum": self.momentum,
+            "cgad": None if self.cgad is None else self.cgad.state_dict(),
+            "outbox": {f"{p}:{s}": t for (p, s), t in self.outbox.items()},
+            "inbox": {f"{p}:{v}": t for p, box in self.inbox.items() for v, t in box.items()},
+            "pulled": self.pulled,
+        }
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        if self.cgad is not None:
+            self.cgad.load_state_dict(state["cgad"])
+        else:
+            assert self.momentum is not None
+            self.momentum.copy_(state["momentum"])
+        self.outbox = {}
+        for key, t in state["outbox"].items():
+            p, s = key.split(":")
+            self.outbox[(int(p), int(s))] = t.clone()
+        self.inbox = {}
+        for key, t in state["inbox"].items():
+            p, v = key.split(":")
+            self.inbox.setdefault(int(p), {})[int(v)] = t.clone()
+        self.pulled = None if state["pulled"] is None else state["pulled"].clone()
+
+    def describe(self) -> str:
+        return (
+            f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
+            f"grace={self.grace}, tau={self.tau}, {self._describe_outer()})"
+        )
+
+    def _describe_outer(self) -> str:
+        if self.outer == "cgad":
+            return (
+                f"outer='cgad', outer_lr={self.outer_lr}, cgad_alpha={self.cgad_alpha}, "
+                f"cgad_cutoff={self.cgad_cutoff}, cgad_betas={self.cgad_betas}, cgad_eps={self.cgad_eps}"
+            )
+        return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
+
+
+__all__ = [
+    "DecoupledDiLoCoCommunicator",
+    "DecoupledTiming",
+    "absences",
+    "fragment_bounds",
+    "fragment_offsets",
+]

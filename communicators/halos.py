@@ -1,0 +1,328 @@
+"""HALoS (Kim et al. 2025, "HALoS: Hierarchical Asynchronous Local SGD over Slow Networks for
+Geo-Distributed Large Language Model Training", arXiv 2506.04531): a local parameter server
+(LPS) in every region and one global parameter server (GPS), all asynchronous.
+
+- **Workers** (the nodes) take ``H_r`` local steps from the parameters their region's LPS sent
+  them and push the pseudo-gradient ``g = start - local`` to it; they wait for its reply (one
+  intra-region transfer each way). With dynamic local updates (``dylu``) a worker of speed
+  ``v_r`` takes ``H_r = max(1, ceil(H v_r / v_max))`` steps.
+- **An LPS** applies every worker update at once with delayed Nesterov momentum
+  (:class:`~communicators.async_diloco.DelayedNesterov`, ``c = 0``) and sends the worker its
+  parameters. When ``accumulation`` worker updates have arrived since its last merge it pushes
+  ``d = b - theta`` (its progress since that merge, ``b`` its parameters right after it) to the
+  GPS and keeps serving its workers; updates that arrive while the push is in flight are applied
+  locally and never pushed.
+- **The GPS** applies each ``d`` with its own delayed Nesterov momentum and sends its parameters
+  back to that LPS, which merges them on arrival: ``theta = (1 - alpha) theta + alpha theta_G``
+  (``alpha = merge_weight``), sets ``b = theta`` and counts updates from zero again.
+- The run's result is the GPS's parameters after the drain (every push in flight received,
+  applied and merged).
+
+Staleness: of a worker update, LPS versions (worker updates applied) between the worker's pull
+and its push; of an LPS push, GPS versions between the global model the LPS last merged and the
+push's receipt.
+
+The LPSs and the GPS are simulated on every node (every node holds a replica of each; the
+nodes' replicas hold the same bits: no node is a server). Worker transfers are charged to the
+worker (a transfer of the model within its region); transfers between the servers belong to no
+node and are counted in the run's summary (``region_bytes``). On a world, region ``q``'s LPS sits
+in region ``q`` and the GPS in the first region: a worker's transfer is priced on its region's
+link and its access link, as the clock prices a transfer between two nodes of that region; an
+LPS's on the link between its region and the first (within the first region, its link; free in
+a region of one node). On a homogeneous network every node is in one region.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from communicators.async_diloco import AsyncDiLoCoTiming, DelayedNesterov, _number
+from communicators.server import ServerCommunicator
+from exogym.core.comm.network import Network
+from exogym.core.timeline import Event, Simulation
+
+
+def halos_steps(H: int, step_seconds: list[float], dylu: bool) -> list[int]:
+    """Per node, its local steps per segment: ``H``, or with DyLU
+    ``max(1, ceil(H * v_r / v_max))`` with speed ``v_r = 1 / step_seconds[r]``."""
+    fastest = min(step_seconds)
+    if not dylu or fastest <= 0:
+        return [H] * len(step_seconds)
+    return [max(1, math.ceil(H * fastest / s - 1e-9)) for s in step_seconds]
+
+
+def regions_of(network: Network, num_nodes: int) -> list[int]:
+    """Per node, its region (one region on a homogeneous network)."""
+    world = network.world
+    return [0] * num_nodes if world is None else [world.region_of[r] for r in range(num_nodes)]
+
+
+def worker_transfer_seconds(network: Network, rank: int, nbytes: int) -> float:
+    """Seconds to move ``nbytes`` between node ``rank`` and its region's LPS: as the clock
+    prices a transfer between two nodes of the region."""
+    return network.collective_seconds("broadcast", nbytes, (rank, rank))
+
+
+def region_transfer_seconds(network: Network, region: int, nbytes: int) -> float:
+    """Seconds to move ``nbytes`` between region ``region``'s LPS and the GPS (in the first
+    region): the link between the two regions (no access link)."""
+    world = network.world
+    if world is None:
+        return network.latency + 8.0 * nbytes / network.bandwidth
+    link = world.links[region][0]
+    if link is None:  # the first region has one node: its LPS and the GPS share the machine room
+        return 0.0
+    return link.latency + 8.0 * nbytes / link.bandwidth
+
+
+class HALoSTiming(AsyncDiLoCoTiming):
+    """When each worker steps and pushes, when each LPS pushes to the GPS and merges. Workers
+    step and push as Async DiLoCo's nodes do (:class:`AsyncDiLoCoTiming`), to their region's LPS.
+
+    Events of the servers carry the region as their ``rank``: ``region_receive`` (the GPS
+    receives an LPS's push; ``data``: the GPS version the LPS last merged), ``region_serve``
+    (the GPS sends its parameters to the LPS) and ``merge`` (the LPS merges them; ``data``: the
+    GPS version sent). A worker ``receive`` whose ``data`` is ``(1,)`` makes its LPS push.
+
+    Args:
+        step_seconds: per node, seconds per training step.
+        transfer: per node, seconds to move the model between it and its LPS.
+        region: per node, its region.
+        region_transfer: per region, seconds to move the model between its LPS and the GPS.
+        max_ticks: the run's steps (ticks).
+        local_steps: per node, its local steps per segment.
+        accumulation: worker updates per LPS push.
+    """
+
+    kinds = ("capture", "receive", "region_receive", "region_serve", "merge", "serve", "deliver", "start")
+    drain_kinds = frozenset({"capture", "receive", "region_receive", "region_serve", "merge"})
+
+    def __init__(
+        self,
+        step_seconds: list[float],
+        transfer: list[float],
+        region: list[int],
+        region_transfer: list[float],
+        max_ticks: int,
+        local_steps: list[int],
+        accumulation: int,
+    ) -> None:
+        super().__init__(step_seconds, transfer, max_ticks, local_steps)
+        self.region, self.region_transfer, self.accumulation = region, region_transfer, accumulation
+        regions = len(region_transfer)
+        self.version = [0] * regions  # worker updates each LPS applied
+        self.count = [0] * regions  # since its last merge
+        self.merged = [0] * regions  # the GPS version each LPS last merged
+        self.pushes = [0] * regions
+        self.global_version = 0
+
+    def on_receive(self, ev: Event) -> Event:
+        r, q = ev.rank, self.region[ev.rank]
+        staleness = self.version[q] - self.pulled[r]
+        self.version[q] += 1
+        self.count[q] += 1
+        self.record_update(ev.time, r, staleness)
+        push = self.count[q] == self.accumulation
+        if push:
+            self.schedule(
+                ev.time + self.region_transfer[q], "region_receive", q, self.pushes[q], data=(self.merged[q],)
+            )
+            self.pushes[q] += 1
+        self.schedule(ev.time, "serve", r)
+        return replace(ev, staleness=staleness, data=(1,) if push else ())
+
+    def on_region_receive(self, ev: Event) -> Event:
+        q = ev.rank
+        staleness = self.global_version - ev.data[0]
+        self.global_version += 1
+        self.record("region_updates", ev.time, q, staleness)
+        self.touch(ev.time)
+        self.schedule(ev.time, "region_serve", q)
+        return replace(ev, staleness=staleness)
+
+    def on_region_serve(self, ev: Event) -> None:
+        q = ev.rank
+        self.schedule(ev.time + self.region_transfer[q], "merge", q, data=(self.global_version,))
+
+    def on_merge(self, ev: Event) -> None:
+        q = ev.rank
+        self.count[q] = 0
+        self.merged[q] = ev.data[0]
+        self.record("merges", ev.time, q, ev.data[0])
+        self.touch(ev.time)
+
+    def on_serve(self, ev: Event) -> None:
+        self.pulled[ev.rank] = self.version[self.region[ev.rank]]
+        self.schedule(ev.time + self.transfer[ev.rank], "deliver", ev.rank)
+
+
+class HALoSCommunicator(ServerCommunicator):
+    """HALoS's module: workers, the LPS of every region and the GPS (see the module docstring).
+
+    Args:
+        H: local steps per segment (the fastest node's, with ``dylu``).
+        accumulation: worker updates an LPS applies before it pushes to the GPS (the paper's
+            ``K``); ``None``: the number of workers in its region.
+        merge_weight: ``alpha``, the global model's weight when an LPS merges it (in ``[0, 1]``).
+        lps_lr, lps_momentum, lps_period: each LPS's delayed Nesterov (``lps_period``
+            ``None``: the workers in its region).
+        gps_lr, gps_momentum, gps_period: the GPS's (``gps_period`` ``None``: the regions).
+        dylu: dynamic local updates.
+    """
+
+    def __init__(
+        self,
+        H: int,
+        accumulation: int | None = None,
+        merge_weight: float = 0.25,
+        lps_lr: float = 0.7,
+        lps_momentum: float = 0.5,
+        lps_period: int | None = None,
+        gps_lr: float = 0.5,
+        gps_momentum: float = 0.5,
+        gps_period: int | None = None,
+        dylu: bool = True,
+    ) -> None:
+        super().__init__()
+        counts = (("H", H), ("accumulation", accumulation), ("lps_period", lps_period), ("gps_period", gps_period))
+        for name, v in counts:
+            if name != "H" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                none = "" if name == "H" else " or None"
+                raise ValueError(f"{name} must be an int >= 1{none}, got {v!r}")
+        for name, v in (("lps_lr", lps_lr), ("gps_lr", gps_lr)):
+            if not _number(v) or not v > 0:
+                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+        for name, v in (("lps_momentum", lps_momentum), ("gps_momentum", gps_momentum)):
+            if not _number(v) or not 0 <= v < 1:
+                raise ValueError(f"{name} must be a number in [0, 1), got {v!r}")
+        if not _number(merge_weight) or not 0 <= merge_weight <= 1:
+            raise ValueError(
+                f"merge_weight must be a number in [0, 1] (the global model's weight), got {merge_weight!r}"
+            )
+        if not isinstance(dylu, bool):
+            raise ValueError(f"dylu must be True or False, got {dylu!r}")
+        self.segment_steps, self.accumulation, self.merge_weight = H, accumulation, merge_weight
+        self.lps_lr, self.lps_momentum, self.lps_period = lps_lr, lps_momentum, lps_period
+        self.gps_lr, self.gps_momentum, self.gps_period = gps_lr, gps_momentum, gps_period
+        self.dylu = dylu
+
+    def timing_key(self) -> tuple[Any, ...]:
+        return (self.segment_steps, self.dylu, self._accumulation, tuple(self.region), tuple(self.region_transfer))
+
+    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
+        return [worker_transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
+
+    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
+        steps = halos_steps(self.segment_steps, step_seconds, self.dylu)
+        return HALoSTiming(
+            step_seconds, transfer, self.region, self.region_transfer, max_steps, steps, self._accumulation
+        )
+
+    def setup(self, ctx: Any) -> None:
+        network, k = ctx.network, ctx.num_nodes
+        nbytes = sum(p.numel() * p.element_size() for p in ctx.model.parameters() if p.requires_grad)
+        #: Per node, its region; per region, the seconds of a transfer between its LPS and the GPS.
+        self.region = regions_of(network, k) if network is not None else [0] * k
+        regions = 1 + max(self.region)
+        self.region_transfer = (
+            [region_transfer_seconds(network, q, nbytes) for q in range(regions)]
+            if network is not None
+            else [0.0] * regions
+        )
+        workers = [self.region.count(q) for q in range(regions)]
+        self._accumulation = self.accumulation or max(workers)
+        super().setup(ctx)
+        me = self.region[ctx.rank]
+        #: The LPSs: per region its parameters, its parameters after its last merge, its optimizer.
+        self.lps = [self.server.clone() for _ in range(regions)]
+        self.baseline = [self.server.clone() for _ in range(regions)]
+        self.lps_dn = [
+            DelayedNesterov(self.server, self.lps_lr, self.lps_momentum, self.lps_period or workers[q])
+            for q in range(regions)
+        ]
+        #: The GPS: :attr:`server` (its parameters) and its optimizer.
+        self.gps_dn = DelayedNesterov(self.server, self.gps_lr, self.gps_momentum, self.gps_period or regions)
+        #: Per region, its push in flight to the GPS and the GPS's reply in flight to it.
+        self.region_push: dict[int, torch.Tensor] = {}
+        self.region_reply: dict[int, torch.Tensor] = {}
+        self.my_region = me
+
+    def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        return start - local
+
+    def apply(self, update: torch.Tensor, ev: Event) -> None:
+        q = self.region[ev.rank]
+        self.lps_dn[q].step(self.lps[q], update)
+        if ev.data:  # the LPS pushes its progress since its last merge
+            self.region_push[q] = self.baseline[q] - self.lps[q]
+
+    def _on_region_receive(self, ev: Event) -> None:
+        self.gps_dn.step(self.server, self.region_push.pop(ev.rank))
+
+    def _on_region_serve(self, ev: Event) -> None:
+        self.region_reply[ev.rank] = self.server.clone()
+
+    def _on_merge(self, ev: Event) -> None:
+        q, w = ev.rank, self.merge_weight
+        self.lps[q].mul_(1 - w).add_(self.region_reply.pop(q) * w)
+        self.baseline[q].copy_(self.lps[q])
+
+    def served_state(self, rank: int) -> torch.Tensor:
+        return self.lps[self.region[rank]]
+
+    def summary(self) -> dict[str, Any]:
+        """As :meth:`ServerCommunicator.summary`, plus the LPSs' pushes to the GPS (their
+        number and staleness), the merges, and the bytes moved between the servers."""
+        out = super().summary()
+        tl = self.timeline
+        if tl is None:
+            return out
+        pushes = tl.records.get("region_updates", [])
+        merges = tl.records.get("merges", [])
+        out["region_updates"] = len(pushes)
+        out["region_staleness_mean"] = sum(s for _, _, s in pushes) / len(pushes) if pushes else 0.0
+        out["merges"] = len(merges)
+        out["region_bytes"] = (len(pushes) + len(merges)) * self.nbytes
+        return out
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {
+            "lps": self.lps,
+            "baseline": self.baseline,
+            "lps_dn": [dn.state_dict() for dn in self.lps_dn],
+            "gps_dn": self.gps_dn.state_dict(),
+            "region_push": dict(self.region_push),
+            "region_reply": dict(self.region_reply),
+        }
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        for mine, saved in zip(self.lps + self.baseline, state["lps"] + state["baseline"], strict=True):
+            mine.copy_(saved)
+        for dn, saved in zip(self.lps_dn, state["lps_dn"], strict=True):
+            dn.load_state_dict(saved)
+        self.gps_dn.load_state_dict(state["gps_dn"])
+        self.region_push = {int(q): t.clone() for q, t in state["region_push"].items()}
+        self.region_reply = {int(q): t.clone() for q, t in state["region_reply"].items()}
+
+    def describe(self) -> str:
+        return (
+            f"HALoS(H={self.segment_steps}, accumulation={self.accumulation}, merge_weight={self.merge_weight}, "
+            f"lps_lr={self.lps_lr}, lps_momentum={self.lps_momentum}, lps_period={self.lps_period}, "
+            f"gps_lr={self.gps_lr}, gps_momentum={self.gps_momentum}, gps_period={self.gps_period}, dylu={self.dylu})"
+        )
+
+
+__all__ = [
+    "HALoSCommunicator",
+    "HALoSTiming",
+    "halos_steps",
+    "region_transfer_seconds",
+    "regions_of",
+    "worker_transfer_seconds",
+]
