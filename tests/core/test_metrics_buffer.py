@@ -137,17 +137,19 @@ from exogym.metrics import _give_back_free_memory
 libc = ctypes.CDLL(None)
 libc.mallopt(-8, 1)  # one arena, as a worker of virtual nodes
 libc.mallopt(-3, 64 * 2**20)  # arrays from the heap (as glibc does once one mapping was freed)
+libc.mallopt(-1, 2**30)  # free() trims nothing itself: what is freed stays until a trim
 def rss():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+start = rss()
 kept = []
-for _ in range(300):  # nodes in turn: a 1.6 MB array made and freed, a small allocation kept
-    big = torch.ones(200_000, dtype=torch.float64)
+for i in range(300):  # nodes in turn: a 1.6 MB array made and freed, a small allocation kept
+    big = torch.ones(200_000 + 64 * i, dtype=torch.float64)  # each a little larger than the last hole
+    kept.append(torch.zeros(512 + i, dtype=torch.float64))  # (above the array: too large for the caches)
     del big
-    kept.append(torch.zeros(16))
 before = rss()
 _give_back_free_memory()
-print(before - rss())
+print(before - start, before - rss())
 """
 
 
@@ -157,5 +159,15 @@ print(before - rss())
     reason="malloc_trim and VmRSS are glibc's and Linux's",
 )
 def test_a_flush_gives_the_freed_heap_pages_of_its_worker_back_to_the_system() -> None:
-    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=100, check=True)
-    assert int(out.stdout.strip()) > 200 * 2**20  # the holes' pages (~450 MB) leave the resident set
+    # Whether the arrays leave holes in the heap varies from process to process (in about one
+    # of three glibc serves them so that each freed array goes back whole): the first of up to
+    # 8 probes whose arrays left holes (over 200 MB more resident) is the one asserted on.
+    for _ in range(8):
+        out = subprocess.run(
+            [sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=100, check=True
+        )
+        grown, given_back = (int(v) for v in out.stdout.split())
+        if grown > 200 * 2**20:
+            break
+    assert grown > 200 * 2**20, "no probe's arrays left holes in the heap"
+    assert given_back > 200 * 2**20  # the holes' pages (~480 MB) leave the resident set
