@@ -2,9 +2,9 @@
 
 Each node appends one :class:`StepSample` per step. Every ``flush_every`` steps (and before a
 validation and at the end) the nodes combine their pending samples in two small uncharged
-all-reduces (sums and maxima), whatever the number of nodes, and gather their clock events
+all-reduces (sums and maxima), whatever the number of nodes, and send their clock events
 (:mod:`exogym.clocks`: a few numbers per step that a node computes, meets others or
-closes a row); rank 0 replays the clocks, turns the results into rows and logs them. So logging
+closes a row) to rank 0, which replays the clocks, turns the results into rows and logs them. So logging
 every step does not cost a collective per step.
 
 Row columns (:data:`COLUMNS`; a row fills the ones it has):
@@ -40,6 +40,8 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -102,13 +104,35 @@ _MAXED = slice(7, 10)
 _COMPUTE, _COMM, _KEY = 5, 6, 11
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or ``None`` (another C library)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return trim
+
+
+def _give_back_free_memory() -> None:
+    """Return the pages of the process's freed heap memory to the system (glibc; elsewhere a
+    no-op). A worker's virtual nodes flush in turn: each allocates and frees its flush's
+    arrays between the others' long-lived allocations, and malloc keeps the freed pages, so
+    that each flush left a worker's resident set a few MB larger (10 MB at the first ones in
+    the soak). A call walks the free lists only: microseconds."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class MetricsBuffer:
     """Pending samples of one node and (on rank 0) the running totals.
 
     A flush costs two small uncharged all-reduces (sums and maxima over nodes of the pending
-    steps) and an uncharged gather of the nodes' clock events (with the all-reduce of their
-    count); rank 0 replays the clocks, turns the result into rows and keeps the totals (other
-    ranks count steps only).
+    steps) and an uncharged gather of the nodes' clock events onto rank 0 (with the all-reduce
+    of their count); rank 0 replays the clocks, turns the result into rows and keeps the totals
+    (other ranks count steps only and only send their share).
 
     Args:
         comm: the node's collectives.
@@ -134,9 +158,9 @@ class MetricsBuffer:
         self.compute_time = self.sim_comm_time = self.comm_time = self.wall = 0.0
         self._sim_time = 0.0
         self.peak_memory = 0.0
-        #: Every node's simulated clock (rank 0 replays them at each flush; see
-        #: :mod:`exogym.clocks`).
-        self.clocks = NodeClocks(comm.world_size, changes)
+        #: Every node's simulated clock, on rank 0, which replays them at each flush (see
+        #: :mod:`exogym.clocks`); ``None`` on the other ranks, which only send their events.
+        self.clocks = NodeClocks(comm.world_size, changes) if comm.rank == 0 else None
         self._slowdown = network.slowdown(comm.rank)
         self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
         self._partial: list[float] | None = None
@@ -245,11 +269,13 @@ class MetricsBuffer:
             self.comm.all_reduce_contribute(local[:, _MAXED].contiguous(), "max")
             self.comm.all_gather_contribute(self._padded_events(own))
             self.step += steps
+            _give_back_free_memory()
             return []
         lrs = local[:, 10].tolist()
         sums_t = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False)
         maxes_t = self.comm.all_reduce(local[:, _MAXED].contiguous(), "max", charge=False)
         sums, maxes = sums_t.tolist(), maxes_t.tolist()
+        assert self.clocks is not None
         times = self.clocks.replay(self._gather_events(own))
         k = self.comm.world_size
         rows = []
@@ -293,6 +319,7 @@ class MetricsBuffer:
                         "peak_memory": self.peak_memory,
                     }
                 )
+        _give_back_free_memory()
         return rows
 
     def _gather_events(self, own: np.ndarray) -> np.ndarray:
@@ -321,7 +348,9 @@ class MetricsBuffer:
         state: dict[str, Any] = {k: getattr(self, k) for k in self._STATE}
         interval = self._partial if self._partial is not None else self._interval
         state["peak_memory"], state["interval"] = self.peak_memory, list(interval)
-        state["sim_time"], state["clocks"] = self._sim_time, self.clocks.state_dict()
+        state["sim_time"] = self._sim_time
+        if self.clocks is not None:
+            state["clocks"] = self.clocks.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -330,6 +359,8 @@ class MetricsBuffer:
             setattr(self, k, state[k])
         self.peak_memory, self._interval = state["peak_memory"], list(state["interval"])
         self._sim_time = state.get("sim_time", self.compute_time + self.sim_comm_time)
+        if self.clocks is None:
+            return
         if "clocks" in state:
             self.clocks.load_state_dict(state["clocks"])
         else:  # a checkpoint of lock-step time: every node at the run's time

@@ -315,3 +315,57 @@ def test_fit_with_a_node_dropped_ends_with_every_node_identical(transport: str, 
     assert trainer.result["faults"] == [{"round": 1, "steps": (2, 3), "dropped": [3], "participants": [0, 1, 2]}]
     with open(tmp_path / "logs" / "faults" / "latest" / "metrics.csv") as f:
         assert [r["nodes_alive"] for r in csv.DictReader(f) if r["train_loss"]] == ["4", "4", "3", "3", "4", "4"]
+
+
+def _sampled_fedavg_reference(ds, k: int, h: int, rounds: int, frac: float, faults: Faults) -> list[torch.Tensor]:
+    """FedAvg with client sampling and dropouts on one global model: each round the sampled
+    clients that are present train ``h`` SGD steps from the global model on their own batches,
+    and their mean becomes the global model (no sampled client present: it stays); a client
+    that misses a round, or is not sampled, draws no batch."""
+    from communicators.islands import draw_round
+
+    plan = FaultPlan(faults, k, h, h * rounds, seed=0)
+    glob = TinyNet()
+    data = [node_batches(ds, k, r) for r in range(k)]
+    for r in range(rounds):
+        (sampled,) = draw_round(k, None, frac, 0, r).participants
+        trained = []
+        for n in sorted(set(sampled) - plan.dropped(r)):
+            local = copy.deepcopy(glob)
+            opt = torch.optim.SGD(local.parameters(), lr=0.1)
+            for _ in range(h):
+                opt.zero_grad()
+                local(next(data[n])).backward()
+                opt.step()
+            trained.append(list(local.parameters()))
+        if trained:
+            with torch.no_grad():
+                for i, p in enumerate(glob.parameters()):
+                    p.copy_(sum(t[i] for t in trained) / len(trained))
+    return [p.detach().clone() for p in glob.parameters()]
+
+
+@pytest.mark.parametrize("workers", [None, 3], ids=["node_per_thread", "virtual_nodes"])
+def test_fedavg_with_client_sampling_and_dropouts_ends_as_a_plain_fedavg_loop(workers: int | None) -> None:
+    """FedAvg on 12 clients, 2 sampled per round, a client dropped with probability 0.25 and
+    both of round 5's sampled clients dropped (no one trains in it): every node ends with the
+    parameters of a plain FedAvg loop."""
+    from communicators.islands import draw_round
+
+    k, h, rounds, frac = 12, 2, 12, 0.17
+    faults = Faults(drop={5: draw_round(k, None, frac, 0, 5).participants[0]}, drop_probability=0.25, seed=4)
+    ds = regression_data(k * B * h * rounds)
+    out = train_ranks(
+        k,
+        lambda: FedAvgStrategy(H=h, client_sampling=frac, optim_spec=OptimSpec(torch.optim.SGD, lr=0.1)),
+        h * rounds,
+        dataset=ds,
+        workers=workers,
+        faults=faults,
+    )
+    plan = FaultPlan(faults, k, h, h * rounds, seed=0)
+    assert sum(bool(plan.dropped(r)) for r in range(rounds)) >= rounds // 2  # a run with many dropouts
+    ref = _sampled_fedavg_reference(ds, k, h, rounds, frac, faults)
+    for rank in range(k):
+        for a, b in zip(out[rank]["params"], ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -29,6 +29,17 @@ def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuf
     node has written. Collective (one uncharged barrier)."""
     root = node.cfg.checkpoint_dir
     assert root is not None
+    # Written in a call of its own: the state is freed before the barrier, where the virtual
+    # nodes of a worker wait for each other (they would hold every node's state at once).
+    _write(node, root, done, batches, metrics)
+    node.comm.barrier()  # every node's file is written
+    if node.rank == 0:
+        folder = ckpt.finalize(root, done, node.checkpoint_meta or {})
+        logger.info("checkpoint after step %d: %s", done, folder)
+
+
+def _write(node: TrainNode, root: str, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
+    """``node``'s state after ``done`` steps, to its file of the checkpoint."""
     ledger = node.comm.ledger
     state = {
         "step": done,
@@ -44,10 +55,6 @@ def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuf
         "history": node.history if node.rank == 0 else None,
     }
     ckpt.write_node(root, done, node.rank, state)
-    node.comm.barrier()  # every node's file is written
-    if node.rank == 0:
-        folder = ckpt.finalize(root, done, node.checkpoint_meta or {})
-        logger.info("checkpoint after step %d: %s", done, folder)
 
 
 def restore(node: TrainNode, folder: str, batches: D.BatchStream, metrics: MetricsBuffer) -> int:

@@ -115,7 +115,7 @@ class VirtualTransport(Transport):
 
 
 def _key(members: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if members is None else tuple(int(r) for r in members)
+    return None if members is None else tuple(map(int, members))
 
 
 __all__ = ["Call", "VirtualTransport"]

@@ -949,3 +949,35 @@ def test_a_client_that_sleeps_after_training_holds_no_gradients_and_no_flat_buff
     for r in range(k):
         (averaging,) = out[r]["strategy"].pipeline.leaves()
         assert not any(b.buffer.allocated for b in averaging.buckets), r
+
+
+def test_calls_sat_out_in_a_block_keep_no_payload_alive_and_still_add_nothing() -> None:
+    """Node 1 sits out three all-reduces of a 10,000-element buffer it frees at once (as a
+    client asleep through rounds does with its flat buffer): the queued calls keep none of
+    them alive, and node 0's three sums hold its own share only."""
+    import weakref
+
+    from exogym.core.comm.comm import NodeComm
+
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
+    sums: list[float] = []
+    freed: list[bool] = []
+
+    def body(rank, transport):
+        comm = NodeComm(rank, 2, transport)
+        if rank == 1:
+            refs = []
+            with comm.sitting_out():
+                for _ in range(3):
+                    buffer = torch.full((10_000,), 5.0)
+                    comm.all_reduce(buffer, "sum", charge=False)
+                    refs.append(weakref.ref(buffer))
+                    del buffer
+                freed.extend(r() is None for r in refs)  # while the calls are pending
+            return
+        for _ in range(3):
+            sums.append(comm.all_reduce(torch.ones(10_000), "sum", charge=False).sum().item())
+
+    hub.run(body)
+    assert freed == [True, True, True]
+    assert sums == [10_000.0] * 3

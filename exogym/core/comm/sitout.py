@@ -9,6 +9,7 @@ through fifty rounds costs about what one round costs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -32,7 +33,7 @@ class SitOut:
         if self._calls and self._calls[-1][0] == key:
             self._calls[-1][4] += repeat
         else:
-            self._calls.append([key, like, op, members, repeat])
+            self._calls.append([key, _stand_in(like), op, members, repeat])
 
     def charge(
         self,
@@ -64,6 +65,19 @@ class SitOut:
         charges, self._charges = self._charges, []
         for args, count, members in charges:
             ledger.record(*args, count=count, members=members)
+
+
+def _stand_in(like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s dtype, device and number of elements that holds one element: an
+    absent call reads only those, and the caller's tensor (a model-sized buffer, say) is not
+    kept alive while the call waits in a queue (a client asleep through 40 rounds queued 40).
+    One per dtype, device and size in a process: never written."""
+    return _one_element(like.dtype, like.device, like.numel())
+
+
+@functools.lru_cache(maxsize=64)
+def _one_element(dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
+    return torch.zeros((), dtype=dtype, device=device).expand(numel)
 
 
 __all__ = ["SitOut"]
