@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -115,12 +116,24 @@ def _malloc_trim() -> Any:
     return trim
 
 
+#: At most one heap trim per process in this many seconds (see :func:`_give_back_free_memory`).
+_TRIM_EVERY = 0.5
+_last_trim = [-_TRIM_EVERY]
+
+
 def _give_back_free_memory() -> None:
     """Return the pages of the process's freed heap memory to the system (glibc; elsewhere a
     no-op). A worker's virtual nodes flush in turn: each allocates and frees its flush's
     arrays between the others' long-lived allocations, and malloc keeps the freed pages, so
     that each flush left a worker's resident set a few MB larger (10 MB at the first ones in
-    the soak). A call walks the free lists only: microseconds."""
+    the soak). A trim walks every arena's free lists (a millisecond or more in a worker of
+    hundreds of node threads), so a process trims at most once every :data:`_TRIM_EVERY`
+    seconds: once per flush of its nodes, which flush in turn (what the nodes after it free is
+    given back at the next flush)."""
+    now = time.monotonic()
+    if now - _last_trim[0] < _TRIM_EVERY:
+        return
+    _last_trim[0] = now
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
