@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -116,24 +115,14 @@ def _malloc_trim() -> Any:
     return trim
 
 
-#: At most one heap trim per process in this many seconds (see :func:`_give_back_free_memory`).
-_TRIM_EVERY = 0.5
-_last_trim = [-_TRIM_EVERY]
-
-
 def _give_back_free_memory() -> None:
     """Return the pages of the process's freed heap memory to the system (glibc; elsewhere a
     no-op). A worker's virtual nodes flush in turn: each allocates and frees its flush's
     arrays between the others' long-lived allocations, and malloc keeps the freed pages, so
     that each flush left a worker's resident set a few MB larger (10 MB at the first ones in
     the soak). A trim walks every arena's free lists (a millisecond or more in a worker of
-    hundreds of node threads), so a process trims at most once every :data:`_TRIM_EVERY`
-    seconds: once per flush of its nodes, which flush in turn (what the nodes after it free is
-    given back at the next flush)."""
-    now = time.monotonic()
-    if now - _last_trim[0] < _TRIM_EVERY:
-        return
-    _last_trim[0] = now
+    hundreds of node threads): the flush that ends a run skips it (its nodes are freed next),
+    so that a program of many short runs does not pay it per node and run."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -282,7 +271,8 @@ class MetricsBuffer:
             self.comm.all_reduce_contribute(local[:, _MAXED].contiguous(), "max")
             self.comm.all_gather_contribute(self._padded_events(own))
             self.step += steps
-            _give_back_free_memory()
+            if self.step < self.max_steps:
+                _give_back_free_memory()
             return []
         lrs = local[:, 10].tolist()
         sums_t = self.comm.all_reduce(local[:, _SUMMED].contiguous(), "sum", charge=False)
@@ -332,7 +322,8 @@ class MetricsBuffer:
                         "peak_memory": self.peak_memory,
                     }
                 )
-        _give_back_free_memory()
+        if self.step < self.max_steps:
+            _give_back_free_memory()
         return rows
 
     def _gather_events(self, own: np.ndarray) -> np.ndarray:
