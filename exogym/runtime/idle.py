@@ -193,6 +193,16 @@ class IdleSteps:
         ledger; rounds charged alike are priced once."""
         network = self.cfg.network
         traced = bool(network.trace_changes)
+        if per == 0:  # no charge in any round (a client asleep through ticks of nothing): one price
+            comms = network.records_times([]) if traced else None
+            one = (0, 0, comms[0] if comms is not None else network.records_time([]), meeting_keys([]), comms)
+            return (
+                [one[0]] * rounds,
+                [one[1]] * rounds,
+                [one[2]] * rounds,
+                [one[3]] * rounds,
+                ([one[4]] * rounds if traced else None),
+            )
         out: list[tuple] = []
         priced: tuple | None = None
         for _ in range(rounds):
