@@ -49,7 +49,10 @@ def serve_store() -> dist.TCPStore:
             LOOPBACK, port, is_master=True, wait_for_workers=False, timeout=_STORE_TIMEOUT, master_listen_fd=fd
         )
     except BaseException:
-        os.close(fd)
+        # The store may own the descriptor by now (it closes it): an interrupt that lands
+        # there must surface as itself, not as the close's EBADF.
+        with contextlib.suppress(OSError):
+            os.close(fd)
         raise
 
 
