@@ -238,10 +238,9 @@ def sweep(
             _collect(result, outcomes)
             _finish(result, confidence)
     except KeyboardInterrupt:
-        if not running:
-            raise
+        during = f" during {', '.join(running)}" if running else ""  # (packed lanes may be between runs)
         raise SweepInterrupted(
-            f"sweep interrupted during {', '.join(running)}: {len(result.runs)} of {len(plan)} runs finished and are "
+            f"sweep interrupted{during}: {len(result.runs)} of {len(plan)} runs finished and are "
             f"kept in {store.root} (summary.csv covers them); run the same sweep again to run the other "
             f"{len(plan) - len(result.runs)}"
         ) from None
