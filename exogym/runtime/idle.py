@@ -193,31 +193,22 @@ class IdleSteps:
         ledger; rounds charged alike are priced once."""
         network = self.cfg.network
         traced = bool(network.trace_changes)
+
+        def price(records: list) -> tuple:
+            comms = network.records_times(records) if traced else None
+            first = comms[0] if comms is not None else network.records_time(records)
+            return (sum(r.sent for r in records), sum(r.received for r in records), first, meeting_keys(records), comms)
+
         if per == 0:  # no charge in any round (a client asleep through ticks of nothing): one price
-            comms = network.records_times([]) if traced else None
-            one = (0, 0, comms[0] if comms is not None else network.records_time([]), meeting_keys([]), comms)
-            return (
-                [one[0]] * rounds,
-                [one[1]] * rounds,
-                [one[2]] * rounds,
-                [one[3]] * rounds,
-                ([one[4]] * rounds if traced else None),
-            )
-        out: list[tuple] = []
-        priced: tuple | None = None
-        for _ in range(rounds):
-            records = self.comm.ledger.end_step(per)
-            if priced is None or records != priced[0]:
-                comms = network.records_times(records) if traced else None
-                priced = (
-                    records,
-                    sum(r.sent for r in records),
-                    sum(r.received for r in records),
-                    comms[0] if comms is not None else network.records_time(records),
-                    meeting_keys(records),
-                    comms,
-                )
-            out.append(priced[1:])
+            out = [price([])] * rounds
+        else:
+            out = []
+            priced: tuple | None = None
+            for _ in range(rounds):
+                records = self.comm.ledger.end_step(per)
+                if priced is None or records != priced[0]:
+                    priced = (records, *price(records))
+                out.append(priced[1:])
         sent, received, sim, keys, comms_ = (list(col) for col in zip(*out, strict=True))
         return sent, received, sim, keys, comms_ if traced else None
 
