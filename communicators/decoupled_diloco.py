@@ -381,6 +381,11 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         with comm.ledger.nonblocking():  # the learner trains on meanwhile
             comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
 
+    def concerns_all(self, ev: Event) -> bool:
+        """Only a merge concerns every learner (the synchronizer's replica on each); the other
+        events concern the learner they name."""
+        return ev.kind == "merge"
+
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
             p, send = ev.data[0], ev.data[1]

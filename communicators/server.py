@@ -30,6 +30,8 @@ first region) and the node's access link.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections import OrderedDict
 from typing import Any
 
@@ -72,11 +74,56 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
 _TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
 
 
-#: Per timeline of this process, its participation statement of each tick (built once).
-_STATEMENTS: OrderedDict[int, tuple[Timeline, list[Participation | None]]] = OrderedDict()
+#: Per timeline of this process, what its nodes ask of it (:class:`_Index`, built once).
+_INDEXES: OrderedDict[int, _Index] = OrderedDict()
+
+#: Per process, the step seconds and (by payload size) transfer seconds of the runs' networks,
+#: by the network's identity and the number of nodes.
+_TIMINGS: OrderedDict[tuple[int, int], tuple[Network, list[float], dict[int, list[float]]]] = OrderedDict()
 
 #: Per process, tensors that stand for a payload's dtype and size in absent calls.
 _LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+class _Index:
+    """What every node of a process asks of one timeline, worked out once: each tick's
+    participation statement (made when first asked), per node the ticks at which it trains or
+    follows the server (what :attr:`Participation.wakes` answers), the ticks with an event every
+    node acts at, and per node those with an event of its own.
+
+    Args:
+        tl: the timeline.
+        shared: ``shared(ev)``, whether every node acts at event ``ev``
+            (:meth:`ServerCommunicator.concerns_all`).
+    """
+
+    def __init__(self, tl: Timeline, shared: Any) -> None:
+        self.tl = tl
+        self.statements: list[Participation | None] = [None] * len(tl.trains)
+        active: dict[int, set[int]] = {}
+        for per_tick in (tl.trains, tl.following or []):
+            for step, ranks in enumerate(per_tick):
+                for r in ranks:
+                    active.setdefault(r, set()).add(step)
+        self.active = {r: sorted(steps) for r, steps in active.items()}
+        self.end = len(tl.trains)
+        self.shared = [False] * len(tl.after)
+        self.own: dict[int, set[int]] = {}
+        for step, events in enumerate(tl.after):
+            for ev in events:
+                if shared(ev):
+                    self.shared[step] = True
+                else:
+                    self.own.setdefault(ev.rank, set()).add(step)
+
+    def wakes(self, step: int, rank: int) -> int:
+        """The first tick after ``step`` at which ``rank`` trains or follows the server, or
+        the timeline's end."""
+        steps = self.active.get(rank)
+        if not steps:
+            return self.end
+        i = bisect.bisect_right(steps, step)
+        return steps[i] if i < len(steps) else self.end
 
 
 def _cached(key: tuple[Any, ...], build: Any) -> Timeline:
@@ -106,6 +153,7 @@ class ServerCommunicator(Communicator):
     def __init__(self) -> None:
         super().__init__(H=1)
         self.timeline: Timeline | None = None
+        self._index: _Index | None = None
 
     # -- what subclasses define -------------------------------------------------------------
     def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
@@ -171,33 +219,72 @@ class ServerCommunicator(Communicator):
         self.holding, self.leaving = True, False
         network = ctx.network
         if network is None:
-            self.timeline = None
+            self.timeline, self._index = None, None
             return
         k = ctx.num_nodes
-        seconds = step_seconds(network, k)
-        transfer = self.transfers(network, k, self.nbytes)
+        seconds, transfer = self._timings(network, k)
         key = (type(self).__name__, self.timing_key(), tuple(seconds), tuple(transfer), ctx.max_steps, ctx.seed)
-        self.timeline = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
+        self.timeline = tl = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
+        ix = _INDEXES.get(id(tl))
+        if ix is None or ix.tl is not tl:  # one per timeline, shared by a worker's nodes
+            ix = _INDEXES[id(tl)] = _Index(tl, self.concerns_all)
+            while len(_INDEXES) > 8:
+                _INDEXES.popitem(last=False)
+        self._index = ix
+        self._own_ticks = ix.own.get(ctx.rank, set())
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
+
+    def _timings(self, network: Network, k: int) -> tuple[list[float], list[float]]:
+        """:func:`step_seconds` and :meth:`transfers` of the run: the former, and the latter
+        where a subclass keeps the default, worked out once per process (a worker's nodes share
+        its network: 1,000 clients would ask them a million times)."""
+        key = (id(network), k)
+        hit = _TIMINGS.get(key)
+        if hit is None or hit[0] is not network:
+            hit = _TIMINGS[key] = (network, step_seconds(network, k), {})
+            while len(_TIMINGS) > 8:
+                _TIMINGS.popitem(last=False)
+        if type(self).transfers is not ServerCommunicator.transfers:  # (it may keep what it works out)
+            return hit[1], self.transfers(network, k, self.nbytes)
+        transfer = hit[2].get(self.nbytes)
+        if transfer is None:
+            transfer = hit[2][self.nbytes] = self.transfers(network, k, self.nbytes)
+        return hit[1], transfer
 
     def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
         tl = self.timeline
         if tl is None or step >= len(tl.trains):
             return None
-        statements = _STATEMENTS.get(id(tl))
-        if statements is None or statements[0] is not tl:  # one list per timeline, shared by a worker's nodes
-            statements = _STATEMENTS[id(tl)] = (tl, [None] * len(tl.trains))
-            while len(_STATEMENTS) > 8:
-                _STATEMENTS.popitem(last=False)
-        st = statements[1][step]
+        ix = self._index
+        st = ix.statements[step]
         if st is None:
             if tl.following is None:  # every node follows the server: everyone takes part
                 st = Participation(period=1, trains=tl.trains[step], replaces=False)
             else:  # the others take no part in the tick's communication: it cannot concern them
-                st = Participation(period=1, trains=tl.trains[step], replaces=True, receives=tl.following[step])
-            statements[1][step] = st
+                wakes = functools.partial(ix.wakes, step)
+                st = Participation(1, tl.trains[step], True, tl.following[step], wakes)
+            ix.statements[step] = st
         return st
+
+    def concerns_all(self, ev: Event) -> bool:
+        """Whether every node acts at ``ev`` (a collective, or a change to every replica of the
+        server), or only the node it names (``ev.rank``). The default: every kind but
+        ``capture`` and ``deliver``, and ``serve`` where a node that holds the server's state
+        sends it. A subclass whose events of a kind of its own concern one node says so here."""
+        if ev.kind in ("capture", "deliver"):
+            return False
+        return ev.kind != "serve" or ev.source >= 0
+
+    def is_due(self, step: int) -> bool:
+        """Per node, the ticks after which something concerns it before the next
+        (:meth:`concerns_all`, or an event of its own), and the first tick, which hands out the
+        initial state. Every node is due where a collective runs; most ticks of a run of
+        unequal nodes concern only the few nodes whose transfers happen then."""
+        ix = self._index
+        if ix is None:
+            return True
+        return step == 0 or step >= len(ix.shared) or ix.shared[step] or step in self._own_ticks
 
     def communicate(self, step: int) -> None:
         tl = self.timeline

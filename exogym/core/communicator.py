@@ -25,8 +25,8 @@ idle, when it may sleep through a round, where to place nodes) it derives from t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -117,12 +117,20 @@ class Participation:
         receives: nodes that do not train in the round but must take part in its
             communication whatever ``replaces`` says (an asynchronous client waiting for the
             server's state, or following it); never asleep.
+        wakes: optional, for a module that knows its rounds ahead (a simulated timeline):
+            ``wakes(rank)`` for a rank idle in this round and not in :attr:`receives`, the
+            first later step whose round it trains in or receives in, or where the module
+            stops stating rounds. Every round from this one up to that step must idle the rank,
+            with ``replaces`` and this period; the module may communicate at their ends or not.
+            A node then plans a sleep through thousands of rounds without asking each; ``None``
+            (the default): it asks round by round. It changes no result, only the time to plan.
     """
 
     period: int
     trains: frozenset[int]
     replaces: bool = True
     receives: frozenset[int] = frozenset()
+    wakes: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
 
     def idle(self, rank: int) -> bool:
         """Whether ``rank`` sits this round out."""

@@ -155,9 +155,12 @@ class IdleSteps:
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
         spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
+        pipeline = self.strategy.pipeline
+        due = pipeline.modules[0].is_due if len(pipeline.modules) == 1 else pipeline.is_due
         with self.comm.sitting_out():
             for end in ends:
-                self.strategy.communicate_phase("param", end)
+                if due(end):  # (an asynchronous module communicates only at ticks where something happens)
+                    self.strategy.communicate_phase("param", end)
         per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - meter.transport0) / len(spans)
         idle_lr, lr = self._advance(spans, ends)
@@ -165,8 +168,7 @@ class IdleSteps:
         # What StepMeter.add_idle and StepMeter.add would add round by round.
         wall = time.perf_counter() - meter.start
         meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
-        for seconds in sim:  # the rounds' communication on the node's own clock, as StepMeter.add moves it
-            self.comm.clock.close_step(0.0, seconds)
+        self.comm.clock.close_idle_steps(sim)  # the rounds' communication on the node's own clock
 
     def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at
@@ -200,15 +202,16 @@ class IdleSteps:
             return (sum(r.sent for r in records), sum(r.received for r in records), first, meeting_keys(records), comms)
 
         if per == 0:  # no charge in any round (a client asleep through ticks of nothing): one price
-            out = [price([])] * rounds
-        else:
-            out = []
-            priced: tuple | None = None
-            for _ in range(rounds):
-                records = self.comm.ledger.end_step(per)
-                if priced is None or records != priced[0]:
-                    priced = (records, *price(records))
-                out.append(priced[1:])
+            sent, received, sim, keys, comms = price([])
+            charged = [comms] * rounds if traced else None
+            return [sent] * rounds, [received] * rounds, [sim] * rounds, [keys] * rounds, charged
+        out = []
+        priced: tuple | None = None
+        for _ in range(rounds):
+            records = self.comm.ledger.end_step(per)
+            if priced is None or records != priced[0]:
+                priced = (records, *price(records))
+            out.append(priced[1:])
         sent, received, sim, keys, comms_ = (list(col) for col in zip(*out, strict=True))
         return sent, received, sim, keys, comms_ if traced else None
 

@@ -137,16 +137,17 @@ class NodeSchedule:
     def overwritten_at(self, step: int, keep: bool = True) -> int | None:
         """For a node idle at ``step`` (the last step of an idle span, where modules
         communicate): the later step whose communication replaces all the node would receive
-        now, the node idle until then; ``None`` where it must take part now. Where it is not
-        ``None`` the node may sit ``step``'s communication out."""
+        now, the node idle until then (``step`` itself where no module communicates at it:
+        nothing to replace); ``None`` where it must take part now. Where it is not ``None`` the
+        node may sit ``step``'s communication out."""
         if not self.can_sit_out:
             return None
         st = self.statement(step, keep)
         if st is None or not st.idle(self.rank) or self.rank in st.receives:
             return None
         due = [m for m in self.leaves if m.is_due(step)]
-        if not due:
-            return None
+        if not due:  # nothing is communicated now: nothing to replace
+            return step
         if len(self.leaves) > 1 and any(m.participation(step, self.num_nodes, self.seed) is None for m in due):
             return None  # a module without a statement communicates now: the node takes part
         until = step + st.period
@@ -178,15 +179,17 @@ class NodeSchedule:
         return ends
 
     def _single_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
-        """:meth:`idle_span_ends` of a strategy of one module (the module that states the rounds
-        communicates at each round's last step): each round's statement is asked once, and the
-        next round's answers both whether this round's communication is replaced and whether
-        the node sleeps on (what :meth:`idle_steps` and :meth:`overwritten_at` say, step by
-        step, for one module). Asynchronous runs sleep through thousands of one-step rounds."""
+        """:meth:`idle_span_ends` of a strategy of one module (the module that states the rounds,
+        which communicates at most at each round's last step): each round's statement is asked
+        once, and the next round's answers both whether this round's communication is replaced
+        and whether the node sleeps on (what :meth:`idle_steps` and :meth:`overwritten_at` say,
+        step by step, for one module); a statement that says when the node wakes
+        (:attr:`~exogym.core.communicator.Participation.wakes`) answers for all the rounds
+        before at once. Asynchronous runs sleep through thousands of one-step rounds."""
         ends: list[int] = []
         if not self.can_sit_out:
             return ends
-        rank, (module,) = self.rank, self.leaves
+        rank = self.rank
         s = step
         st = self.statement(s, keep=False)
         while s < stop:
@@ -194,7 +197,17 @@ class NodeSchedule:
                 break
             period = st.period
             end = s + period - s % period - 1
-            if end >= stop or rank in st.receives or not module.is_due(end):
+            if st.wakes is not None and rank not in st.receives:
+                # The rounds up to the one before the node wakes are slept through whole: each
+                # idles it and the next replaces its communication. The boundary is asked below.
+                last = min(st.wakes(rank) - 2, stop - 1, self.max_steps - 1 - period, read_at - 1 - period)
+                if last >= end:
+                    last -= (last - end) % period
+                    ends.extend(range(end, last + 1, period))
+                    s = last + 1
+                    st = self.statement(s, keep=False)
+                    continue
+            if end >= stop or rank in st.receives:
                 break
             until = end + period
             if until >= self.max_steps or until >= read_at:

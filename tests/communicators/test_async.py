@@ -3,6 +3,7 @@ same schedule and values in every layout, resumes with updates in flight, clear 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -291,3 +292,123 @@ def test_a_fedbuff_client_served_before_the_first_step_and_reached_after_it_star
     late = [ev for ev in tl.after[0] if ev.kind == "deliver"]
     assert late and all(ev.rank in (2, 3) for ev in late)
     assert tl.steps[2] > 0 and tl.steps[3] > 0
+
+
+#: Twelve clients of seven speeds (most ticks are some group's step end and concern few clients).
+SEVEN_SPEEDS = Network(1e9, 0.01, compute=0.01, compute_slowdown=tuple(1.0 + (r % 7) * 0.37 for r in range(12)))
+
+
+def _fedbuff_12(workers: int | None = None) -> dict[int, dict[str, Any]]:
+    return train_ranks(
+        12,
+        lambda: FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD),
+        150,
+        dataset=regression_data(12 * 8 * 60),
+        network=SEVEN_SPEEDS,
+        workers=workers,
+    )
+
+
+def test_a_server_module_is_due_for_a_node_exactly_at_the_ticks_whose_events_concern_it() -> None:
+    # from the timeline by hand: the first tick; ticks with a receive (every replica applies the
+    # update) or a serve from a node that holds the server; ticks with the node's own capture,
+    # deliver or serve
+    out = _fedbuff_12()
+    tl = out[0]["strategy"].server.timeline
+    due = []
+    for rank in range(12):
+        module = out[rank]["strategy"].server
+        expected = {0} | {
+            t
+            for t, events in enumerate(tl.after)
+            for ev in events
+            if ev.kind == "receive" or (ev.kind == "serve" and ev.source >= 0) or ev.rank == rank
+        }
+        due.append({t for t in range(150) if module.is_due(t)})
+        assert due[-1] == expected, rank
+    assert len({frozenset(s) for s in due}) > 1 and all(len(s) < 100 for s in due)  # not vacuous
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_sleeping_fedbuff_clients_change_no_parameter_charge_or_row_whether_planned_at_once_or_tick_by_tick(
+    monkeypatch: pytest.MonkeyPatch, workers: int | None
+) -> None:
+    # the plan from the statements' wake-up ticks, the plan asking tick by tick (statements
+    # without them), and no sleep through several ticks at all: the same run
+    from communicators.server import ServerCommunicator
+    from exogym.runtime.schedule import NodeSchedule
+
+    sleeps: list[int] = []
+    original = NodeSchedule.idle_span_ends
+
+    def counted(self: NodeSchedule, step: int, stop: int, read_at: int) -> list[int]:
+        ends = original(self, step, stop, read_at)
+        sleeps.append(len(ends))
+        return ends
+
+    monkeypatch.setattr(NodeSchedule, "idle_span_ends", counted)
+    at_once = _fedbuff_12(workers)
+    assert max(sleeps) > 30  # some client slept through more than 30 ticks in one call
+    stated = ServerCommunicator.participation
+    monkeypatch.setattr(
+        ServerCommunicator,
+        "participation",
+        lambda self, *a: None if (st := stated(self, *a)) is None else dataclasses.replace(st, wakes=None),
+    )
+    sleeps.clear()
+    tick_by_tick = _fedbuff_12(workers)
+    assert max(sleeps) > 30
+    monkeypatch.setattr(NodeSchedule, "idle_span_ends", lambda self, step, stop, read_at: [])
+    no_sleep = _fedbuff_12(workers)
+    clock = ("wall_time", "comm_time", "peak_memory")  # measured, not modelled
+    for other in (tick_by_tick, no_sleep):
+        for rank in range(12):
+            a, b = at_once[rank], other[rank]
+            assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
+            assert a["records"] == b["records"]
+        rows = [
+            [{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (at_once, other)
+        ]
+        assert rows[0] == rows[1] and rows[0]
+
+
+def test_a_sleep_planned_from_the_wake_up_ticks_equals_the_plan_asked_tick_by_tick() -> None:
+    # every rank, start tick, stop and validation step: NodeSchedule's plan from statements that
+    # say when the node wakes equals its plan from the same statements without
+    from communicators.server import ServerCommunicator
+    from exogym.runtime.schedule import NodeSchedule
+
+    out = _fedbuff_12()
+    gen = torch.Generator().manual_seed(0)
+    longest = 0
+    for rank in range(12):
+        strategy = out[rank]["strategy"]
+        module = strategy.server
+        stated = NodeSchedule(strategy, rank, 12, 42, 150)
+        asked = NodeSchedule(strategy, rank, 12, 42, 150)
+        asked.leaves = [_WithoutWakes(module)]
+        assert isinstance(module, ServerCommunicator)
+        for step in range(150):
+            if stated.idle_steps(step) == 0:
+                continue
+            for _ in range(3):
+                stop = int(torch.randint(step + 1, 152, (), generator=gen))
+                read_at = int(torch.randint(step, 152, (), generator=gen)) if step % 2 else 2**62
+                plan = stated.idle_span_ends(step, stop, read_at)
+                assert plan == asked.idle_span_ends(step, stop, read_at), (rank, step, stop, read_at)
+                longest = max(longest, len(plan))
+    assert longest > 30  # not vacuous
+
+
+class _WithoutWakes:
+    """A server module's statements without their wake-up ticks (otherwise the module itself)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def participation(self, step: int, num_nodes: int, seed: int) -> Any:
+        st = self.module.participation(step, num_nodes, seed)
+        return None if st is None else dataclasses.replace(st, wakes=None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)

@@ -148,7 +148,7 @@ for i in range(300):  # nodes in turn: a 1.6 MB array made and freed, a small al
     kept.append(torch.zeros(512 + i, dtype=torch.float64))  # (above the array: too large for the caches)
     del big
 before = rss()
-_give_back_free_memory()
+_give_back_free_memory(1)
 print(before - start, before - rss())
 """
 
@@ -171,3 +171,14 @@ def test_a_flush_gives_the_freed_heap_pages_of_its_worker_back_to_the_system() -
             break
     assert grown > 200 * 2**20, "no probe's arrays left holes in the heap"
     assert given_back > 200 * 2**20  # the holes' pages (~480 MB) leave the resident set
+
+
+def test_the_nodes_of_a_worker_trim_the_heap_once_per_flush_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    import exogym.metrics as M
+
+    trims: list[int] = []
+    monkeypatch.setattr(M, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(M, "_TRIMMED_AT", [-1])
+    for step in (64, 64, 64, 128, 128, 192):  # three nodes flush at 64, two at 128, one at 192
+        M._give_back_free_memory(step)
+    assert trims == [0, 0, 0]
