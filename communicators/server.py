@@ -95,9 +95,12 @@ class _Index:
         tl: the timeline.
         shared: ``shared(ev)``, whether every node acts at event ``ev``
             (:meth:`ServerCommunicator.concerns_all`).
+        base_handlers: whether the module handles ``receive`` and ``serve`` as
+            :class:`ServerCommunicator` does (then a node that does not follow the server sits
+            out the tick's collectives at once, :attr:`absent`).
     """
 
-    def __init__(self, tl: Timeline, shared: Any) -> None:
+    def __init__(self, tl: Timeline, shared: Any, base_handlers: bool) -> None:
         self.tl = tl
         self.statements: list[Participation | None] = [None] * len(tl.trains)
         active: dict[int, set[int]] = {}
@@ -107,14 +110,30 @@ class _Index:
                     active.setdefault(r, set()).add(step)
         self.active = {r: sorted(steps) for r, steps in active.items()}
         self.end = len(tl.trains)
-        self.shared = [False] * len(tl.after)
+        #: Per tick, 1 where an event concerns every node.
+        self.shared = bytearray(len(tl.after))
+        #: Per node, the ticks with an event that concerns it alone.
         self.own: dict[int, set[int]] = {}
+        #: Per node, the ticks with an event that names it (as its node or the holder that sends).
+        self.named: dict[int, set[int]] = {}
+        #: Per tick, the collectives a node that neither follows the server nor is named by
+        #: an event sits out (the tick's receives and serves from a holder); ``0``: none, or
+        #: the tick has other events every node acts at.
+        self.absent = [0] * len(tl.after)
         for step, events in enumerate(tl.after):
+            collectives, others = 0, False
             for ev in events:
-                if shared(ev):
-                    self.shared[step] = True
-                else:
+                for r in (ev.rank, ev.source) if ev.source >= 0 else (ev.rank,):
+                    self.named.setdefault(r, set()).add(step)
+                if not shared(ev):
                     self.own.setdefault(ev.rank, set()).add(step)
+                    continue
+                self.shared[step] = 1
+                if ev.kind in ("receive", "serve"):
+                    collectives += 1
+                else:
+                    others = True
+            self.absent[step] = collectives if base_handlers and not others else 0
 
     def wakes(self, step: int, rank: int) -> int:
         """The first tick after ``step`` at which ``rank`` trains or follows the server, or
@@ -154,6 +173,7 @@ class ServerCommunicator(Communicator):
         super().__init__(H=1)
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
+        self._due: bytearray | None = None
 
     # -- what subclasses define -------------------------------------------------------------
     def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
@@ -219,7 +239,7 @@ class ServerCommunicator(Communicator):
         self.holding, self.leaving = True, False
         network = ctx.network
         if network is None:
-            self.timeline, self._index = None, None
+            self.timeline, self._index, self._due = None, None, None
             return
         k = ctx.num_nodes
         seconds, transfer = self._timings(network, k)
@@ -227,11 +247,19 @@ class ServerCommunicator(Communicator):
         self.timeline = tl = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
         ix = _INDEXES.get(id(tl))
         if ix is None or ix.tl is not tl:  # one per timeline, shared by a worker's nodes
-            ix = _INDEXES[id(tl)] = _Index(tl, self.concerns_all)
+            cls, base = type(self), ServerCommunicator
+            handlers = ("_on_receive", "_on_serve", "concerns_all")
+            as_base = all(getattr(cls, h) is getattr(base, h) for h in handlers)
+            ix = _INDEXES[id(tl)] = _Index(tl, self.concerns_all, as_base)
             while len(_INDEXES) > 8:
                 _INDEXES.popitem(last=False)
         self._index = ix
-        self._own_ticks = ix.own.get(ctx.rank, set())
+        own = ix.own.get(ctx.rank, ())
+        #: Per tick, 1 where this node is due (:meth:`is_due`).
+        self._due = bytearray(ix.shared)
+        for step in (0, *own):
+            self._due[step] = 1
+        self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
 
@@ -281,10 +309,8 @@ class ServerCommunicator(Communicator):
         (:meth:`concerns_all`, or an event of its own), and the first tick, which hands out the
         initial state. Every node is due where a collective runs; most ticks of a run of
         unequal nodes concern only the few nodes whose transfers happen then."""
-        ix = self._index
-        if ix is None:
-            return True
-        return step == 0 or step >= len(ix.shared) or ix.shared[step] or step in self._own_ticks
+        due = self._due
+        return due is None or step >= len(due) or due[step] == 1
 
     def communicate(self, step: int) -> None:
         tl = self.timeline
@@ -294,6 +320,10 @@ class ServerCommunicator(Communicator):
             )
         events = tl.after[step]
         if not events and step:  # most ticks of a run of unequal nodes: nothing happens between them
+            return
+        sits_out = self._index.absent[step] if step and not self.holding else 0  # type: ignore[union-attr]
+        if sits_out and step not in self._named_ticks:  # only others' transfers: what _run would do, at once
+            self.ctx.comm.all_reduce_absent(self._pack_like(), repeat=sits_out)
             return
         with torch.no_grad():
             if step == 0:  # what happened before the first tick: every node holds the initial state

@@ -103,8 +103,14 @@ class IdleSteps:
         self.flush_every = flush_interval(cfg.log_interval, cfg.num_nodes, cfg.workers)
 
     def idle_steps(self, step: int) -> int:
-        """How many steps from ``step`` on the node sits out, within the run (``0``: it trains)."""
-        return min(self.schedule.idle_steps(step), self.max_steps - step)
+        """How many steps from ``step`` on the node sits out, within the run (``0``: it trains):
+        its idle span, and the rounds after it at whose ends nothing concerns it
+        (:meth:`~exogym.runtime.schedule.NodeSchedule.quiet_through`; not where faults are
+        injected, whose rejoins follow the rounds)."""
+        n = min(self.schedule.idle_steps(step), self.max_steps - step)
+        if n and self.faults is None:
+            n = self.schedule.quiet_through(step, n, self.max_steps)
+        return n
 
     def idle_step(self, step: int) -> None:
         """The last step of an idle span: no optimizer step; the parameter-space modules due at

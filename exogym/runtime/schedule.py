@@ -134,6 +134,24 @@ class NodeSchedule:
                 return s - step + 1
         return span
 
+    def quiet_through(self, step: int, n: int, stop: int) -> int:
+        """The idle span of ``n`` steps from ``step`` (:meth:`idle_steps`), extended over the
+        rounds after it while the module does not communicate at the span's end for this node
+        (:meth:`~exogym.core.communicator.Communicator.is_due`) and the node is idle in the next
+        round, before ``stop``: the node sits them out as one span, communicating at most at its
+        last step (an asynchronous client between its transfers). Strategies of one module
+        only (``n`` otherwise)."""
+        if len(self.leaves) != 1:
+            return n
+        (module,) = self.leaves
+        end = step + n - 1
+        while end + 1 < stop and not module.is_due(end):
+            st = self.statement(end + 1, keep=False)
+            if st is None or not st.idle(self.rank):
+                break
+            end += st.period
+        return end - step + 1
+
     def overwritten_at(self, step: int, keep: bool = True) -> int | None:
         """For a node idle at ``step`` (the last step of an idle span, where modules
         communicate): the later step whose communication replaces all the node would receive

@@ -330,11 +330,12 @@ def test_a_server_module_is_due_for_a_node_exactly_at_the_ticks_whose_events_con
 
 
 @pytest.mark.parametrize("workers", [None, 2])
-def test_sleeping_fedbuff_clients_change_no_parameter_charge_or_row_whether_planned_at_once_or_tick_by_tick(
+def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit_ticks_out_at_once_or_one_by_one(
     monkeypatch: pytest.MonkeyPatch, workers: int | None
 ) -> None:
     # the plan from the statements' wake-up ticks, the plan asking tick by tick (statements
-    # without them), and no sleep through several ticks at all: the same run
+    # without them), no sleep through several ticks at all, and neither the sleeps nor the
+    # idle spans of a client that follows the server reaching past one tick: the same run
     from communicators.server import ServerCommunicator
     from exogym.runtime.schedule import NodeSchedule
 
@@ -360,12 +361,26 @@ def test_sleeping_fedbuff_clients_change_no_parameter_charge_or_row_whether_plan
     assert max(sleeps) > 30
     monkeypatch.setattr(NodeSchedule, "idle_span_ends", lambda self, step, stop, read_at: [])
     no_sleep = _fedbuff_12(workers)
+    spans: list[int] = []
+    quiet = NodeSchedule.quiet_through
+
+    def quiet_counted(self: NodeSchedule, step: int, n: int, stop: int) -> int:
+        spans.append(quiet(self, step, n, stop))
+        return spans[-1]
+
+    monkeypatch.setattr(NodeSchedule, "quiet_through", quiet_counted)
+    quiet_spans = _fedbuff_12(workers)
+    assert max(spans) > 3  # a following client sat several ticks out in one span
+    monkeypatch.setattr(NodeSchedule, "quiet_through", lambda self, step, n, stop: n)
+    tick_by_tick_idle = _fedbuff_12(workers)
     clock = ("wall_time", "comm_time", "peak_memory")  # measured, not modelled
-    for other in (tick_by_tick, no_sleep):
+    for other in (tick_by_tick, no_sleep, quiet_spans, tick_by_tick_idle):
         for rank in range(12):
             a, b = at_once[rank], other[rank]
             assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
-            assert a["records"] == b["records"]
+            # the same charges in the same order (a span closes one sample for all its steps;
+            # the rows below say which step each charge belongs to)
+            assert [r for s in a["records"] for r in s] == [r for s in b["records"] for r in s]
         rows = [
             [{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (at_once, other)
         ]
