@@ -128,7 +128,7 @@ def _give_back_free_memory(step: int) -> None:
     hundreds of node threads): the flush that ends a run skips it (its nodes are freed next),
     so that a program of many short runs does not pay it per node and run, and a worker trims
     once per flush (``step``: the first of its nodes to flush there trims what the flushes
-    before freed; 1,000 FedBuff clients paid a second per flush)."""
+    before freed; a trim per node would cost a worker of 500 clients half a second per flush)."""
     if _TRIMMED_AT[0] == step:
         return
     _TRIMMED_AT[0] = step

@@ -164,7 +164,7 @@ class NodeSchedule:
         if st is None or not st.idle(self.rank) or self.rank in st.receives:
             return None
         due = [m for m in self.leaves if m.is_due(step)]
-        if not due:  # nothing is communicated now: nothing to replace
+        if not due:  # no module communicates at this step: nothing to replace
             return step
         if len(self.leaves) > 1 and any(m.participation(step, self.num_nodes, self.seed) is None for m in due):
             return None  # a module without a statement communicates now: the node takes part
