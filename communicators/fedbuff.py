@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from communicators.server import ServerCommunicator
+from communicators.server import ServerCommunicator, is_unheld, unheld
 from exogym.core.timeline import Event, Simulation
 
 
@@ -159,7 +159,7 @@ class FedBuffCommunicator(ServerCommunicator):
                 f"concurrency={self.concurrency} is more than num_nodes={ctx.num_nodes} (each node is a client)"
             )
         super().setup(ctx)
-        self.buffer = torch.zeros_like(self.server)
+        self.buffer = torch.zeros_like(self.server) if self.holding else unheld(self.server)
         self.buffered = 0
         self._count = torch.zeros(1, dtype=self.server.dtype)  # buffered, as a tensor to send along
 
@@ -178,6 +178,15 @@ class FedBuffCommunicator(ServerCommunicator):
         super().deliver(state)
         self.ctx.optimizer.state.clear()  # a fresh local optimizer per participation
 
+    def _hold(self) -> None:
+        super()._hold()
+        if is_unheld(self.buffer):
+            self.buffer = torch.empty_like(self.server)  # (written next: unpacked or loaded)
+
+    def _let_go(self) -> None:
+        super()._let_go()
+        self.buffer = unheld(self.buffer)
+
     def server_tensors(self) -> list[torch.Tensor]:
         self._count.fill_(self.buffered)
         return [self.buffer, self._count]
@@ -190,7 +199,8 @@ class FedBuffCommunicator(ServerCommunicator):
         return {"buffer": self.buffer, "buffered": self.buffered}
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer.copy_(state["buffer"])
+        if self.holding:  # (a node that does not follow the server keeps no buffer)
+            self.buffer.copy_(state["buffer"])
         self.buffered = int(state["buffered"])
 
     def describe(self) -> str:

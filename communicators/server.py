@@ -145,6 +145,22 @@ class _Index:
         return steps[i] if i < len(steps) else self.end
 
 
+def unheld(like: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``like``'s size, dtype and device, one tensor per process, standing for state a
+    node does not keep (a client that does not follow the server): never written, never read
+    for its values (:func:`is_unheld` tells it apart)."""
+    key = (like.numel(), like.dtype, like.device)
+    zeros = _LIKES.get(key)
+    if zeros is None:
+        zeros = _LIKES[key] = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+    return zeros
+
+
+def is_unheld(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the shared zeros of :func:`unheld`."""
+    return _LIKES.get((t.numel(), t.dtype, t.device)) is t
+
+
 def _cached(key: tuple[Any, ...], build: Any) -> Timeline:
     tl = _TIMELINES.get(key)
     if tl is None:
@@ -225,10 +241,12 @@ class ServerCommunicator(Communicator):
         self.numel = sum(p.numel() for p in self.params)
         flat = self._read()
         self.nbytes = flat.numel() * flat.element_size()
-        #: The server's state (a replica on every node; all hold the same bits).
+        #: The server's state (a replica on every node that follows the server; all hold the
+        #: same bits). A node that does not follow it keeps shared zeros (:func:`unheld`),
+        #: never read, until it is sent the server's state.
         self.server = flat.clone()
         #: This node's parameters at the start of its segment.
-        self.start = flat.clone()
+        self.start = flat
         #: This node's updates in flight, by segment.
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
@@ -262,6 +280,8 @@ class ServerCommunicator(Communicator):
         self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
+        if not self._keeps_copy():  # (1,000 FedBuff clients would hold a model's worth each)
+            self.server = self.start = unheld(flat)
 
     def _timings(self, network: Network, k: int) -> tuple[list[float], list[float]]:
         """:func:`step_seconds` and :meth:`transfers` of the run: the former, and the latter
@@ -347,7 +367,7 @@ class ServerCommunicator(Communicator):
                 if self.ctx.rank == tl.final_holder:
                     comm.all_reduce(self._pack(), charge=False)
                 else:
-                    self._unpack(comm.all_reduce_receive(self._pack()))
+                    self._unpack(comm.all_reduce_receive(self._pack_like()))
         self._write(self.server)
 
     def _run(self, events: list[Event]) -> None:
@@ -384,18 +404,21 @@ class ServerCommunicator(Communicator):
             if me == ev.source:
                 comm.all_reduce(self._pack(), charge=False)
                 self.holding = self.leaving = False
+                if not self._keeps_copy():
+                    self._let_go()
             elif me == ev.rank:
-                self._unpack(comm.all_reduce_receive(self._pack()))
+                self._unpack(comm.all_reduce_receive(self._pack_like()))
             else:
                 comm.all_reduce_absent(self._pack_like())
         if ev.rank == me:
             self.holding, self.leaving = True, False
+            assert not is_unheld(self.server), "served from its own copy of the server, which it does not keep"
             self.incoming = self.served_state(me).clone()
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
             assert self.incoming is not None
-            self.start.copy_(self.incoming)
+            self.start = self.incoming  # (a copy of its own)
             self.deliver(self.incoming)
             self.incoming = None
             self._charge(is_root=False)
@@ -417,7 +440,28 @@ class ServerCommunicator(Communicator):
         extra = [t.reshape(-1) for t in self.server_tensors()]
         return torch.cat([self.server, *extra]) if extra else self.server.clone()
 
+    def _hold(self) -> None:
+        """The node starts keeping a copy of the server's state: tensors of its own in place of
+        the shared zeros of a node that does not (:func:`unheld`). A subclass whose
+        :meth:`server_tensors` a node that does not follow the server keeps unheld too owns
+        them here."""
+        if is_unheld(self.server):
+            self.server = torch.empty_like(self.server)
+
+    def _keeps_copy(self) -> bool:
+        """Whether this node keeps a copy of the server's state: while it follows the server,
+        and always where it sends the final state to the others at the end (the last update's
+        sender, :attr:`~exogym.core.timeline.Timeline.final_holder`)."""
+        tl = self.timeline
+        return self.holding or (tl is not None and self.ctx.rank == tl.final_holder)
+
+    def _let_go(self) -> None:
+        """The node stops keeping a copy of the server's state (it handed it on): its tensors
+        give way to shared zeros, never read until it is sent the state again."""
+        self.server = unheld(self.server)
+
     def _unpack(self, flat: torch.Tensor) -> None:
+        self._hold()
         n = self.server.numel()
         self.server.copy_(flat[:n])
         for t in self.server_tensors():
@@ -455,11 +499,15 @@ class ServerCommunicator(Communicator):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.server.copy_(state["server"])
-        self.start.copy_(state["start"])
+        self.holding, self.leaving = bool(state["holding"]), bool(state["leaving"])
+        if self._keeps_copy():
+            self._hold()
+            self.server.copy_(state["server"])
+        else:  # what a node that does not follow the server keeps is never read
+            self._let_go()
+        self.start = state["start"].clone() if self.holding else unheld(self.server)
         self.pending = {int(k): v.clone() for k, v in state["pending"].items()}
         self.incoming = None if state["incoming"] is None else state["incoming"].clone()
-        self.holding, self.leaving = bool(state["holding"]), bool(state["leaving"])
         self.load_server_state_dict(state["server_state"])
 
 

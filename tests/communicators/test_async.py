@@ -427,3 +427,25 @@ class _WithoutWakes:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
+
+
+def test_fedbuff_clients_that_do_not_follow_the_server_keep_no_copy_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # at the end of the run, before the final state is handed out: every client that neither
+    # follows the server nor sends the final state holds the one shared stand-in, not a copy
+    from communicators.server import ServerCommunicator, is_unheld
+
+    kept: dict[int, tuple[bool, bool]] = {}  # rank -> (keeps a copy, holds the stand-ins)
+    finish = ServerCommunicator.finish
+
+    def recorded(self: ServerCommunicator) -> None:
+        keeps = self.holding or self.ctx.rank == self.timeline.final_holder
+        kept[self.ctx.rank] = (keeps, is_unheld(self.server) and is_unheld(self.buffer))
+        finish(self)
+
+    monkeypatch.setattr(ServerCommunicator, "finish", recorded)
+    out = _fedbuff_12()
+    assert sorted(kept) == list(range(12))
+    assert all(stand_ins != keeps for keeps, stand_ins in kept.values()), kept
+    assert sum(not keeps for keeps, _ in kept.values()) >= 6  # most clients keep none
+    for rank in range(12):  # the run's result: every node ends with the server's state
+        assert all(torch.equal(x, y) for x, y in zip(out[0]["params"], out[rank]["params"], strict=True))

@@ -4,6 +4,7 @@ processes; its bytes, dropped nodes, and the ``During`` window it is composed wi
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -196,6 +197,10 @@ def _ddp_hook_worker(rank: int, folder: str, make: type[nn.Module], matrix_rank:
         torch.save([p.detach().clone() for p in model.module.parameters()], os.path.join(folder, f"rank{rank}.pt"))
         dist.barrier()  # both ranks are done before either closes its gloo pairs
     finally:
+        # DDP's reducer and the hook's state go before their process group: torch's threads
+        # destroyed at the interpreter's exit after it can abort the process
+        model = state = opt = None  # noqa: F841
+        gc.collect()
         dist.destroy_process_group()
 
 
