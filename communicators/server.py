@@ -151,8 +151,8 @@ def unheld(like: torch.Tensor) -> torch.Tensor:
     for its values (:func:`is_unheld` tells it apart)."""
     key = (like.numel(), like.dtype, like.device)
     zeros = _LIKES.get(key)
-    if zeros is None:
-        zeros = _LIKES[key] = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+    if zeros is None:  # (setdefault: nodes on threads of their own all get the one kept)
+        zeros = _LIKES.setdefault(key, torch.zeros(like.numel(), dtype=like.dtype, device=like.device))
     return zeros
 
 
@@ -432,7 +432,7 @@ class ServerCommunicator(Communicator):
             key = self._like_key = (n, self.server.dtype, self.server.device)
         like = _LIKES.get(key)
         if like is None:
-            like = _LIKES[key] = torch.zeros(n, dtype=self.server.dtype, device=self.server.device)
+            like = _LIKES.setdefault(key, torch.zeros(n, dtype=self.server.dtype, device=self.server.device))
         return like
 
     def _pack(self) -> torch.Tensor:

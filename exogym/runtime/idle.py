@@ -106,9 +106,10 @@ class IdleSteps:
         """How many steps from ``step`` on the node sits out, within the run (``0``: it trains):
         its idle span, and the rounds after it at whose ends nothing concerns it
         (:meth:`~exogym.runtime.schedule.NodeSchedule.quiet_through`; not where faults are
-        injected, whose rejoins follow the rounds)."""
+        injected, whose rejoins follow the rounds, nor with a learning-rate schedule, whose
+        rows give each round's rate)."""
         n = min(self.schedule.idle_steps(step), self.max_steps - step)
-        if n and self.faults is None:
+        if n and self.faults is None and self.strategy.scheduler is None:
             n = self.schedule.quiet_through(step, n, self.max_steps)
         return n
 

@@ -298,10 +298,10 @@ def test_a_fedbuff_client_served_before_the_first_step_and_reached_after_it_star
 SEVEN_SPEEDS = Network(1e9, 0.01, compute=0.01, compute_slowdown=tuple(1.0 + (r % 7) * 0.37 for r in range(12)))
 
 
-def _fedbuff_12(workers: int | None = None) -> dict[int, dict[str, Any]]:
+def _fedbuff_12(workers: int | None = None, **strategy_kwargs: Any) -> dict[int, dict[str, Any]]:
     return train_ranks(
         12,
-        lambda: FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD),
+        lambda: FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD, **strategy_kwargs),
         150,
         dataset=regression_data(12 * 8 * 60),
         network=SEVEN_SPEEDS,
@@ -329,9 +329,12 @@ def test_a_server_module_is_due_for_a_node_exactly_at_the_ticks_whose_events_con
     assert len({frozenset(s) for s in due}) > 1 and all(len(s) < 100 for s in due)  # not vacuous
 
 
-@pytest.mark.parametrize("workers", [None, 2])
+WARMUP = {"lr_scheduler": "cosine", "warmup_steps": 20}
+
+
+@pytest.mark.parametrize(("workers", "schedule"), [(None, {}), (2, {}), (2, WARMUP)])
 def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit_ticks_out_at_once_or_one_by_one(
-    monkeypatch: pytest.MonkeyPatch, workers: int | None
+    monkeypatch: pytest.MonkeyPatch, workers: int | None, schedule: dict[str, Any]
 ) -> None:
     # the plan from the statements' wake-up ticks, the plan asking tick by tick (statements
     # without them), no sleep through several ticks at all, and neither the sleeps nor the
@@ -348,7 +351,7 @@ def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit
         return ends
 
     monkeypatch.setattr(NodeSchedule, "idle_span_ends", counted)
-    at_once = _fedbuff_12(workers)
+    at_once = _fedbuff_12(workers, **schedule)
     assert max(sleeps) > 30  # some client slept through more than 30 ticks in one call
     stated = ServerCommunicator.participation
     monkeypatch.setattr(
@@ -357,10 +360,10 @@ def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit
         lambda self, *a: None if (st := stated(self, *a)) is None else dataclasses.replace(st, wakes=None),
     )
     sleeps.clear()
-    tick_by_tick = _fedbuff_12(workers)
+    tick_by_tick = _fedbuff_12(workers, **schedule)
     assert max(sleeps) > 30
     monkeypatch.setattr(NodeSchedule, "idle_span_ends", lambda self, step, stop, read_at: [])
-    no_sleep = _fedbuff_12(workers)
+    no_sleep = _fedbuff_12(workers, **schedule)
     spans: list[int] = []
     quiet = NodeSchedule.quiet_through
 
@@ -369,10 +372,13 @@ def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit
         return spans[-1]
 
     monkeypatch.setattr(NodeSchedule, "quiet_through", quiet_counted)
-    quiet_spans = _fedbuff_12(workers)
-    assert max(spans) > 3  # a following client sat several ticks out in one span
+    quiet_spans = _fedbuff_12(workers, **schedule)
+    if schedule:  # the rows give each tick's learning rate: a span is not extended
+        assert not spans
+    else:  # a following client sat several ticks out in one span
+        assert max(spans) > 3
     monkeypatch.setattr(NodeSchedule, "quiet_through", lambda self, step, n, stop: n)
-    tick_by_tick_idle = _fedbuff_12(workers)
+    tick_by_tick_idle = _fedbuff_12(workers, **schedule)
     clock = ("wall_time", "comm_time", "peak_memory")  # measured, not modelled
     for other in (tick_by_tick, no_sleep, quiet_spans, tick_by_tick_idle):
         for rank in range(12):
