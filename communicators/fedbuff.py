@@ -199,7 +199,7 @@ class FedBuffCommunicator(ServerCommunicator):
         return {"buffer": self.buffer, "buffered": self.buffered}
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        if self.holding:  # (a node that does not follow the server keeps no buffer)
+        if not is_unheld(self.buffer):  # (a node that keeps no copy of the server keeps no buffer)
             self.buffer.copy_(state["buffer"])
         self.buffered = int(state["buffered"])
 

@@ -145,15 +145,21 @@ class _Index:
         return steps[i] if i < len(steps) else self.end
 
 
+def _shared_zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The process's one flat tensor of ``numel`` zeros of ``dtype`` on ``device`` (never
+    written): what absent calls name and what a node keeps in place of state it does not hold."""
+    key = (numel, dtype, device)
+    zeros = _LIKES.get(key)
+    if zeros is None:  # (setdefault: nodes on threads of their own all get the one kept)
+        zeros = _LIKES.setdefault(key, torch.zeros(numel, dtype=dtype, device=device))
+    return zeros
+
+
 def unheld(like: torch.Tensor) -> torch.Tensor:
     """Zeros of ``like``'s size, dtype and device, one tensor per process, standing for state a
     node does not keep (a client that does not follow the server): never written, never read
     for its values (:func:`is_unheld` tells it apart)."""
-    key = (like.numel(), like.dtype, like.device)
-    zeros = _LIKES.get(key)
-    if zeros is None:  # (setdefault: nodes on threads of their own all get the one kept)
-        zeros = _LIKES.setdefault(key, torch.zeros(like.numel(), dtype=like.dtype, device=like.device))
-    return zeros
+    return _shared_zeros(like.numel(), like.dtype, like.device)
 
 
 def is_unheld(t: torch.Tensor) -> bool:
@@ -430,10 +436,7 @@ class ServerCommunicator(Communicator):
         if key is None:  # the server's state keeps its size: counted once
             n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
             key = self._like_key = (n, self.server.dtype, self.server.device)
-        like = _LIKES.get(key)
-        if like is None:
-            like = _LIKES.setdefault(key, torch.zeros(n, dtype=self.server.dtype, device=self.server.device))
-        return like
+        return _shared_zeros(*key)
 
     def _pack(self) -> torch.Tensor:
         """The server's state as one flat tensor: its parameters, then its own state's tensors."""

@@ -253,9 +253,13 @@ class MetricsBuffer:
         if comms is not None and self.epochs > 1:
             block[last, len(StepSample._fields) :] = comms
         if keys is not None:
-            alike = keys.count(keys[0]) == len(keys)  # (a sleep's rounds mostly meet no one)
-            block[last, _KEY] = (keys[0][0] if keys[0] else 0.0) if alike else [ks[0] if ks else 0.0 for ks in keys]
-            if len(keys[0]) > 1 if alike else any(len(ks) > 1 for ks in keys):
+            if keys.count(keys[0]) == len(keys):  # every round meets alike (a sleep's mostly no one)
+                block[last, _KEY] = keys[0][0] if keys[0] else 0.0
+                more = len(keys[0]) > 1
+            else:
+                block[last, _KEY] = [ks[0] if ks else 0.0 for ks in keys]
+                more = any(len(ks) > 1 for ks in keys)
+            if more:
                 base = self._n - len(block)
                 for row, ks in zip(np.arange(len(block))[last].tolist(), keys, strict=True):
                     if len(ks) > 1:
