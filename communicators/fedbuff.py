@@ -7,7 +7,9 @@ and adds it to a buffer; once ``buffer_size`` updates are buffered the server st
 those not in flight downloads the server's model at that instant and starts training when it
 arrives (with a fresh local optimizer).
 
-Client draws follow :func:`draw_client`, from the run's seed (the same on every rank). The timing
+Client draws follow :func:`draw_client`, from the run's seed (the same on every rank). One node
+holds the server (the first client drawn, the timeline's keeper): it applies every update and
+sends the server's model to each client drawn; the others keep no copy of it. The timing
 (:class:`FedBuffTiming`) and the values (:class:`FedBuffCommunicator`) follow
 :mod:`communicators.server`.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from communicators.server import ServerCommunicator, is_unheld, unheld
+from communicators.server import ServerCommunicator, unheld
 from exogym.core.timeline import Event, Simulation
 
 
@@ -62,7 +64,10 @@ class FedBuffTiming(Simulation):
             raise ValueError(f"concurrency={concurrency} is more than the {self.num_nodes} nodes (clients)")
         self.transfer = transfer
         self.concurrency, self.buffer_size, self.local_steps, self.seed = concurrency, buffer_size, local_steps, seed
-        self.in_flight = set()
+        #: The clients in flight (served, not yet received from).
+        self.in_flight: set[int] = set()
+        #: The node that holds the server (:attr:`~exogym.core.timeline.Timeline.holders`).
+        self.keeper = -1
         self.draws = 0
         self.in_segment = [0] * self.num_nodes
         self.segment = [0] * self.num_nodes
@@ -70,17 +75,20 @@ class FedBuffTiming(Simulation):
         self.version = 0
         self.buffered = 0
 
-    def _draw(self, time: float, source: int) -> None:
+    def _draw(self, time: float, initial: bool = False) -> None:
         free = [r for r in range(self.num_nodes) if r not in self.in_flight]
         r = draw_client(self.seed, self.draws, free)
         self.draws += 1
-        self.join(r)
-        self.schedule(time, "serve", r, source=-1 if r == source else source)
+        self.in_flight.add(r)
+        # every node starts with the server's initial state; later, the keeper sends it
+        source = -1 if initial or r == self.keeper else self.keeper
+        self.schedule(time, "serve", r, source=source)
 
     def begin(self) -> None:
+        self.keeper = draw_client(self.seed, 0, list(range(self.num_nodes)))  # the first client drawn
+        self.timeline.holders = frozenset({self.keeper})
         for _ in range(self.concurrency):
-            self._draw(0.0, -1)  # every node starts with the server's initial state
-        self.timeline.holders = frozenset(self.in_flight)
+            self._draw(0.0, initial=True)
 
     def on_start(self, ev: Event) -> None:
         r = ev.rank
@@ -103,8 +111,8 @@ class FedBuffTiming(Simulation):
             self.buffered = 0
         self.in_flight.discard(ev.rank)
         if not self.draining:
-            self._draw(ev.time, ev.rank)  # the client that leaves sends its copy to the next
-        return replace(ev, staleness=staleness, leaves=True)
+            self._draw(ev.time)  # the slot it frees goes to the next client
+        return replace(ev, staleness=staleness)
 
     def on_serve(self, ev: Event) -> None:
         self.pulled[ev.rank] = self.version
@@ -161,7 +169,6 @@ class FedBuffCommunicator(ServerCommunicator):
         super().setup(ctx)
         self.buffer = torch.zeros_like(self.server) if self.holding else unheld(self.server)
         self.buffered = 0
-        self._count = torch.zeros(1, dtype=self.server.dtype)  # buffered, as a tensor to send along
 
     def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return local - start
@@ -178,28 +185,11 @@ class FedBuffCommunicator(ServerCommunicator):
         super().deliver(state)
         self.ctx.optimizer.state.clear()  # a fresh local optimizer per participation
 
-    def _hold(self) -> None:
-        super()._hold()
-        if is_unheld(self.buffer):
-            self.buffer = torch.empty_like(self.server)  # (written next: unpacked or loaded)
-
-    def _let_go(self) -> None:
-        super()._let_go()
-        self.buffer = unheld(self.buffer)
-
-    def server_tensors(self) -> list[torch.Tensor]:
-        self._count.fill_(self.buffered)
-        return [self.buffer, self._count]
-
-    def _unpack(self, flat: torch.Tensor) -> None:
-        super()._unpack(flat)
-        self.buffered = int(self._count.item())
-
     def server_state_dict(self) -> dict[str, Any]:
-        return {"buffer": self.buffer, "buffered": self.buffered}
+        return {"buffer": self.buffer if self.holding else None, "buffered": self.buffered}
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        if not is_unheld(self.buffer):  # (a node that keeps no copy of the server keeps no buffer)
+        if self.holding:  # (a node that does not hold the server keeps no buffer)
             self.buffer.copy_(state["buffer"])
         self.buffered = int(state["buffered"])
 

@@ -7,9 +7,10 @@ it, the events up to the next tick happen in simulated-time order:
 - ``capture``: the node's update leaves it (:meth:`ServerCommunicator.update`; charged to its
   ledger as a transfer of the payload to the server);
 - ``receive``: the server applies it (:meth:`ServerCommunicator.apply`). The server is
-  simulated on every node: each holds a replica, and the update reaches every replica through
-  one uncharged all-reduce to which only its sender contributes. Every replica applies the same
-  updates in the same order, so they hold the same bits: no rank is the server;
+  simulated on the nodes that hold it (every node, or the timeline's
+  :attr:`~exogym.core.timeline.Timeline.holders`): each holds a replica, and the update reaches
+  every replica through one uncharged all-reduce to which only its sender contributes. Every
+  replica applies the same updates in the same order, so they hold the same bits;
 - ``serve``: the server's state at that instant is set aside for the node;
 - ``deliver``: the node receives it (:meth:`ServerCommunicator.deliver`; charged as a transfer of
   the state from the server).
@@ -88,7 +89,7 @@ _LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
 class _Index:
     """What every node of a process asks of one timeline, worked out once: each tick's
     participation statement (made when first asked), per node the ticks at which it trains or
-    follows the server (what :attr:`Participation.wakes` answers), the ticks with an event every
+    takes part in the communication (what :attr:`Participation.wakes` answers), the ticks with an event every
     node acts at, and per node those with an event of its own.
 
     Args:
@@ -96,7 +97,7 @@ class _Index:
         shared: ``shared(ev)``, whether every node acts at event ``ev``
             (:meth:`ServerCommunicator.concerns_all`).
         base_handlers: whether the module handles ``receive`` and ``serve`` as
-            :class:`ServerCommunicator` does (then a node that does not follow the server sits
+            :class:`ServerCommunicator` does (then a node that does not hold the server sits
             out the tick's collectives at once, :attr:`absent`).
     """
 
@@ -110,13 +111,15 @@ class _Index:
                     active.setdefault(r, set()).add(step)
         self.active = {r: sorted(steps) for r, steps in active.items()}
         self.end = len(tl.trains)
+        #: The nodes served the initial state before the first tick.
+        self.initial = frozenset(ev.rank for ev in tl.before if ev.kind == "serve")
         #: Per tick, 1 where an event concerns every node.
         self.shared = bytearray(len(tl.after))
         #: Per node, the ticks with an event that concerns it alone.
         self.own: dict[int, set[int]] = {}
         #: Per node, the ticks with an event that names it (as its node or the holder that sends).
         self.named: dict[int, set[int]] = {}
-        #: Per tick, the collectives a node that neither follows the server nor is named by
+        #: Per tick, the collectives a node that neither holds the server nor is named by
         #: an event sits out (the tick's receives and serves from a holder); ``0``: none, or
         #: the tick has other events every node acts at.
         self.absent = [0] * len(tl.after)
@@ -136,8 +139,8 @@ class _Index:
             self.absent[step] = collectives if base_handlers and not others else 0
 
     def wakes(self, step: int, rank: int) -> int:
-        """The first tick after ``step`` at which ``rank`` trains or follows the server, or
-        the timeline's end."""
+        """The first tick after ``step`` at which ``rank`` trains or takes part in the
+        communication, or the timeline's end."""
         steps = self.active.get(rank)
         if not steps:
             return self.end
@@ -157,7 +160,7 @@ def _shared_zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch
 
 def unheld(like: torch.Tensor) -> torch.Tensor:
     """Zeros of ``like``'s size, dtype and device, one tensor per process, standing for state a
-    node does not keep (a client that does not follow the server): never written, never read
+    node does not keep (a client that does not hold the server): never written, never read
     for its values (:func:`is_unheld` tells it apart)."""
     return _shared_zeros(like.numel(), like.dtype, like.device)
 
@@ -229,12 +232,9 @@ class ServerCommunicator(Communicator):
         """The server state a pull of node ``rank`` is served (default: :attr:`server`)."""
         return self.server
 
-    def server_tensors(self) -> list[torch.Tensor]:
-        """The server's own state as tensors of its parameters' dtype (sent along with its
-        parameters to a node that starts following it), e.g. an optimizer's buffers."""
-        return []
-
     def server_state_dict(self) -> dict[str, Any]:
+        """The server's own state (e.g. its optimizer's), for checkpoints; what a node that does
+        not hold the server keeps of it is never read."""
         return {}
 
     def load_server_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,20 +247,19 @@ class ServerCommunicator(Communicator):
         self.numel = sum(p.numel() for p in self.params)
         flat = self._read()
         self.nbytes = flat.numel() * flat.element_size()
-        #: The server's state (a replica on every node that follows the server; all hold the
-        #: same bits). A node that does not follow it keeps shared zeros (:func:`unheld`),
-        #: never read, until it is sent the server's state.
+        #: The server's state (a replica on every node that holds the server; all hold the
+        #: same bits). A node that does not keeps shared zeros (:func:`unheld`), never read.
         self.server = flat.clone()
-        #: This node's parameters at the start of its segment.
+        #: This node's parameters at the start of its segment (shared zeros on a node that does
+        #: not hold the server, outside its segments).
         self.start = flat
         #: This node's updates in flight, by segment.
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
         self.incoming: torch.Tensor | None = None
-        self._like_key: tuple[Any, ...] | None = None  # what _pack_like stands for (counted once)
-        #: Whether this node follows the server (keeps its copy current); ``leaving``: it stops
-        #: once it has handed its copy on.
-        self.holding, self.leaving = True, False
+        #: Whether this node holds a replica of the server (:attr:`Timeline.holders`; the same
+        #: for the whole run).
+        self.holding = True
         network = ctx.network
         if network is None:
             self.timeline, self._index, self._due = None, None, None
@@ -286,8 +285,10 @@ class ServerCommunicator(Communicator):
         self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
-        if not self._keeps_copy():  # (1,000 FedBuff clients would hold a model's worth each)
-            self.server = self.start = unheld(flat)
+        if not self.holding:  # (1,000 FedBuff clients would hold a model's worth each)
+            self.server = unheld(flat)
+            if ctx.rank not in ix.initial:
+                self.start = self.server
 
     def _timings(self, network: Network, k: int) -> tuple[list[float], list[float]]:
         """:func:`step_seconds` and :meth:`transfers` of the run: the former, and the latter
@@ -313,7 +314,7 @@ class ServerCommunicator(Communicator):
         ix = self._index
         st = ix.statements[step]
         if st is None:
-            if tl.following is None:  # every node follows the server: everyone takes part
+            if tl.following is None:  # every node holds the server: everyone takes part
                 st = Participation(period=1, trains=tl.trains[step], replaces=False)
             else:  # the others take no part in the tick's communication: it cannot concern them
                 wakes = functools.partial(ix.wakes, step)
@@ -349,7 +350,7 @@ class ServerCommunicator(Communicator):
             return
         sits_out = self._index.absent[step] if step and not self.holding else 0  # type: ignore[union-attr]
         if sits_out and step not in self._named_ticks:  # only others' transfers: what _run would do, at once
-            self.ctx.comm.all_reduce_absent(self._pack_like(), repeat=sits_out)
+            self.ctx.comm.all_reduce_absent(self.server, repeat=sits_out)  # (the shared stand-in)
             return
         with torch.no_grad():
             if step == 0:  # what happened before the first tick: every node holds the initial state
@@ -366,15 +367,16 @@ class ServerCommunicator(Communicator):
         """The drain, after the run's last step: the pushes in flight are received and applied;
         then the node takes the server's state (the run's result). Collective."""
         tl = self.timeline
+        final = self.server
         if tl is not None:
             self._run(tl.drain)
-            if tl.final_holder >= 0:  # the nodes that stopped following the server get its state
+            if tl.final_holder >= 0:  # the nodes that do not hold the server are sent its state
                 comm = self.ctx.comm
                 if self.ctx.rank == tl.final_holder:
-                    comm.all_reduce(self._pack(), charge=False)
+                    comm.all_reduce(self.server.clone(), charge=False)
                 else:
-                    self._unpack(comm.all_reduce_receive(self._pack_like()))
-        self._write(self.server)
+                    final = comm.all_reduce_receive(unheld(self.server))
+        self._write(final)
 
     def _run(self, events: list[Event]) -> None:
         """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
@@ -385,41 +387,38 @@ class ServerCommunicator(Communicator):
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
             self.pending[ev.segment] = self.update(self.start, self._read())
+            if not self.holding:  # nothing reads it before the node's next delivery
+                self.start = unheld(self.start)
             self._charge(is_root=True)
 
     def _on_receive(self, ev: Event) -> None:
         comm, me = self.ctx.comm, self.ctx.rank
-        # where nodes sit the server out, every collective of the module has the size of the
-        # state handed to a joining node, so that a sleeping node's absent calls coalesce
-        like = self.server if self.timeline.holders is None else self._pack_like()
+        # where only some nodes hold the server, every collective of the module names the one
+        # shared stand-in, so that a sleeping node's absent calls coalesce
+        like = self.server if self.timeline.holders is None else unheld(self.server)
         if ev.rank == me:
-            sent = torch.zeros_like(like)
-            sent[: self.numel].copy_(self.pending.pop(ev.segment))
-            update = comm.all_reduce(sent, charge=False)[: self.numel]
-            self.leaving = ev.leaves
+            update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
         elif self.holding:
-            update = comm.all_reduce_receive(like)[: self.numel]
-        else:  # a node not following the server: its copy is sent when it is served
+            update = comm.all_reduce_receive(like)
+        else:  # a node that does not hold the server: only the sender contributes
             comm.all_reduce_absent(like)
             return
-        self.apply(update, ev)
+        if self.holding:
+            self.apply(update, ev)
 
     def _on_serve(self, ev: Event) -> None:
         comm, me = self.ctx.comm, self.ctx.rank
         if ev.source >= 0:  # the served node gets the server's state from a node that holds it
             if me == ev.source:
-                comm.all_reduce(self._pack(), charge=False)
-                self.holding = self.leaving = False
-                if not self._keeps_copy():
-                    self._let_go()
+                comm.all_reduce(self.served_state(ev.rank).clone(), charge=False)
             elif me == ev.rank:
-                self._unpack(comm.all_reduce_receive(self._pack_like()))
+                self.incoming = comm.all_reduce_receive(unheld(self.server)).clone()
             else:
-                comm.all_reduce_absent(self._pack_like())
-        if ev.rank == me:
-            self.holding, self.leaving = True, False
-            assert not is_unheld(self.server), "served from its own copy of the server, which it does not keep"
-            self.incoming = self.served_state(me).clone()
+                comm.all_reduce_absent(unheld(self.server))
+        elif ev.rank == me:  # served by itself: a holder, or any node served the initial state
+            state = self.served_state(me) if self.holding else self.start
+            assert not is_unheld(state), "served from a replica of the server it does not hold"
+            self.incoming = state.clone()
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
@@ -428,48 +427,6 @@ class ServerCommunicator(Communicator):
             self.deliver(self.incoming)
             self.incoming = None
             self._charge(is_root=False)
-
-    def _pack_like(self) -> torch.Tensor:
-        """A tensor of :meth:`_pack`'s dtype and size, shared by this process's nodes (what an
-        absent node names in the collective that sends a node the server's state)."""
-        key = self._like_key
-        if key is None:  # the server's state keeps its size: counted once
-            n = self.server.numel() + sum(t.numel() for t in self.server_tensors())
-            key = self._like_key = (n, self.server.dtype, self.server.device)
-        return _shared_zeros(*key)
-
-    def _pack(self) -> torch.Tensor:
-        """The server's state as one flat tensor: its parameters, then its own state's tensors."""
-        extra = [t.reshape(-1) for t in self.server_tensors()]
-        return torch.cat([self.server, *extra]) if extra else self.server.clone()
-
-    def _hold(self) -> None:
-        """The node starts keeping a copy of the server's state: tensors of its own in place of
-        the shared zeros of a node that does not (:func:`unheld`). A subclass whose
-        :meth:`server_tensors` a node that does not follow the server keeps unheld too owns
-        them here."""
-        if is_unheld(self.server):
-            self.server = torch.empty_like(self.server)
-
-    def _keeps_copy(self) -> bool:
-        """Whether this node keeps a copy of the server's state: while it follows the server,
-        and always where it sends the final state to the others at the end (the last update's
-        sender, :attr:`~exogym.core.timeline.Timeline.final_holder`)."""
-        tl = self.timeline
-        return self.holding or (tl is not None and self.ctx.rank == tl.final_holder)
-
-    def _let_go(self) -> None:
-        """The node stops keeping a copy of the server's state (it handed it on): its tensors
-        give way to shared zeros, never read until it is sent the state again."""
-        self.server = unheld(self.server)
-
-    def _unpack(self, flat: torch.Tensor) -> None:
-        self._hold()
-        n = self.server.numel()
-        self.server.copy_(flat[:n])
-        for t in self.server_tensors():
-            t.copy_(flat[n : n + t.numel()].view_as(t))
-            n += t.numel()
 
     def _charge(self, is_root: bool) -> None:
         r = self.ctx.rank
@@ -491,24 +448,19 @@ class ServerCommunicator(Communicator):
         return self.timeline.summary() if self.timeline is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
+        # a node that does not hold the server keeps shared zeros in its place: saved as None
         return {
-            "server": self.server,
-            "start": self.start,
+            "server": self.server if self.holding else None,
+            "start": None if is_unheld(self.start) else self.start,
             "pending": dict(self.pending),
             "incoming": self.incoming,
-            "holding": self.holding,
-            "leaving": self.leaving,
             "server_state": self.server_state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.holding, self.leaving = bool(state["holding"]), bool(state["leaving"])
-        if self._keeps_copy():
-            self._hold()
+        if self.holding:
             self.server.copy_(state["server"])
-        else:  # what a node that does not follow the server keeps is never read
-            self._let_go()
-        self.start = state["start"].clone() if self.holding else unheld(self.server)
+        self.start = unheld(self.server) if state["start"] is None else state["start"].clone()
         self.pending = {int(k): v.clone() for k, v in state["pending"].items()}
         self.incoming = None if state["incoming"] is None else state["incoming"].clone()
         self.load_server_state_dict(state["server_state"])

@@ -68,9 +68,6 @@ class Event:
             started the segment from and the one the update is applied to.
         source: for ``serve``: the node whose copy of the server's state is sent to ``rank``
             (a node that holds it current), or ``-1`` where ``rank`` holds it itself.
-        leaves: for ``receive``: the node stops following the server after this update (a
-            FedBuff client whose participation ends); it then sends its copy to the next one
-            served (as the ``source`` of that serve) and keeps no copy.
         data: what else an algorithm's own kinds of event carry (e.g. the nodes a merge takes,
             with their weights).
     """
@@ -81,7 +78,6 @@ class Event:
     segment: int = 0
     staleness: int = 0
     source: int = -1
-    leaves: bool = False
     data: tuple = ()
 
 
@@ -101,12 +97,12 @@ class Timeline:
         compute: per node, its seconds of compute.
         end_time: the simulated second the run ends: its last step's end or the server's last
             receipt, whichever is later.
-        holders: the nodes that follow the server from the start (keep a current copy of its
-            state); ``None``: every node. A node joins when its copy is sent to it (a ``serve``
-            with a ``source``) and leaves after handing its copy on (``leaves``).
-        following: per tick, the nodes that follow the server at some event after it (``None``
-            where every node does): the others take no part in the tick's communication and may
-            sleep through it.
+        holders: the nodes that hold a replica of the server through the run (apply every
+            update and send its state to the nodes served from them, as a ``serve``'s
+            ``source``); ``None``: every node.
+        following: per tick, where only :attr:`holders` hold the server, the nodes that take
+            part in the communication after it: the holders and the nodes its events name (as
+            their node or source). The others take no part in it and may sleep through it.
         records: an algorithm's further records, by name (e.g. HALoS's updates between its
             servers), each a list of tuples in simulated-time order.
     """
@@ -126,9 +122,9 @@ class Timeline:
 
     @property
     def final_holder(self) -> int:
-        """A node that holds the server's final state (the last update's sender), or ``-1``
-        where every node follows the server."""
-        return -1 if self.holders is None or not self.updates else self.updates[-1][1]
+        """The node that sends the server's final state to the others (the first of
+        :attr:`holders`), or ``-1`` where every node holds the server."""
+        return -1 if not self.holders else min(self.holders)
 
     def summary(self) -> dict[str, object]:
         """Per node its steps and utilisation (its compute seconds over the run's simulated
@@ -199,18 +195,6 @@ class Simulation:
         self.timeline = Timeline(steps=[0] * self.num_nodes, compute=[0.0] * self.num_nodes)
         self.draining = False
         self.clock = 0.0
-        #: The nodes following the server at this point of the simulation (``None``: every node); see :meth:`join`.
-        self.in_flight: set[int] | None = None
-
-    def join(self, rank: int) -> None:
-        """Node ``rank`` starts following the server (it is sent the server's state): it takes
-        part in the communication of the current tick and of every tick until it leaves
-        (removed from :attr:`in_flight`)."""
-        assert self.in_flight is not None
-        self.in_flight.add(rank)
-        tl = self.timeline
-        if tl.following:
-            tl.following[-1] = tl.following[-1] | {rank}
 
     def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1, data: tuple = ()) -> None:
         """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``,
@@ -280,9 +264,6 @@ class Simulation:
                     tl.ticks.append(time)
                     tl.trains.append(frozenset())
                     tl.after.append([])
-                    if self.in_flight is not None:
-                        tl.following = tl.following or []
-                        tl.following.append(frozenset(self.in_flight))
                 tl.trains[-1] = tl.trains[-1] | {rank}
                 self.waiting.pop(rank, None)
             elif self.draining and ev.kind not in self.drain_kinds:
@@ -294,7 +275,16 @@ class Simulation:
                 (tl.drain if self.draining else tl.after[-1] if tl.after else tl.before).append(done)
         if len(tl.ticks) < self.max_ticks:
             raise DeadlockError(self.clock, dict(self.waiting), len(tl.ticks), self.max_ticks)
+        if tl.holders is not None:
+            tl.following = [tl.holders | _named(events) for events in tl.after]
+            if tl.following:
+                tl.following[0] |= _named(tl.before)
         return tl
+
+
+def _named(events: list[Event]) -> frozenset[int]:
+    """The nodes ``events`` name, as their node or as a ``serve``'s source."""
+    return frozenset(r for ev in events for r in (ev.rank, ev.source) if r >= 0)
 
 
 __all__ = ["KINDS", "TIME_DIGITS", "DeadlockError", "Event", "Simulation", "Timeline", "format_summary"]

@@ -24,6 +24,7 @@ import torch
 from exogym.clocks import meeting_keys
 from exogym.config import FitConfig
 from exogym.core.comm.comm import NodeComm
+from exogym.core.communicator import Communicator
 from exogym.core.strategy import Strategy
 from exogym.runtime import faults as F
 from exogym.runtime import schedule as S
@@ -33,15 +34,26 @@ from exogym.runtime.meter import StepMeter
 #: number of whole multiples of it in the nodes a worker hosts (see :func:`flush_interval`).
 _FLUSH_STEPS = 64
 
+#: What the pending step samples of a worker's nodes may take before a flush, where a longer
+#: interval is worth it (:func:`flush_interval`), and the bytes of one node's sample of a step
+#: (:class:`~exogym.metrics.MetricsBuffer` keeps twelve float64 numbers per pending step).
+_PENDING_BYTES = 128 * 2**20
+_SAMPLE_BYTES = 96
+
 
 def flush_interval(log_interval: int, num_nodes: int, workers: int) -> int:
     """Steps between two exchanges of the nodes' metric samples: a multiple of
-    ``log_interval`` of at least 64 steps, or 64 times ``hosted // 64`` with ``hosted`` the most
-    nodes a worker hosts: a flush costs each worker in proportion to its nodes (1,000 FedAvg
-    clients on 2 workers flush every 448 steps, where most of the clients sleep through the
-    rounds between). The same on every node."""
+    ``log_interval`` of at least 64 steps. A flush costs each worker in proportion to the nodes
+    it hosts (``hosted``, the most on any worker) and whatever the steps since the last, so a
+    worker of 128 or more nodes flushes every 64 x ``hosted // 16`` steps (about four steps per
+    node), or as many as keep its nodes' pending samples within 128 MiB, and at least every 64 x
+    ``hosted // 64``: 1,000 FedAvg clients on 2 workers flush every 1,792 steps, where most of
+    the clients sleep through the rounds between. The same on every node."""
     hosted = -(-num_nodes // max(1, workers))
     steps = _FLUSH_STEPS * max(1, hosted // _FLUSH_STEPS)
+    if hosted >= 2 * _FLUSH_STEPS:
+        within = _PENDING_BYTES // (hosted * _SAMPLE_BYTES) // _FLUSH_STEPS * _FLUSH_STEPS
+        steps = max(steps, min(4 * steps, within))
     return log_interval * max(1, -(-steps // log_interval))
 
 
@@ -162,12 +174,11 @@ class IdleSteps:
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
         spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
-        pipeline = self.strategy.pipeline
-        due = pipeline.modules[0].is_due if len(pipeline.modules) == 1 else pipeline.is_due
+        due, communicate = self._communication()
         with self.comm.sitting_out():
             for end in ends:
                 if due(end):  # (an asynchronous module communicates only at ticks where something happens)
-                    self.strategy.communicate_phase("param", end)
+                    communicate(end)
         per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - meter.transport0) / len(spans)
         idle_lr, lr = self._advance(spans, ends)
@@ -176,6 +187,20 @@ class IdleSteps:
         wall = time.perf_counter() - meter.start
         meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
         self.comm.clock.close_idle_steps(sim)  # the rounds' communication on the node's own clock
+
+    def _communication(self) -> tuple[Callable[[int], bool], Callable[[int], None]]:
+        """What a sleep asks at each round end: whether a parameter-space module is due, and
+        the parameter-space phase; for a strategy of one plain module (no wrapper, no wire
+        format), that module's own schedule and ``communicate``, which the phase would run
+        (an asynchronous client asleep through a thousand ticks asks at each)."""
+        strategy = self.strategy
+        modules = strategy.pipeline.modules
+        if len(modules) == 1:
+            (m,) = modules
+            if m.space == "param" and type(m).run is Communicator.run and strategy.wire_comm is None:
+                return m.is_due, m.communicate
+            return m.is_due, functools.partial(strategy.communicate_phase, "param")
+        return strategy.pipeline.is_due, functools.partial(strategy.communicate_phase, "param")
 
     def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at

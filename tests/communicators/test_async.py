@@ -435,23 +435,42 @@ class _WithoutWakes:
         return getattr(self.module, name)
 
 
-def test_fedbuff_clients_that_do_not_follow_the_server_keep_no_copy_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # at the end of the run, before the final state is handed out: every client that neither
-    # follows the server nor sends the final state holds the one shared stand-in, not a copy
+def test_fedbuff_only_the_first_client_drawn_keeps_a_copy_of_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    # at the end of the run, before the final state is handed out: the first client drawn (the
+    # keeper) holds the server's state and buffer; every other client holds the one shared
+    # stand-in, not a copy
+    from communicators.fedbuff import draw_client
     from communicators.server import ServerCommunicator, is_unheld
 
-    kept: dict[int, tuple[bool, bool]] = {}  # rank -> (keeps a copy, holds the stand-ins)
+    kept: dict[int, bool] = {}  # rank -> holds a copy of its own
     finish = ServerCommunicator.finish
 
     def recorded(self: ServerCommunicator) -> None:
-        keeps = self.holding or self.ctx.rank == self.timeline.final_holder
-        kept[self.ctx.rank] = (keeps, is_unheld(self.server) and is_unheld(self.buffer))
+        kept[self.ctx.rank] = not is_unheld(self.server) and not is_unheld(self.buffer)
         finish(self)
 
     monkeypatch.setattr(ServerCommunicator, "finish", recorded)
     out = _fedbuff_12()
-    assert sorted(kept) == list(range(12))
-    assert all(stand_ins != keeps for keeps, stand_ins in kept.values()), kept
-    assert sum(not keeps for keeps, _ in kept.values()) >= 6  # most clients keep none
+    first = draw_client(0, 0, list(range(12)))  # the run's seed, its first draw among all clients
+    assert kept == {r: r == first for r in range(12)}
     for rank in range(12):  # the run's result: every node ends with the server's state
         assert all(torch.equal(x, y) for x, y in zip(out[0]["params"], out[rank]["params"], strict=True))
+
+
+def test_fedbuff_timeline_serves_every_later_draw_from_the_keeper_and_wakes_only_named_nodes() -> None:
+    # by hand from the events: the clients drawn at the start start from the initial state (no
+    # source); every later draw is served from the keeper (unless it is the keeper); the nodes
+    # taking part after a tick are the keeper and those its events name
+    out = _fedbuff_12()
+    tl = out[0]["strategy"].server.timeline
+    (keeper,) = tl.holders
+    assert all(ev.source == -1 for ev in tl.before)
+    serves = [ev for events in tl.after for ev in events if ev.kind == "serve"]
+    assert len(serves) > 10
+    assert all(ev.source == (-1 if ev.rank == keeper else keeper) for ev in serves)
+    for t, events in enumerate(tl.after):
+        named = {keeper} | {ev.rank for ev in events} | {ev.source for ev in events if ev.source >= 0}
+        if t == 0:
+            named |= {ev.rank for ev in tl.before}
+        assert tl.following[t] == named, t
+    assert sum(len(f) == 1 for f in tl.following) > 50  # most ticks concern the keeper alone

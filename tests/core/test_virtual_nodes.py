@@ -833,13 +833,18 @@ def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also
     assert not any(hub._queued)
 
 
-def test_metrics_flush_every_64_steps_or_64_per_64_nodes_a_worker_hosts() -> None:
+def test_metrics_flush_every_64_steps_or_about_four_per_node_a_worker_hosts_within_128_mib() -> None:
     from exogym.runtime.node import flush_interval
 
     assert flush_interval(1, 8, 2) == 64
     assert flush_interval(10, 8, 8) == 70  # a whole number of train rows
-    assert flush_interval(1, 256, 2) == 128  # 128 nodes per worker
-    assert flush_interval(10, 1000, 2) == 450  # 500 per worker: 7 x 64 = 448, rounded up to rows
+    assert flush_interval(1, 200, 2) == 64  # 100 per worker: fewer than 128
+    assert flush_interval(1, 256, 2) == 512  # 128 per worker: 4 x 128
+    assert flush_interval(10, 1000, 2) == 1800  # 500 per worker: 4 x 7 x 64 = 1,792, rounded up to rows
+    # 1,000 per worker: 4 x 960 steps would take 375 MB of samples; 128 MiB / (1,000 x 96 B)
+    # = 1,398 steps, down to a multiple of 64
+    assert flush_interval(1, 2000, 2) == 1344
+    assert flush_interval(1, 10000, 2) == 4992  # 5,000 per worker: never below 64 x (5,000 // 64)
     assert flush_interval(1, 1000, 1000) == 64  # one node per process
 
 
