@@ -245,14 +245,14 @@ class ServerCommunicator(Communicator):
         super().setup(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
-        flat = self._read()
-        self.nbytes = flat.numel() * flat.element_size()
+        dtype = functools.reduce(torch.promote_types, (p.dtype for p in self.params))  # (as _read's cat)
+        self.nbytes = self.numel * torch.empty((), dtype=dtype).element_size()
         #: The server's state (a replica on every node that holds the server; all hold the
         #: same bits). A node that does not keeps shared zeros (:func:`unheld`), never read.
-        self.server = flat.clone()
+        self.server = _shared_zeros(self.numel, dtype, self.params[0].device)
         #: This node's parameters at the start of its segment (shared zeros on a node that does
         #: not hold the server, outside its segments).
-        self.start = flat
+        self.start = self.server
         #: This node's updates in flight, by segment.
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
@@ -263,6 +263,8 @@ class ServerCommunicator(Communicator):
         network = ctx.network
         if network is None:
             self.timeline, self._index, self._due = None, None, None
+            self.start = self._read()
+            self.server = self.start.clone()
             return
         k = ctx.num_nodes
         seconds, transfer = self._timings(network, k)
@@ -285,10 +287,11 @@ class ServerCommunicator(Communicator):
         self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
-        if not self.holding:  # (1,000 FedBuff clients would hold a model's worth each)
-            self.server = unheld(flat)
-            if ctx.rank not in ix.initial:
-                self.start = self.server
+        # (1,000 FedBuff clients would hold a model's worth each)
+        if self.holding or ctx.rank in ix.initial:
+            self.start = self._read()
+        if self.holding:
+            self.server = self.start.clone()
 
     def _timings(self, network: Network, k: int) -> tuple[list[float], list[float]]:
         """:func:`step_seconds` and :meth:`transfers` of the run: the former, and the latter
@@ -373,7 +376,7 @@ class ServerCommunicator(Communicator):
             if tl.final_holder >= 0:  # the nodes that do not hold the server are sent its state
                 comm = self.ctx.comm
                 if self.ctx.rank == tl.final_holder:
-                    comm.all_reduce(self.server.clone(), charge=False)
+                    comm.all_reduce_contribute(self.server.clone())
                 else:
                     final = comm.all_reduce_receive(unheld(self.server))
         self._write(final)
@@ -396,6 +399,9 @@ class ServerCommunicator(Communicator):
         # where only some nodes hold the server, every collective of the module names the one
         # shared stand-in, so that a sleeping node's absent calls coalesce
         like = self.server if self.timeline.holders is None else unheld(self.server)
+        if ev.rank == me and not self.holding:  # it sends, and needs nothing back
+            comm.all_reduce_contribute(self.pending.pop(ev.segment))
+            return
         if ev.rank == me:
             update = comm.all_reduce(self.pending.pop(ev.segment), charge=False)
         elif self.holding:
@@ -403,14 +409,13 @@ class ServerCommunicator(Communicator):
         else:  # a node that does not hold the server: only the sender contributes
             comm.all_reduce_absent(like)
             return
-        if self.holding:
-            self.apply(update, ev)
+        self.apply(update, ev)
 
     def _on_serve(self, ev: Event) -> None:
         comm, me = self.ctx.comm, self.ctx.rank
         if ev.source >= 0:  # the served node gets the server's state from a node that holds it
             if me == ev.source:
-                comm.all_reduce(self.served_state(ev.rank).clone(), charge=False)
+                comm.all_reduce_contribute(self.served_state(ev.rank).clone())
             elif me == ev.rank:
                 self.incoming = comm.all_reduce_receive(unheld(self.server)).clone()
             else:

@@ -174,11 +174,8 @@ class IdleSteps:
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
         spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
-        due, communicate = self._communication()
         with self.comm.sitting_out():
-            for end in ends:
-                if due(end):  # (an asynchronous module communicates only at ticks where something happens)
-                    communicate(end)
+            self._sit_out(ends)
         per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
         comm_wall = (self.comm.transport_seconds - meter.transport0) / len(spans)
         idle_lr, lr = self._advance(spans, ends)
@@ -188,19 +185,25 @@ class IdleSteps:
         meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
         self.comm.clock.close_idle_steps(sim)  # the rounds' communication on the node's own clock
 
-    def _communication(self) -> tuple[Callable[[int], bool], Callable[[int], None]]:
-        """What a sleep asks at each round end: whether a parameter-space module is due, and
-        the parameter-space phase; for a strategy of one plain module (no wrapper, no wire
-        format), that module's own schedule and ``communicate``, which the phase would run
-        (an asynchronous client asleep through a thousand ticks asks at each)."""
+    def _sit_out(self, ends: list[int]) -> None:
+        """The communication of the slept round ends ``ends``: the parameter-space phase at each
+        end where a module is due; for a strategy of one plain module (no wrapper, no wire
+        format), what that phase runs: the module's ``communicate`` where it is due (an
+        asynchronous client asks at each of a thousand ticks)."""
         strategy = self.strategy
         modules = strategy.pipeline.modules
         if len(modules) == 1:
             (m,) = modules
             if m.space == "param" and type(m).run is Communicator.run and strategy.wire_comm is None:
-                return m.is_due, m.communicate
-            return m.is_due, functools.partial(strategy.communicate_phase, "param")
-        return strategy.pipeline.is_due, functools.partial(strategy.communicate_phase, "param")
+                due, communicate = m.is_due, m.communicate
+                for end in ends:
+                    if due(end):
+                        communicate(end)
+                return
+        due = modules[0].is_due if len(modules) == 1 else strategy.pipeline.is_due
+        for end in ends:
+            if due(end):
+                strategy.communicate_phase("param", end)
 
     def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at

@@ -100,6 +100,8 @@ class VirtualHub:
             lock.acquire()
         #: Per node, its calls not yet executed (ones it does not wait for, then at most one it waits for).
         self._queued: list[deque[Call]] = [deque() for _ in self.ranks]
+        #: How many of those queues are empty (a collective can run when none is).
+        self._empty = self.n
         #: The nodes that run before the next collective, in order, and the next one's position.
         self._to_run: list[int] = list(range(self.n))
         self._cursor = 0
@@ -191,18 +193,16 @@ class VirtualHub:
         self._cursor += 1
         if self._cursor < len(self._to_run):
             return self._to_run[self._cursor]
-        while any(self._queued):
-            ended = [j for j in range(self.n) if not self._queued[j]]  # nothing queued: finished
-            if ended:
-                waiting = [self.ranks[j] for j in range(self.n) if self._queued[j]]
-                what = next(q[0] for q in self._queued if q).describe()
-                raise CollectiveMismatchError(
-                    f"node(s) {[self.ranks[j] for j in ended]} finished the run while node(s) {waiting} wait in {what}"
-                )
+        while self._empty == 0:
             released = self._execute()
             if released:
                 self._to_run, self._cursor = released, 0
                 return released[0]
+        if self._empty < self.n:  # some nodes have nothing queued (finished) while others wait
+            ended = [self.ranks[j] for j in range(self.n) if not self._queued[j]]
+            waiting = [self.ranks[j] for j in range(self.n) if self._queued[j]]
+            what = next(q[0] for q in self._queued if q).describe()
+            raise CollectiveMismatchError(f"node(s) {ended} finished the run while node(s) {waiting} wait in {what}")
         return None
 
     def enqueue(self, i: int, call: Call) -> None:
@@ -219,9 +219,34 @@ class VirtualHub:
         if folds and t.dtype not in (torch.float16, torch.bfloat16):  # type: ignore[union-attr]
             self._fold(call, self._executed + sum(c.repeat for c in queue))
         if len(queue) + 1 < MAX_QUEUED:
-            queue.append(call)
+            self._append(i, call)
+            if self._empty == 0:
+                self._run_ready(i)
         else:
             self.collective(i, call)
+
+    def _append(self, i: int, call: Call) -> None:
+        queue = self._queued[i]
+        if not queue:
+            self._empty -= 1
+        queue.append(call)
+
+    def _run_ready(self, i: int) -> None:
+        """Node ``i``, which holds the turn and waits for nothing, has queued the last call the
+        next collective needed: run at once the collectives every node has a call queued for,
+        not once ``i`` parks. Where one gives nodes their turn back, they run first and ``i`` after
+        them. A node that trains many steps between its own collectives then lets the
+        collectives of other nodes through as it goes (otherwise the worker would hold them,
+        and the other workers with them, until it parks)."""
+        while self._empty == 0:
+            released = self._execute()
+            if released:
+                rest = self._to_run[self._cursor + 1 :]
+                self._to_run, self._cursor = [i, *rest, *released, i], 0
+                nxt = self._advance()
+                assert nxt is not None and nxt != i
+                self._hand_over(i, nxt)
+                return
 
     def _fold(self, call: Call, index: int) -> None:
         """Reduce ``call``'s tensor into the running result of collective ``index`` for its
@@ -243,7 +268,7 @@ class VirtualHub:
         for it and the last one has combined them. Collective: every hosted node must call it
         (or sit it out)."""
         call.waits = True
-        self._queued[i].append(call)
+        self._append(i, call)
         nxt = self._advance()
         assert nxt is not None  # this node's call is queued: some collective gives a turn back
         if nxt != i:
@@ -255,6 +280,7 @@ class VirtualHub:
         """Run the collective every node's queue starts with; return the nodes whose real call
         it completed (in order)."""
         calls = [q.popleft() if q[0].repeat == 1 else q[0] for q in self._queued]
+        self._empty = sum(1 for q in self._queued if not q)
         present = [c for c in calls if not c.absent]
         first = present[0] if present else calls[0]
         for j, c in enumerate(calls):

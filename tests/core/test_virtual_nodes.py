@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -350,13 +351,14 @@ def test_nodes_sitting_an_all_reduce_out_add_nothing_even_when_a_whole_worker_sl
 
 @pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]]])
 def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_every_share(groups) -> None:
-    # 4 nodes on 2 workers; node 0 waits for three sums, the others only contribute to them and
-    # then do some local work, which must happen before node 0 receives its first result (they
-    # do not park). Expected: the plain sum of each group's values, written out.
+    # 4 nodes on 2 workers; node 0 waits for three sums, the others only contribute to them:
+    # they never park at a collective (they hand the turn on only to let one through).
+    # Expected: the plain sum of each group's values, written out.
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
     hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    waited = _record_waits(hubs)
     events: list[tuple[str, int]] = []
     got: list[float] = []
 
@@ -379,7 +381,21 @@ def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_eve
     run_ranks(2, worker)
     members = [0, 1, 2, 3] if groups is None else [0, 2]
     assert got == [sum(10**m + rnd for m in members) for rnd in range(3)]
-    assert events.index(("done", 1)) < events.index(("result", 0))  # node 1 never waited for a result
+    assert waited == {0}  # only node 0 ever waited for a result
+    assert sorted(r for kind, r in events if kind == "done") == [0, 1, 2, 3]
+
+
+def _record_waits(hubs: list[VirtualHub]) -> set[int]:
+    """The ranks that park at a collective of ``hubs`` (wait for it), filled as they run."""
+    waited: set[int] = set()
+    for hub in hubs:
+
+        def parked(i: int, call: Any, hub: VirtualHub = hub, original: Any = hub.collective) -> Any:
+            waited.add(hub.ranks[i])
+            return original(i, call)
+
+        hub.collective = parked  # type: ignore[method-assign]
+    return waited
 
 
 def test_all_reduce_contribute_outside_virtual_nodes_adds_the_share_and_rejects_mean() -> None:
@@ -400,13 +416,13 @@ def test_all_reduce_contribute_outside_virtual_nodes_adds_the_share_and_rejects_
 @pytest.mark.parametrize("groups", [None, [[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]]])
 def test_gather_contributors_run_on_and_gathering_nodes_get_every_member_in_order_each_its_own_copy(groups) -> None:
     # 6 nodes on 2 workers (0-2, 3-5); nodes 0 and 1 gather each round, the others only
-    # contribute, and node 2 then does local work, which must happen before node 0 gets its
-    # first result (it does not park). Expected: each member's tensor in group order; nodes 0
-    # and 1 get tensors of their own (writing one leaves the other as it was).
+    # contribute and never park at a collective. Expected: each member's tensor in group order;
+    # nodes 0 and 1 get tensors of their own (writing one leaves the other as it was).
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
     hubs = [VirtualHub(Placement.blocks(6, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    waited = _record_waits(hubs)
     events: list[tuple[str, int]] = []
     got: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -431,7 +447,8 @@ def test_gather_contributors_run_on_and_gathering_nodes_get_every_member_in_orde
         members = range(6) if groups is None else next(g for g in groups if rank in g)
         for rnd in range(3):
             assert got[(rank, rnd)].tolist() == [[float(m), float(rnd)] for m in members], (rank, rnd)
-    assert events.index(("done", 2)) < events.index(("result", 0))  # node 2 never waited for a result
+    assert waited == {0, 1}  # the contributors never waited for a result
+    assert sorted(r for kind, r in events if kind == "done") == list(range(6))
     before = got[(1, 0)].clone()
     got[(0, 0)].zero_()
     assert torch.equal(got[(1, 0)], before)
@@ -517,11 +534,12 @@ def test_all_reduce_receive_outside_virtual_nodes_returns_the_sum_and_rejects_me
 
 
 def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() -> None:
-    # Node 1 sits out 3 * MAX_QUEUED all-reduces that node 0 makes: its queue never holds more
-    # than MAX_QUEUED calls (it parks when full), and node 0 still gets its own value each time.
+    # Node 1 sits out 3 * MAX_QUEUED all-reduces that node 0 makes and node 2 contributes to:
+    # node 1 runs while node 2 has not reached them, and its queue never holds more than
+    # MAX_QUEUED calls (it parks when full); node 0 gets its value plus node 2's each time.
     from exogym.runtime.virtual import MAX_QUEUED
 
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
     longest = [0]
     got = []
 
@@ -531,13 +549,37 @@ def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() ->
             if rank == 0:
                 transport.all_reduce(t, "sum")
                 got.append(t.item())
-            else:
+            elif rank == 1:
                 transport.all_reduce_absent(t, "sum")
                 longest[0] = max(longest[0], len(hub._queued[1]))
+            else:
+                transport.all_reduce_contribute(t, "sum")
 
     hub.run(body)
-    assert got == [float(i) for i in range(3 * MAX_QUEUED)]
+    assert got == [2.0 * i for i in range(3 * MAX_QUEUED)]
     assert longest[0] == MAX_QUEUED - 1  # parked at the MAX_QUEUED-th call instead of queueing it
+    assert not any(hub._queued) and hub._empty == 3
+
+
+def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_parks() -> None:
+    # Node 0 waits for each of 4 sums; node 1 sits each out, then works locally: the sum runs
+    # when node 1 queues its call, so node 0 has its result before node 1's work after that call
+    # (a node working through many steps between its own collectives lets the others' through).
+    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
+    events: list[tuple[str, int]] = []
+
+    def body(rank, transport):
+        for k in range(4):
+            t = torch.full((1,), float(k))
+            if rank == 0:
+                transport.all_reduce(t, "sum")
+                events.append(("result", int(t.item())))
+            else:
+                transport.all_reduce_absent(t, "sum")
+                events.append(("work", k))
+
+    hub.run(body)
+    assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
 
 
 def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:
