@@ -239,6 +239,8 @@ class VirtualHub:
         collectives of other nodes through as it goes (otherwise the worker would hold them,
         and the other workers with them, until it parks)."""
         while self._empty == 0:
+            if self.outer is not None and not self.outer.peers_waiting():
+                return  # no other worker waits for it yet: work on, run it when this node parks
             released = self._execute()
             if released:
                 rest = self._to_run[self._cursor + 1 :]

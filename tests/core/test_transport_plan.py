@@ -75,3 +75,26 @@ def test_the_barrier_kernel_and_its_reference_agree_on_mismatch_reports() -> Non
         assert flags[0, 2:5].tolist() == [1, int(flags[1, 0]), int(flags[1, 1])]
         flags = torch.zeros(2, sync.WORDS, dtype=torch.int64)
         assert fn(flags, 0, 1, 5, 0, 40, 0.2) == sync.TIMED_OUT  # rank 1 never came
+
+
+def test_a_shm_transport_tells_whether_its_peers_wait_for_its_next_collective() -> None:
+    # two ranks on one segment, rank 1 on a thread: before rank 1 calls anything rank 0 sees no
+    # peer waiting; once rank 1 sits in its next barrier, rank 0 does; after both passed it,
+    # none again
+    import threading
+    import time
+
+    seg = shm.create_segment(2, 1 << 16)
+    t0 = shm.ShmTransport(seg, 0, 2, 1 << 16, 10.0)
+    t1 = shm.ShmTransport(seg, 1, 2, 1 << 16, 10.0)
+    assert not t0.peers_waiting()
+    peer = threading.Thread(target=t1.barrier)
+    peer.start()
+    deadline = time.monotonic() + 10.0
+    while not t0.peers_waiting() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert t0.peers_waiting()
+    t0.barrier()
+    peer.join(10.0)
+    assert not peer.is_alive()
+    assert not t0.peers_waiting() and not t1.peers_waiting()

@@ -582,6 +582,44 @@ def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_
     assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
 
 
+@pytest.mark.parametrize("waiting", [True, False])
+def test_a_collective_no_other_worker_waits_for_yet_runs_once_the_node_that_completed_it_parks(
+    waiting: bool,
+) -> None:
+    # as above, with a transport to other workers that says whether they wait for the next
+    # collective: where they do, node 0 gets each sum as soon as node 1 queues its call; where
+    # they do not, node 1 works on first and the sums run once it has finished
+    from exogym.core.comm.transport import Transport
+
+    class Peers(Transport):
+        rank, world_size = 0, 1
+
+        def peers_waiting(self) -> bool:
+            return waiting
+
+        def all_reduce(self, tensor, op, members=None) -> None:  # the only worker with a share
+            pass
+
+    hub = VirtualHub(Placement.blocks(2, 1), 0, Peers(), torch.device("cpu"), 0)
+    events: list[tuple[str, int]] = []
+
+    def body(rank, transport):
+        for k in range(4):
+            t = torch.full((1,), float(k))
+            if rank == 0:
+                transport.all_reduce(t, "sum")
+                events.append(("result", int(t.item())))
+            else:
+                transport.all_reduce_absent(t, "sum")
+                events.append(("work", k))
+
+    hub.run(body)
+    if waiting:
+        assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
+    else:
+        assert events == [("work", k) for k in range(4)] + [("result", k) for k in range(4)]
+
+
 def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:
     from tests.fake_world import run_ranks
 

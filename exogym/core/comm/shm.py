@@ -136,6 +136,13 @@ class ShmTransport(Transport):
         return self.slot
 
     # -- synchronisation -------------------------------------------------------------------
+    def peers_waiting(self) -> bool:
+        """Whether every other rank has published this rank's next generation (it waits at the
+        barrier of this rank's next collective). A plain read: a hint only, the barrier itself
+        synchronises."""
+        nxt = self._generation + 1
+        return all(w >> 32 >= nxt for r, w in enumerate(self._flags[:, 0].tolist()) if r != self.rank)
+
     def _sync(self, kind: int, detail: int, group: int, nbytes: int) -> None:
         self._generation += 1
         tag = (kind << 12) | (detail & 0xFFF)

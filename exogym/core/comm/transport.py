@@ -111,6 +111,13 @@ class Transport:
         self.all_reduce(out, op, members)
         return out
 
+    def peers_waiting(self) -> bool:
+        """Whether every other rank already waits for this rank's next collective (a hint, not
+        a collective: a worker of virtual nodes runs a collective at once where its peers wait
+        for it, and otherwise lets its nodes work on first). ``True`` where the transport cannot
+        tell."""
+        return True
+
     def close(self) -> None:
         """Release what the transport holds (the process group)."""
 
