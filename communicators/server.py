@@ -111,6 +111,8 @@ class _Index:
                     active.setdefault(r, set()).add(step)
         self.active = {r: sorted(steps) for r, steps in active.items()}
         self.end = len(tl.trains)
+        self._shared_ticks: list[int] | None = None  # (made when first asked)
+        self._own_sorted: dict[int, list[int]] = {}
         #: The nodes served the initial state before the first tick.
         self.initial = frozenset(ev.rank for ev in tl.before if ev.kind == "serve")
         #: Per tick, 1 where an event concerns every node.
@@ -137,6 +139,22 @@ class _Index:
                 else:
                     others = True
             self.absent[step] = collectives if base_handlers and not others else 0
+
+    def due(self, rank: int, start: int, stop: int) -> list[int]:
+        """The ticks in ``[start, stop)`` at which a module whose :meth:`ServerCommunicator.is_due`
+        is the base's is due on node ``rank``: the first tick, those with an event every node
+        acts at, those with an event of its own, any past the timeline's end (what
+        :attr:`Participation.due` answers)."""
+        ticks = self._shared_ticks
+        if ticks is None:
+            ticks = self._shared_ticks = [t for t, v in enumerate(self.shared) if v]
+        out = ticks[bisect.bisect_left(ticks, start) : bisect.bisect_left(ticks, stop)]
+        own = self._own_sorted.get(rank)
+        if own is None:
+            own = self._own_sorted.setdefault(rank, sorted({0, *self.own.get(rank, ())}))
+        mine = own[bisect.bisect_left(own, start) : bisect.bisect_left(own, stop)]
+        mine += range(max(start, self.end), stop)  # (past the timeline: due, as is_due says)
+        return sorted({*out, *mine}) if mine else out
 
     def wakes(self, step: int, rank: int) -> int:
         """The first tick after ``step`` at which ``rank`` trains or takes part in the
@@ -321,7 +339,8 @@ class ServerCommunicator(Communicator):
                 st = Participation(period=1, trains=tl.trains[step], replaces=False)
             else:  # the others take no part in the tick's communication: it cannot concern them
                 wakes = functools.partial(ix.wakes, step)
-                st = Participation(1, tl.trains[step], True, tl.following[step], wakes)
+                due = ix.due if type(self).is_due is ServerCommunicator.is_due else None
+                st = Participation(1, tl.trains[step], True, tl.following[step], wakes, due)
             ix.statements[step] = st
         return st
 

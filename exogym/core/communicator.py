@@ -25,7 +25,7 @@ idle, when it may sleep through a round, where to place nodes) it derives from t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -124,6 +124,10 @@ class Participation:
             with ``replaces`` and this period; the module may communicate at their ends or not.
             A node then plans a sleep through thousands of rounds without asking each; ``None``
             (the default): it asks round by round. It changes no result, only the time to plan.
+        due: optional, likewise: ``due(rank, start, stop)``, the steps in ``[start, stop)`` at
+            which the module is due on node ``rank``, ascending (what its ``is_due`` answers
+            there, step by step). A node asleep through thousands of rounds then communicates
+            at those without asking at each; ``None`` (the default): it asks at each round end.
     """
 
     period: int
@@ -131,6 +135,7 @@ class Participation:
     replaces: bool = True
     receives: frozenset[int] = frozenset()
     wakes: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+    due: Callable[[int, int, int], Sequence[int]] | None = field(default=None, compare=False, repr=False)
 
     def idle(self, rank: int) -> bool:
         """Whether ``rank`` sits this round out."""

@@ -188,17 +188,24 @@ class IdleSteps:
     def _sit_out(self, ends: list[int]) -> None:
         """The communication of the slept round ends ``ends``: the parameter-space phase at each
         end where a module is due; for a strategy of one plain module (no wrapper, no wire
-        format), what that phase runs: the module's ``communicate`` where it is due (an
-        asynchronous client asks at each of a thousand ticks)."""
+        format), what that phase runs: the module's ``communicate`` where it is due, at the
+        steps its statement says it is due where it says so
+        (:attr:`~exogym.core.communicator.Participation.due`: an asynchronous client asleep
+        through a thousand ticks)."""
         strategy = self.strategy
         modules = strategy.pipeline.modules
         if len(modules) == 1:
             (m,) = modules
             if m.space == "param" and type(m).run is Communicator.run and strategy.wire_comm is None:
-                due, communicate = m.is_due, m.communicate
+                st = self.schedule.statement(ends[0], keep=False)
+                if st is not None and st.due is not None and ends[-1] - ends[0] + 1 == len(ends):
+                    for end in st.due(self.schedule.rank, ends[0], ends[-1] + 1):  # (rounds of one step)
+                        m.communicate(end)
+                    return
+                due = m.is_due
                 for end in ends:
                     if due(end):
-                        communicate(end)
+                        m.communicate(end)
                 return
         due = modules[0].is_due if len(modules) == 1 else strategy.pipeline.is_due
         for end in ends:

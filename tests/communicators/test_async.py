@@ -357,7 +357,7 @@ def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit
     monkeypatch.setattr(
         ServerCommunicator,
         "participation",
-        lambda self, *a: None if (st := stated(self, *a)) is None else dataclasses.replace(st, wakes=None),
+        lambda self, *a: None if (st := stated(self, *a)) is None else dataclasses.replace(st, wakes=None, due=None),
     )
     sleeps.clear()
     tick_by_tick = _fedbuff_12(workers, **schedule)
@@ -391,6 +391,25 @@ def test_idle_fedbuff_clients_change_no_parameter_charge_or_row_whether_they_sit
             [{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (at_once, other)
         ]
         assert rows[0] == rows[1] and rows[0]
+
+
+def test_the_due_ticks_a_statement_gives_are_those_the_module_is_due_at_tick_by_tick() -> None:
+    # every rank and random ranges of ticks (past the run's end too): Participation.due(rank,
+    # start, stop) lists exactly the ticks in [start, stop) at which that rank's module says is_due
+    out = _fedbuff_12()
+    gen = torch.Generator().manual_seed(1)
+    seen = 0
+    for rank in range(12):
+        module = out[rank]["strategy"].server
+        st = module.participation(5, 12, 0)
+        assert st is not None and st.due is not None
+        for _ in range(40):
+            start = int(torch.randint(0, 150, (), generator=gen))
+            stop = int(torch.randint(start, 153, (), generator=gen))
+            expected = [t for t in range(start, stop) if module.is_due(t)]
+            assert list(st.due(rank, start, stop)) == expected, (rank, start, stop)
+            seen += len(expected)
+    assert seen > 500  # not vacuous
 
 
 def test_a_sleep_planned_from_the_wake_up_ticks_equals_the_plan_asked_tick_by_tick() -> None:
@@ -429,7 +448,7 @@ class _WithoutWakes:
 
     def participation(self, step: int, num_nodes: int, seed: int) -> Any:
         st = self.module.participation(step, num_nodes, seed)
-        return None if st is None else dataclasses.replace(st, wakes=None)
+        return None if st is None else dataclasses.replace(st, wakes=None, due=None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
