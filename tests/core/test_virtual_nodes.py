@@ -561,11 +561,10 @@ def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() ->
     assert not any(hub._queued) and hub._empty == 3
 
 
-def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_parks() -> None:
-    # Node 0 waits for each of 4 sums; node 1 sits each out, then works locally: the sum runs
-    # when node 1 queues its call, so node 0 has its result before node 1's work after that call
-    # (a node working through many steps between its own collectives lets the others' through).
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
+def _sums_and_work(outer: Any = None) -> list[tuple[str, int]]:
+    """Node 0 waits for each of 4 sums; node 1 sits each out, then works locally (one worker,
+    ``outer`` its transport to the others): the order of node 0's results and node 1's work."""
+    hub = VirtualHub(Placement.blocks(2, 1), 0, outer, torch.device("cpu"), 0)
     events: list[tuple[str, int]] = []
 
     def body(rank, transport):
@@ -579,7 +578,14 @@ def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_
                 events.append(("work", k))
 
     hub.run(body)
-    assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
+    return events
+
+
+def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_parks() -> None:
+    # the sum runs when node 1 queues its call, so node 0 has its result before node 1's work
+    # after that call (a node working through many steps between its own collectives lets the
+    # others' through)
+    assert _sums_and_work() == [e for k in range(4) for e in (("result", k), ("work", k))]
 
 
 @pytest.mark.parametrize("waiting", [True, False])
@@ -600,20 +606,7 @@ def test_a_collective_no_other_worker_waits_for_yet_runs_once_the_node_that_comp
         def all_reduce(self, tensor, op, members=None) -> None:  # the only worker with a share
             pass
 
-    hub = VirtualHub(Placement.blocks(2, 1), 0, Peers(), torch.device("cpu"), 0)
-    events: list[tuple[str, int]] = []
-
-    def body(rank, transport):
-        for k in range(4):
-            t = torch.full((1,), float(k))
-            if rank == 0:
-                transport.all_reduce(t, "sum")
-                events.append(("result", int(t.item())))
-            else:
-                transport.all_reduce_absent(t, "sum")
-                events.append(("work", k))
-
-    hub.run(body)
+    events = _sums_and_work(Peers())
     if waiting:
         assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
     else:
