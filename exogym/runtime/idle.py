@@ -194,23 +194,20 @@ class IdleSteps:
         through a thousand ticks)."""
         strategy = self.strategy
         modules = strategy.pipeline.modules
+        due = modules[0].is_due if len(modules) == 1 else strategy.pipeline.is_due
+        communicate = functools.partial(strategy.communicate_phase, "param")
         if len(modules) == 1:
             (m,) = modules
             if m.space == "param" and type(m).run is Communicator.run and strategy.wire_comm is None:
+                communicate = m.communicate
                 st = self.schedule.statement(ends[0], keep=False)
                 if st is not None and st.due is not None and ends[-1] - ends[0] + 1 == len(ends):
                     for end in st.due(self.schedule.rank, ends[0], ends[-1] + 1):  # (rounds of one step)
-                        m.communicate(end)
+                        communicate(end)
                     return
-                due = m.is_due
-                for end in ends:
-                    if due(end):
-                        m.communicate(end)
-                return
-        due = modules[0].is_due if len(modules) == 1 else strategy.pipeline.is_due
         for end in ends:
             if due(end):
-                strategy.communicate_phase("param", end)
+                communicate(end)
 
     def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at
