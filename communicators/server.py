@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from collections import OrderedDict
 from typing import Any
 
@@ -125,6 +126,8 @@ class _Index:
         #: an event sits out (the tick's receives and serves from a holder); ``0``: none, or
         #: the tick has other events every node acts at.
         self.absent = [0] * len(tl.after)
+        #: The nodes that hold the server (``None``: every node).
+        self.holders = tl.holders
         for step, events in enumerate(tl.after):
             collectives, others = 0, False
             for ev in events:
@@ -139,12 +142,17 @@ class _Index:
                 else:
                     others = True
             self.absent[step] = collectives if base_handlers and not others else 0
+        #: ``_before[t]``: the absent collectives of the ticks before tick ``t``.
+        self._before = [0, *itertools.accumulate(self.absent)]
 
     def due(self, rank: int, start: int, stop: int) -> list[int]:
-        """The ticks in ``[start, stop)`` at which a module whose :meth:`ServerCommunicator.is_due`
-        is the base's is due on node ``rank``: the first tick, those with an event every node
-        acts at, those with an event of its own, any past the timeline's end (what
-        :attr:`Participation.due` answers)."""
+        """What :attr:`Participation.due` answers for a module whose
+        :meth:`ServerCommunicator.is_due` is the base's: the ticks in ``[start, stop)`` at which
+        it is due on node ``rank`` (the first tick, those with an event every node acts at,
+        those with an event of its own, any past the timeline's end), less those at which a
+        node that does not hold the server only sits out others' transfers (:meth:`sits_out`),
+        but the last: :meth:`ServerCommunicator.communicate` at the next tick listed makes
+        their absent calls first, as one."""
         ticks = self._shared_ticks
         if ticks is None:
             ticks = self._shared_ticks = [t for t, v in enumerate(self.shared) if v]
@@ -154,7 +162,19 @@ class _Index:
             own = self._own_sorted.setdefault(rank, sorted({0, *self.own.get(rank, ())}))
         mine = own[bisect.bisect_left(own, start) : bisect.bisect_left(own, stop)]
         mine += range(max(start, self.end), stop)  # (past the timeline: due, as is_due says)
-        return sorted({*out, *mine}) if mine else out
+        due = sorted({*out, *mine}) if mine else out
+        if len(due) < 2 or self.holders is None or rank in self.holders:
+            return due
+        absent, named, end = self.absent, self.named.get(rank, ()), self.end
+        return [t for t in due[:-1] if not (0 < t < end and absent[t] and t not in named)] + due[-1:]
+
+    def sits_out(self, rank: int, after: int, before: int) -> int:
+        """The absent collectives of node ``rank`` (which does not hold the server) at the
+        ticks strictly between ``after`` and ``before`` where it only sits out others'
+        transfers."""
+        n = self._before[before] - self._before[after + 1]
+        named = self.named.get(rank, ())
+        return n - sum(self.absent[t] for t in named if after < t < before) if n else 0
 
     def wakes(self, step: int, rank: int) -> int:
         """The first tick after ``step`` at which ``rank`` trains or takes part in the
@@ -217,6 +237,8 @@ class ServerCommunicator(Communicator):
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
         self._due: bytearray | None = None
+        #: The tick of the last call of :meth:`communicate` (``None``: none yet in this process).
+        self._last_tick: int | None = None
 
     # -- what subclasses define -------------------------------------------------------------
     def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
@@ -303,6 +325,7 @@ class ServerCommunicator(Communicator):
         for step in (0, *own):
             self._due[step] = 1
         self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
+        self._last_tick = None
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
         # (1,000 FedBuff clients would hold a model's worth each)
@@ -339,7 +362,8 @@ class ServerCommunicator(Communicator):
                 st = Participation(period=1, trains=tl.trains[step], replaces=False)
             else:  # the others take no part in the tick's communication: it cannot concern them
                 wakes = functools.partial(ix.wakes, step)
-                due = ix.due if type(self).is_due is ServerCommunicator.is_due else None
+                base = type(self).is_due is ServerCommunicator.is_due
+                due = ix.due if base and type(self).communicate is ServerCommunicator.communicate else None
                 st = Participation(1, tl.trains[step], True, tl.following[step], wakes, due)
             ix.statements[step] = st
         return st
@@ -367,6 +391,12 @@ class ServerCommunicator(Communicator):
             raise RuntimeError(
                 f"{type(self).__name__} needs the run's network to simulate its timeline (run it with fit)"
             )
+        last, self._last_tick = self._last_tick, step
+        if last is not None and step > last + 1 and not self.holding:
+            # the ticks a sleep skipped (the statement's due), where it only sat out others' transfers
+            skipped = self._index.sits_out(self.ctx.rank, last, min(step, len(tl.after)))  # type: ignore[union-attr]
+            if skipped:
+                self.ctx.comm.all_reduce_absent(self.server, repeat=skipped)
         events = tl.after[step]
         if not events and step:  # most ticks of a run of unequal nodes: nothing happens between them
             return
@@ -482,6 +512,7 @@ class ServerCommunicator(Communicator):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last_tick = None  # (a sleep's skipped ticks never span a checkpoint)
         if self.holding:
             self.server.copy_(state["server"])
         self.start = unheld(self.server) if state["start"] is None else state["start"].clone()

@@ -150,6 +150,11 @@ class NodeSchedule:
             if st is None or not st.idle(self.rank):
                 break
             end += st.period
+            if st.wakes is not None and self.rank not in st.receives:
+                # the rounds that start before the node wakes idle it too: no statement to ask
+                wakes = min(stop, st.wakes(self.rank))
+                while end + 1 < wakes and not module.is_due(end):
+                    end += st.period
         return end - step + 1
 
     def overwritten_at(self, step: int, keep: bool = True) -> int | None:

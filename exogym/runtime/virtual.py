@@ -31,6 +31,7 @@ hand-over costs about 20-70 µs).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
@@ -102,6 +103,15 @@ class VirtualHub:
         self._queued: list[deque[Call]] = [deque() for _ in self.ranks]
         #: How many of those queues are empty (a collective can run when none is).
         self._empty = self.n
+        #: The nodes whose first queued call each collective handles, ascending: every node
+        #: but those *parked* on a run of absent all-reduces (:meth:`_park`).
+        self._active: list[int] = list(range(self.n))
+        #: Per node, the collective a parked node's run of absent calls ends before (0: not parked).
+        self._parked_until = [0] * self.n
+        #: The parked nodes by the collective their run ends before, and by their call's
+        #: signature and group (what a collective checks them against).
+        self._unpark_at: dict[int, list[int]] = {}
+        self._parked: dict[tuple, set[int]] = {}
         #: The nodes that run before the next collective, in order, and the next one's position.
         self._to_run: list[int] = list(range(self.n))
         self._cursor = 0
@@ -217,7 +227,7 @@ class VirtualHub:
         t = call.tensor
         folds = call.detached and call.kind == "all_reduce" and t is not None
         if folds and t.dtype not in (torch.float16, torch.bfloat16):  # type: ignore[union-attr]
-            self._fold(call, self._executed + sum(c.repeat for c in queue))
+            self._fold(call, self._next_index(i))
         if len(queue) + 1 < MAX_QUEUED:
             self._append(i, call)
             if self._empty == 0:
@@ -225,11 +235,33 @@ class VirtualHub:
         else:
             self.collective(i, call)
 
+    def _next_index(self, i: int) -> int:
+        """The collective a call node ``i`` queues now will take part in."""
+        queue = self._queued[i]
+        until = self._parked_until[i]
+        if until:  # (the parked call's run ends before ``until``)
+            return until + sum(queue[k].repeat for k in range(1, len(queue)))
+        return self._executed + sum(c.repeat for c in queue)
+
     def _append(self, i: int, call: Call) -> None:
         queue = self._queued[i]
-        if not queue:
-            self._empty -= 1
         queue.append(call)
+        if len(queue) == 1:
+            self._empty -= 1
+            if call.absent and not call.waits:
+                del self._active[bisect.bisect_left(self._active, i)]
+                self._park(i, call)
+
+    def _park(self, i: int, call: Call) -> None:
+        """Node ``i``'s first queued call sits out the next ``call.repeat`` all-reduces and it
+        waits for none of them: the collectives leave it out (it is not in :attr:`_active`)
+        until the run's last, after which its call leaves the queue. A worker of hundreds of
+        nodes, most of them asleep (an asynchronous run's clients), then handles only the few
+        awake at each collective, not every node."""
+        until = self._executed + call.repeat
+        self._parked_until[i] = until
+        self._unpark_at.setdefault(until, []).append(i)
+        self._parked.setdefault((call.signature, call.members), set()).add(i)
 
     def _run_ready(self, i: int) -> None:
         """Node ``i``, which holds the turn and waits for nothing, has queued the last call the
@@ -281,23 +313,19 @@ class VirtualHub:
     def _execute(self) -> list[int]:
         """Run the collective every node's queue starts with; return the nodes whose real call
         it completed (in order)."""
-        calls = [q.popleft() if q[0].repeat == 1 else q[0] for q in self._queued]
-        self._empty = sum(1 for q in self._queued if not q)
+        queued, active = self._queued, self._active
+        if not active and self.outer is None:  # every node sits out the collectives up to the first run's end
+            self._executed = min(self._unpark_at) - 1
+        calls = [queued[j][0] for j in active]  # (the parked nodes sit it out)
         present = [c for c in calls if not c.absent]
-        first = present[0] if present else calls[0]
-        for j, c in enumerate(calls):
-            if c.signature == first.signature:
-                continue
-            same = c.kind == first.kind and c.op == first.op and c.src == first.src
-            if same and c.tensor is not None and first.tensor is not None:
-                same = c.tensor.dtype == first.tensor.dtype and (
-                    c.members != first.members or c.tensor.numel() == first.tensor.numel()
-                )
-            if not same:
-                raise CollectiveMismatchError(
-                    f"node {self.ranks[calls.index(first)]} called {first.describe()} but node "
-                    f"{self.ranks[j]} called {c.describe()} at the same point"
-                )
+        first = present[0] if present else queued[0][0]
+        for j, c in zip(active, calls, strict=True):
+            self._check(first, c, j)
+        for nodes in self._parked.values():
+            j = next(iter(nodes))
+            self._check(first, queued[j][0], j)
+        if first.kind != "all_reduce":  # (only all-reduces are sat out: every node is active)
+            assert len(calls) == self.n
         if first.kind == "barrier":
             if self.outer is not None:
                 self.outer.barrier()
@@ -309,14 +337,54 @@ class VirtualHub:
             self._all_gather(calls)
         self._executed += 1
         released = []
-        for j, c in enumerate(calls):
+        for j, c in zip(active, calls, strict=True):
             c.done = True
             if c.waits:
                 released.append(j)
             if c.repeat > 1:  # still queued for the collectives after this one; its node runs on
                 c.repeat -= 1
                 c.waits = False
+            else:
+                queued[j].popleft()
+        unparked = self._unpark_at.pop(self._executed, None)
+        if unparked:
+            for j in unparked:  # their runs of absent calls end with this collective
+                c = queued[j].popleft()
+                c.done = True
+                self._parked_until[j] = 0
+                key = (c.signature, c.members)
+                self._parked[key].discard(j)
+                if not self._parked[key]:
+                    del self._parked[key]
+            active = sorted(active + unparked)
+        self._active = []
+        empty = 0
+        for j in active:
+            q = queued[j]
+            if not q:
+                empty += 1
+            elif q[0].absent and not q[0].waits:
+                self._park(j, q[0])
+                continue
+            self._active.append(j)
+        self._empty = empty
         return released
+
+    def _check(self, first: Call, c: Call, j: int) -> None:
+        """``CollectiveMismatchError`` where node ``j``'s call ``c`` does not match ``first``."""
+        if c.signature == first.signature:
+            return
+        same = c.kind == first.kind and c.op == first.op and c.src == first.src
+        if same and c.tensor is not None and first.tensor is not None:
+            same = c.tensor.dtype == first.tensor.dtype and (
+                c.members != first.members or c.tensor.numel() == first.tensor.numel()
+            )
+        if not same:
+            at = next(k for k, q in enumerate(self._queued) if q and q[0] is first)
+            raise CollectiveMismatchError(
+                f"node {self.ranks[at]} called {first.describe()} but node "
+                f"{self.ranks[j]} called {c.describe()} at the same point"
+            )
 
     def _broadcast(self, calls: list[Call], src: int) -> None:
         owner = self.placement.worker_of(src)

@@ -906,6 +906,52 @@ def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also
     assert not any(hub._queued)
 
 
+def test_a_collective_handles_only_the_awake_nodes_while_the_others_sit_out_runs_of_all_reduces() -> None:
+    """Nodes 2..9 sit out runs of all-reduces in one absent call each (of 3 to 10 collectives),
+    then contribute; nodes 0 and 1 sum 12 times. At each collective the hub handles only the
+    nodes not in such a run; the sums count who contributed."""
+    hub = VirtualHub(Placement.blocks(10, 1), 0, None, torch.device("cpu"), 0)
+    got, handled = [], []
+    execute = hub._execute
+
+    def counting() -> list[int]:
+        handled.append(len(hub._active))
+        return execute()
+
+    hub._execute = counting  # type: ignore[method-assign]
+
+    def body(rank, transport):
+        if rank < 2:
+            for _ in range(12):
+                t = torch.ones(1)
+                transport.all_reduce(t, "sum")
+                if rank == 0:
+                    got.append(t.item())
+        else:
+            transport.all_reduce_absent(torch.ones(1), "sum", None, rank + 1)
+            for _ in range(12 - rank - 1):
+                transport.all_reduce_contribute(torch.ones(1), "sum")
+
+    hub.run(body)
+    # collective c: nodes 0, 1 and every node r >= 2 whose run (r + 1 collectives) has ended
+    assert got == [2.0 + sum(1 for r in range(2, 10) if c >= r + 1) for c in range(12)]
+    assert handled[:3] == [2, 2, 2] and max(handled) == 10  # the sleeping nodes, left out
+    assert not any(hub._queued) and not hub._parked and not hub._unpark_at
+
+
+def test_a_node_sitting_out_a_run_of_all_reduces_of_another_size_is_named_as_mismatched() -> None:
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank == 2:
+            transport.all_reduce_absent(torch.ones(7), "sum", None, 4)
+        for _ in range(4 if rank < 2 else 0):
+            transport.all_reduce(torch.ones(3), "sum")
+
+    with pytest.raises(VirtualNodeError, match=r"node 0 called all_reduce\(3 x .* but node 2 called all_reduce\(7 x"):
+        hub.run(body)
+
+
 def test_metrics_flush_every_64_steps_or_about_four_per_node_a_worker_hosts_within_128_mib() -> None:
     from exogym.runtime.node import flush_interval
 
