@@ -10,8 +10,10 @@ Three children, each a fresh Python process timed from its start:
 - ``fedbuff``: ``fit(FedBuffStrategy(...), num_nodes=1000)`` on virtual nodes;
 - ``loop``: the same timeline's client work in one process (each participation's steps from the
   model the client downloaded, the server's buffered, staleness-scaled steps), no runtime;
-- ``fedavg``: ``fit(FedAvgStrategy(H=10, client_sampling=0.02), num_nodes=1000)`` for 10 rounds,
-  i.e. 200 participations of 10 steps, the synchronous run of equal client work.
+- ``fedavg``: ``fit(FedAvgStrategy(H=10, client_sampling=...), num_nodes=1000)`` for 10 rounds,
+  the synchronous run of equal client work: as many clients per round as bring its client
+  steps nearest FedBuff's (21 per round: 2,100 steps to FedBuff's 2,131, whose clients still
+  in flight at the end have trained part of a segment).
 
     python benchmarks/fedbuff.py --repeat 3
 """
@@ -148,11 +150,13 @@ def _fedavg() -> dict:
     from exogym.strategy import FedAvgStrategy
     from exogym.tasks import MLPClassifier
 
+    rounds = SERVER_STEPS * BUFFER // CONCURRENCY
+    fedbuff_steps = sum(len(ranks) for ranks in _timeline().trains)  # (as the fedbuff child, before its fit)
+    per_round = round(fedbuff_steps / (LOCAL * rounds))
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
-    rounds = SERVER_STEPS * BUFFER // CONCURRENCY
     trainer.fit(
-        FedAvgStrategy(H=LOCAL, client_sampling=CONCURRENCY / CLIENTS, optim_spec="sgd", lr=LR),
+        FedAvgStrategy(H=LOCAL, client_sampling=per_round / CLIENTS, optim_spec="sgd", lr=LR),
         num_nodes=CLIENTS,
         max_steps=LOCAL * rounds,
         batch_size=BATCH,

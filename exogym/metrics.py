@@ -219,12 +219,12 @@ class MetricsBuffer:
 
     def add_rounds(
         self,
-        idle: Sequence[int],
-        idle_lr: Sequence[float],
-        lr: Sequence[float],
-        sent: Sequence[float],
-        received: Sequence[float],
-        comm_sim: Sequence[float],
+        idle: Sequence[int] | np.ndarray,
+        idle_lr: Sequence[float] | float,
+        lr: Sequence[float] | float,
+        sent: Sequence[float] | float,
+        received: Sequence[float] | float,
+        comm_sim: Sequence[float] | float,
         comm_wall: float,
         wall: float,
         keys: Sequence[tuple[float, ...]] | None = None,
@@ -234,15 +234,19 @@ class MetricsBuffer:
         idle steps (as :meth:`add_idle`, at ``idle_lr[i]``), then the round's last step (as
         :meth:`add` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
         and ``comm_wall`` transport seconds, meeting ``keys[i]``, with traces ``comms[i]`` per
-        epoch); ``wall`` is the wall time of every one."""
-        counts = [m + 1 for m in idle]
-        block = self._reserve(sum(counts))
+        epoch); ``wall`` is the wall time of every one. A number in place of a per-round
+        sequence is every round's (a sleep through a thousand rounds alike)."""
+        counts = np.asarray(idle, dtype=np.int64) + 1
+        block = self._reserve(int(counts.sum()))
         block[:] = 0.0
         block[:, 8] = wall
-        block[:, 10] = idle_lr[0] if len(set(idle_lr)) == 1 else np.repeat(idle_lr, counts)
+        if isinstance(idle_lr, float) or len(set(idle_lr)) == 1:
+            block[:, 10] = idle_lr if isinstance(idle_lr, float) else idle_lr[0]
+        else:
+            block[:, 10] = np.repeat(idle_lr, counts)
         last: slice | np.ndarray  # the rows of the rounds' last steps
-        if len(set(counts[1:])) <= 1:  # rounds of one length after the first: a strided view
-            last = slice(counts[0] - 1, None, counts[-1])
+        if (counts[1:] == counts[-1]).all():  # rounds of one length after the first: a strided view
+            last = slice(int(counts[0]) - 1, None, int(counts[-1]))
         else:
             last = np.cumsum(counts) - 1
         block[last, 3] = sent

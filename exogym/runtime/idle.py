@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from exogym.clocks import meeting_keys
@@ -173,7 +173,7 @@ class IdleSteps:
         _release_thread_buffers()
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
-        spans = [n] + [b - a for a, b in itertools.pairwise(ends)]
+        spans = np.diff(np.asarray(ends), prepend=step - 1)  # (thousands of one-step rounds: no Python loop)
         with self.comm.sitting_out():
             self._sit_out(ends)
         per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
@@ -182,8 +182,9 @@ class IdleSteps:
         sent, received, sim, keys, comms = self._charges(len(spans), per)
         # What StepMeter.add_idle and StepMeter.add would add round by round.
         wall = time.perf_counter() - meter.start
-        meter.metrics.add_rounds([m - 1 for m in spans], idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
-        self.comm.clock.close_idle_steps(sim)  # the rounds' communication on the node's own clock
+        meter.metrics.add_rounds(spans - 1, idle_lr, lr, sent, received, sim, comm_wall, wall, keys, comms)
+        sims = sim if isinstance(sim, list) else [sim] * len(spans)
+        self.comm.clock.close_idle_steps(sims)  # the rounds' communication on the node's own clock
 
     def _sit_out(self, ends: list[int]) -> None:
         """The communication of the slept round ends ``ends``: the parameter-space phase at each
@@ -209,17 +210,17 @@ class IdleSteps:
             if due(end):
                 communicate(end)
 
-    def _advance(self, spans: list[int], ends: list[int]) -> tuple[list[float], list[float]]:
+    def _advance(self, spans: np.ndarray, ends: list[int]) -> tuple[list[float] | float, list[float] | float]:
         """Move the step counter over the slept rounds (``spans`` steps each, the last ending at
-        ``ends``), rejoining after each where faults are injected; per round, the learning rate
-        of its quiet steps and of its last step."""
+        ``ends``), rejoining after each where faults are injected; per round (or one number for
+        all), the learning rate of its quiet steps and of its last step."""
         strategy = self.strategy
         if strategy.scheduler is None and self.faults is None:  # one LR, no rejoins: the counter moves at once
-            strategy.skip_steps(sum(spans))
-            return [strategy.lr] * len(spans), [strategy.lr] * len(spans)
+            strategy.skip_steps(int(spans.sum()))
+            return float(strategy.lr), float(strategy.lr)
         idle_lr: list[float] = []
         lr: list[float] = []
-        for m, end in zip(spans, ends, strict=True):
+        for m, end in zip(spans.tolist(), ends, strict=True):
             strategy.skip_steps(m - 1)
             idle_lr.append(strategy.lr)
             strategy.skip_steps(1)
@@ -227,10 +228,11 @@ class IdleSteps:
             self._rejoin(end)
         return idle_lr, lr
 
-    def _charges(self, rounds: int, per: int) -> tuple[list, list, list, list, list | None]:
+    def _charges(self, rounds: int, per: int) -> tuple[Any, Any, Any, list, list | None]:
         """Per slept round, its ``per`` ledger records' bytes sent, bytes received, modelled
-        communication seconds, meeting keys and (with a world's traces, else ``None`` for all)
-        communication seconds per epoch of the traces. Each round's records end a step of the
+        communication seconds (each one number for every round where no round has a charge),
+        meeting keys and (with a world's traces, else ``None`` for all) communication seconds
+        per epoch of the traces. Each round's records end a step of the
         ledger; rounds charged alike are priced once."""
         network = self.cfg.network
         traced = bool(network.trace_changes)
@@ -243,7 +245,7 @@ class IdleSteps:
         if per == 0:  # no charge in any round (a client asleep through ticks of nothing): one price
             sent, received, sim, keys, comms = price([])
             charged = [comms] * rounds if traced else None
-            return [sent] * rounds, [received] * rounds, [sim] * rounds, [keys] * rounds, charged
+            return float(sent), float(received), float(sim), [keys] * rounds, charged
         out = []
         priced: tuple | None = None
         for _ in range(rounds):

@@ -11,7 +11,6 @@ of the node) and :mod:`exogym.runtime.progress` (rank 0's progress bar).
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import logging
 import math
@@ -35,7 +34,7 @@ from exogym.runtime.meter import StepMeter
 from exogym.runtime.offload import Offloader
 from exogym.runtime.placement import Placement
 from exogym.runtime.progress import Progress
-from exogym.runtime.replicate import ModelReplicator
+from exogym.runtime.replicate import ModelReplicator, Replicator, strategy_replicator
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +55,11 @@ class NodeJob:
     #: Which worker hosts which nodes (``None``: contiguous blocks).
     placement: Placement | None = None
     _replicator: ModelReplicator | None = field(default=None, init=False, repr=False, compare=False)
+    _strategies: Replicator | None = field(default=None, init=False, repr=False, compare=False)
+    _layout: tuple[set[torch.device], bool] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_replicator": None}  # the snapshot stays where it was taken
+        return {**self.__dict__, "_replicator": None, "_strategies": None, "_layout": None}  # (worked out where used)
 
     def model_copy(self) -> torch.nn.Module:
         """A node's own copy of ``model`` (equal to ``copy.deepcopy(model)``; made from a
@@ -66,6 +67,22 @@ class NodeJob:
         if self._replicator is None:
             self._replicator = ModelReplicator(self.model)
         return self._replicator.replica()
+
+    def model_layout(self) -> tuple[set[torch.device], bool]:
+        """The devices of ``model``'s parameters and buffers, and whether every module of it is
+        in training mode (what each of its copies has; worked out at the first call)."""
+        if self._layout is None:
+            m = self.model
+            devices = {t.device for t in itertools.chain(m.parameters(), m.buffers())}
+            self._layout = (devices, all(sub.training for sub in m.modules()))
+        return self._layout
+
+    def strategy_copy(self) -> Strategy:
+        """A node's own copy of ``strategy`` (equal to ``copy.deepcopy(strategy)``; made from a
+        snapshot taken at the first call, see :mod:`exogym.runtime.replicate`)."""
+        if self._strategies is None:
+            self._strategies = strategy_replicator(self.strategy)
+        return self._strategies.replica()
 
 
 @dataclass
@@ -134,12 +151,13 @@ class TrainNode:
         # Only virtual nodes offload: a node with a process of its own frees nothing for others.
         # An offloading node's state starts in host memory; it goes to the device at first work.
         offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes
-        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
-        if not (offloads and device.type != "cpu") and any(t.device != device for t in tensors):
+        devices, training = job.model_layout()  # (what every copy has: asked of the model once)
+        if not (offloads and device.type != "cpu") and devices != {device}:
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
-        self.model.train()
+        if not training:
+            self.model.train()
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
-        self.strategy = copy.deepcopy(job.strategy)
+        self.strategy = job.strategy_copy()
         self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network)
         self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
         self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)

@@ -21,6 +21,7 @@ import io
 import logging
 import pickle
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,9 +39,13 @@ class _Snapshot(pickling.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensors = tensors
         self._index: dict[int, int] = {}
+        #: Classes met (tensors aside) that copy themselves in ``__deepcopy__``.
+        self.custom: set[str] = set()
 
     def persistent_id(self, obj: Any) -> int | None:
         if not isinstance(obj, torch.Tensor):
+            if hasattr(type(obj), "__deepcopy__"):
+                self.custom.add(type(obj).__name__)
             return None
         k = self._index.get(id(obj))
         if k is None:
@@ -70,33 +75,39 @@ class _Replica(pickle.Unpickler):
         return t
 
 
-class ModelReplicator:
-    """Independent copies of ``model``, equal to ``copy.deepcopy(model)``.
+class Replicator:
+    """Independent copies of ``obj``, equal to ``copy.deepcopy(obj)``.
 
     Args:
-        model: the module to copy; it must not change while replicas are made (the snapshot
+        obj: the object to copy; it must not change while replicas are made (the snapshot
             shares its tensors).
+        check: ``check(replica, obj)``, what the first replica does not copy as
+            ``copy.deepcopy`` would (``None``: nothing); otherwise every replica is deep-copied.
+        what: the object, in the log line that says it is deep-copied.
 
-    The first replica is made at construction and checked against ``model`` (no extra copy is
+    The first replica is made at construction and checked against ``obj`` (no extra copy is
     kept: :meth:`replica` hands it out first). Thread-safe: replicas may be made from several
     threads at once.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, obj: Any, check: Callable[[Any, Any], str | None], what: str) -> None:
+        self.model = obj
         self._tensors: list[torch.Tensor] = []
         self._data: bytes | None = None
-        self._first: torch.nn.Module | None = None
+        self._first: Any = None
         try:
             buf = io.BytesIO()
-            _Snapshot(buf, self._tensors).dump(model)
+            snapshot = _Snapshot(buf, self._tensors)
+            snapshot.dump(obj)
             self._data = buf.getvalue()
             self._first = _Replica(self._data, self._tensors).load()
-            problem = _differs(self._first, model)
+            problem = check(self._first, obj)
+            if problem is None and snapshot.custom:
+                problem = f"{', '.join(sorted(snapshot.custom))} copied by its own __deepcopy__"
         except Exception as e:  # noqa: BLE001 - any failure means: deep-copy instead
             problem = f"{type(e).__name__}: {e}"
         if problem is not None:
-            logger.debug("the model is deep-copied for every node (%s)", problem)
+            logger.debug("the %s is deep-copied for every node (%s)", what, problem)
             self._data, self._tensors, self._first = None, [], None
         self._lock = threading.Lock()
 
@@ -105,13 +116,37 @@ class ModelReplicator:
         """Whether replicas come from the snapshot (``False``: from ``copy.deepcopy``)."""
         return self._data is not None
 
-    def replica(self) -> torch.nn.Module:
-        """A new copy of the model: its own tensors, its own module objects."""
+    def replica(self) -> Any:
+        """A new copy of the object: its own tensors, its own objects."""
         if self._data is None:
             return copy.deepcopy(self.model)
         with self._lock:
             first, self._first = self._first, None
         return first if first is not None else _Replica(self._data, self._tensors).load()
+
+
+class ModelReplicator(Replicator):
+    """Independent copies of ``model`` (:class:`Replicator`), the first checked for what
+    training reads of it (:func:`_differs`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, _differs, "model")
+
+
+def _same_kind(replica: Any, obj: Any) -> str | None:
+    """What a replica of a strategy does not share with it: its class and its attributes'
+    names. (A snapshot copies as ``copy.deepcopy`` does wherever a class has no
+    ``__deepcopy__`` of its own: both go through ``__reduce_ex__``.)"""
+    if type(replica) is not type(obj):
+        return f"class {type(replica).__name__} != {type(obj).__name__}"
+    if list(vars(replica)) != list(vars(obj)):
+        return "attributes differ"
+    return None
+
+
+def strategy_replicator(strategy: Any) -> Replicator:
+    """Copies of a job's strategy for its nodes, equal to ``copy.deepcopy(strategy)``."""
+    return Replicator(strategy, _same_kind, "strategy")
 
 
 def _differs(replica: torch.nn.Module, model: torch.nn.Module) -> str | None:

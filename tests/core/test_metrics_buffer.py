@@ -50,6 +50,18 @@ def test_rounds_added_at_once_are_the_rows_of_add_idle_then_add_per_round(seed: 
     assert bulk._more_keys == steps._more_keys  # a round's further meeting keys, at the same rows
 
 
+@pytest.mark.parametrize("uniform_idle", [True, False])
+def test_rounds_given_one_number_for_every_round_are_the_rows_of_that_number_per_round(uniform_idle: bool) -> None:
+    n = 300
+    idle = np.full(n, 0) if uniform_idle else np.arange(n) % 3
+    per_round = MetricsBuffer(_Comm(), _Network(), 10, 2000)
+    once = MetricsBuffer(_Comm(), _Network(), 10, 2000)
+    per_round.add_rounds(idle.tolist(), [0.2] * n, [0.3] * n, [5.0] * n, [6.0] * n, [0.01] * n, 0.5, 2.0, [(1.0,)] * n)
+    once.add_rounds(idle, 0.2, 0.3, 5.0, 6.0, 0.01, 0.5, 2.0, [(1.0,)] * n)
+    assert once.pending == per_round.pending == n + int(idle.sum())
+    assert np.array_equal(once._rows[: once.pending], per_round._rows[: per_round.pending])
+
+
 class _RecordingComm:
     """One node's comm in a world of ``world_size``: the all-reduce of the event count answers
     ``longest``; contributions are recorded; an all-gather (rank 0's) stacks its own share

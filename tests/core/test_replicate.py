@@ -173,3 +173,39 @@ def test_a_job_pickles_without_its_snapshot():
     assert clone._replicator is None
     _assert_same_as_deepcopy(clone.model_copy(), job.model)
     assert first.net[0].weight.data_ptr() != job.model.net[0].weight.data_ptr()
+
+
+class _CopiesItself:
+    """An object that copies itself its own way (``copy.deepcopy`` keeps the same object)."""
+
+    def __deepcopy__(self, memo: dict) -> _CopiesItself:
+        return self
+
+
+def test_strategy_copies_equal_a_deepcopy_and_share_no_state_with_the_job_or_each_other():
+    from exogym.runtime.replicate import strategy_replicator
+    from exogym.strategy import DiLoCoStrategy, FedBuffStrategy
+
+    for strategy in (DiLoCoStrategy(H=5, outer_lr=0.5), FedBuffStrategy(local_steps=3, buffer_size=2)):
+        rep = strategy_replicator(strategy)
+        assert rep.fast
+        a, b = rep.replica(), rep.replica()
+        ref = copy.deepcopy(strategy)
+        for s in (a, b):
+            assert type(s) is type(ref) and list(vars(s)) == list(vars(ref))
+            assert s.config() == ref.config()
+            assert s.pipeline is not strategy.pipeline
+        assert a.pipeline is not b.pipeline
+        assert [type(m) for m in a.pipeline.modules] == [type(m) for m in ref.pipeline.modules]
+        assert all(x is not y for x, y in zip(a.pipeline.modules, b.pipeline.modules, strict=True))
+
+
+def test_a_strategy_holding_an_object_that_copies_itself_is_deep_copied_for_every_node():
+    from exogym.runtime.replicate import strategy_replicator
+    from exogym.strategy import DiLoCoStrategy
+
+    strategy = DiLoCoStrategy(H=5)
+    strategy.marker = _CopiesItself()  # type: ignore[attr-defined]
+    rep = strategy_replicator(strategy)
+    assert not rep.fast
+    assert rep.replica().marker is strategy.marker  # what deepcopy does with it

@@ -189,6 +189,8 @@ class LocalClock:
             for comm in comms:
                 self.close_step(0.0, comm)
             return
+        if not any(comms):  # (a client asleep through ticks of nothing)
+            return
         seconds = self.seconds
         for comm in comms:
             seconds += comm
