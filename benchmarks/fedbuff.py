@@ -15,6 +15,11 @@ Three children, each a fresh Python process timed from its start:
   steps nearest FedBuff's (21 per round: 2,100 steps to FedBuff's 2,131, whose clients still
   in flight at the end have trained part of a segment).
 
+The run's length (the ticks until the server's 20th step, found by simulating a longer timeline)
+and FedAvg's clients per round are worked out in this script's own process and passed to the
+children, whose time is each side's alone (the loop simulates the timeline it replays, as the
+workers do).
+
     python benchmarks/fedbuff.py --repeat 3
 """
 
@@ -35,6 +40,7 @@ from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.fedbuff")
 CLIENTS, CONCURRENCY, BUFFER, LOCAL, SERVER_STEPS, LR = 1000, 20, 10, 10, 20, 0.05
+FEDAVG_ROUNDS = SERVER_STEPS * BUFFER // CONCURRENCY
 
 
 def _network():
@@ -44,8 +50,9 @@ def _network():
     return Network(1e9, 0.01, compute=0.01, compute_slowdown=speeds).for_run(CLIENTS, 0)
 
 
-def _timeline():
-    """The FedBuff timeline of the run: its ticks until the server's last step."""
+def _timeline(ticks: int | None = None):
+    """The FedBuff timeline of the run: ``ticks`` ticks, by default those until the server's
+    last step (found by a longer probe: the parent's work, not a child's)."""
     from communicators.fedbuff import FedBuffTiming
     from communicators.server import step_seconds, transfer_seconds
     from exogym.tasks import MLPClassifier
@@ -54,26 +61,26 @@ def _timeline():
     nbytes = 4 * sum(p.numel() for p in MLPClassifier().parameters())
     seconds = step_seconds(net, CLIENTS)
     transfer = [transfer_seconds(net, r, nbytes) for r in range(CLIENTS)]
-    updates = SERVER_STEPS * BUFFER
-    # the ticks before the receipt that completes the last server step
-    probe = FedBuffTiming(seconds, transfer, 4 * updates * LOCAL, CONCURRENCY, BUFFER, LOCAL, 42).run()
-    last = probe.updates[updates - 1][0]
-    ticks = sum(1 for t in probe.ticks if t < last)
+    if ticks is None:
+        updates = SERVER_STEPS * BUFFER
+        # the ticks before the receipt that completes the last server step
+        probe = FedBuffTiming(seconds, transfer, 4 * updates * LOCAL, CONCURRENCY, BUFFER, LOCAL, 42).run()
+        last = probe.updates[updates - 1][0]
+        ticks = sum(1 for t in probe.ticks if t < last)
     return FedBuffTiming(seconds, transfer, ticks, CONCURRENCY, BUFFER, LOCAL, 42).run()
 
 
-def _fedbuff() -> dict:
+def _fedbuff(ticks: int) -> dict:
     from exogym import Trainer
     from exogym.strategy import FedBuffStrategy
     from exogym.tasks import MLPClassifier
 
-    tl = _timeline()
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
         FedBuffStrategy(local_steps=LOCAL, buffer_size=BUFFER, concurrency=CONCURRENCY, optim_spec="sgd", lr=LR),
         num_nodes=CLIENTS,
-        max_steps=len(tl.ticks),
+        max_steps=ticks,
         batch_size=BATCH,
         network=_network(),
         log_interval=50,
@@ -86,17 +93,17 @@ def _fedbuff() -> dict:
     return {"fit_s": time.perf_counter() - t0, "client_steps": sum(summary["steps"]), "updates": summary["updates"]}
 
 
-def _loop() -> dict:
-    """The timeline's client work in one process: per tick, each training client's step; the
-    server's events in order."""
+def _loop(ticks: int) -> dict:
+    """The timeline's client work in one process (its simulation included, as the workers
+    simulate it): per tick, each training client's step; the server's events in order."""
     import torch
     from torch.utils.data import DataLoader
 
     from communicators.fedbuff import staleness_weight
     from exogym.tasks import MLPClassifier
 
-    tl = _timeline()
     t0 = time.perf_counter()
+    tl = _timeline(ticks)
     server = MLPClassifier()
     flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
     x = flat(server)
@@ -145,20 +152,17 @@ def _loop() -> dict:
     return {"fit_s": time.perf_counter() - t0, "client_steps": steps}
 
 
-def _fedavg() -> dict:
+def _fedavg(per_round: int) -> dict:
     from exogym import Trainer
     from exogym.strategy import FedAvgStrategy
     from exogym.tasks import MLPClassifier
 
-    rounds = SERVER_STEPS * BUFFER // CONCURRENCY
-    fedbuff_steps = sum(len(ranks) for ranks in _timeline().trains)  # (as the fedbuff child, before its fit)
-    per_round = round(fedbuff_steps / (LOCAL * rounds))
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
         FedAvgStrategy(H=LOCAL, client_sampling=per_round / CLIENTS, optim_spec="sgd", lr=LR),
         num_nodes=CLIENTS,
-        max_steps=LOCAL * rounds,
+        max_steps=LOCAL * FEDAVG_ROUNDS,
         batch_size=BATCH,
         network=_network(),
         log_interval=LOCAL,
@@ -176,15 +180,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int_at_least(1), default=1, help="rounds of the three children")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="fedbuff", help=argparse.SUPPRESS)
+    parser.add_argument("--ticks", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--per-round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         if args.side != "loop":
             import exogym
 
             exogym.prestart()
-        out = {"fedbuff": _fedbuff, "loop": _loop, "fedavg": _fedavg}[args.side]()
+        sides = {"fedbuff": lambda: _fedbuff(args.ticks), "loop": lambda: _loop(args.ticks)}
+        out = sides.get(args.side, lambda: _fedavg(args.per_round))()
         sys.stdout.write(json.dumps(out) + "\n")
         return
+    # The run's length and FedAvg's clients per round, worked out here once (not in the timed children).
+    tl = _timeline()
+    per_round = round(sum(len(ranks) for ranks in tl.trains) / (LOCAL * FEDAVG_ROUNDS))
+    flags = ["--ticks", str(len(tl.ticks)), "--per-round", str(per_round)]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info(
         "FedBuff: %d clients, concurrency %d, buffer %d, %d local steps, %d server steps; 2-core CPU",
@@ -195,7 +206,7 @@ def main() -> None:
     vs_loop, vs_fedavg = [], []
     for i in range(args.repeat):
         order = ["fedbuff", "loop", "fedavg"] if i % 2 == 0 else ["fedavg", "loop", "fedbuff"]
-        out = {side: run_child(__file__, ["--side", side]) for side in order}
+        out = {side: run_child(__file__, ["--side", side, *flags]) for side in order}
         vs_loop.append(out["fedbuff"]["total_s"] / out["loop"]["total_s"])
         vs_fedavg.append(out["fedbuff"]["total_s"] / out["fedavg"]["total_s"])
         steps = f"{out['fedbuff']['client_steps']}/{out['loop']['client_steps']}/{out['fedavg']['client_steps']}"
