@@ -237,7 +237,8 @@ class ServerCommunicator(Communicator):
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
         self._due: bytearray | None = None
-        #: The tick of the last call of :meth:`communicate` (``None``: none yet in this process).
+        #: The tick of the last call of :meth:`communicate` (``None``: none yet), from which it
+        #: makes the absent calls of the ticks a sleep skipped (:meth:`_Index.due`).
         self._last_tick: int | None = None
 
     # -- what subclasses define -------------------------------------------------------------
@@ -509,10 +510,13 @@ class ServerCommunicator(Communicator):
             "pending": dict(self.pending),
             "incoming": self.incoming,
             "server_state": self.server_state_dict(),
+            # the tick of its last communication: a sleep after the resume makes the absent
+            # calls of the ticks it skips from there (its first tick may come later)
+            "last_tick": self._last_tick,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._last_tick = None  # (a sleep's skipped ticks never span a checkpoint)
+        self._last_tick = state.get("last_tick")
         if self.holding:
             self.server.copy_(state["server"])
         self.start = unheld(self.server) if state["start"] is None else state["start"].clone()

@@ -125,9 +125,12 @@ class Participation:
             A node then plans a sleep through thousands of rounds without asking each; ``None``
             (the default): it asks round by round. It changes no result, only the time to plan.
         due: optional, likewise: ``due(rank, start, stop)``, the steps in ``[start, stop)`` at
-            which the module is due on node ``rank``, ascending (what its ``is_due`` answers
-            there, step by step). A node asleep through thousands of rounds then communicates
-            at those without asking at each; ``None`` (the default): it asks at each round end.
+            which node ``rank``, asleep through them, calls the module's ``communicate``,
+            ascending: those where its ``is_due`` holds, less any whose calls the module makes
+            at the next step listed, before that step's own (the last step of the range where
+            ``is_due`` holds is always listed). A node asleep through thousands of rounds then
+            communicates at those without asking at each; ``None`` (the default): it asks at
+            each round end.
     """
 
     period: int

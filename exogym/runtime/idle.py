@@ -189,8 +189,8 @@ class IdleSteps:
     def _sit_out(self, ends: list[int]) -> None:
         """The communication of the slept round ends ``ends``: the parameter-space phase at each
         end where a module is due; for a strategy of one plain module (no wrapper, no wire
-        format), what that phase runs: the module's ``communicate`` where it is due, at the
-        steps its statement says it is due where it says so
+        format), what that phase runs: the module's ``communicate`` where it is due, or at the
+        steps its statement lists where it lists them
         (:attr:`~exogym.core.communicator.Participation.due`: an asynchronous client asleep
         through a thousand ticks)."""
         strategy = self.strategy

@@ -227,7 +227,7 @@ class VirtualHub:
         t = call.tensor
         folds = call.detached and call.kind == "all_reduce" and t is not None
         if folds and t.dtype not in (torch.float16, torch.bfloat16):  # type: ignore[union-attr]
-            self._fold(call, self._next_index(i))
+            self._fold(i, call, self._next_index(i))
         if len(queue) + 1 < MAX_QUEUED:
             self._append(i, call)
             if self._empty == 0:
@@ -236,7 +236,7 @@ class VirtualHub:
             self.collective(i, call)
 
     def _next_index(self, i: int) -> int:
-        """The collective a call node ``i`` queues now will take part in."""
+        """The collective that the next call node ``i`` queues takes part in."""
         queue = self._queued[i]
         until = self._parked_until[i]
         if until:  # (the parked call's run ends before ``until``)
@@ -282,7 +282,7 @@ class VirtualHub:
                 self._hand_over(i, nxt)
                 return
 
-    def _fold(self, call: Call, index: int) -> None:
+    def _fold(self, i: int, call: Call, index: int) -> None:
         """Reduce ``call``'s tensor into the running result of collective ``index`` for its
         group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
         are left out: :func:`reduce_rows_into` adds those in float32 at once."""
@@ -292,6 +292,11 @@ class VirtualHub:
         acc = self._folded.get(key)
         if acc is None:
             self._folded[key] = t.clone()
+        elif acc.shape != t.shape or acc.dtype != t.dtype:
+            raise CollectiveMismatchError(
+                f"node {self.ranks[i]} called {call.describe()} where another node contributed "
+                f"{acc.numel()} x {acc.dtype} to the same all-reduce"
+            )
         else:
             reduce_rows_into([acc, t], call.op, acc)
         call.tensor = torch.empty(t.shape, dtype=t.dtype, device="meta")

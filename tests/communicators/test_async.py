@@ -212,6 +212,41 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
     assert resumed_rows == whole_rows
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("at", [40, 73])
+def test_sleeping_fedbuff_clients_resumed_mid_run_make_every_call_they_sat_out_and_end_bit_identically(
+    at: int, tmp_path
+) -> None:
+    # 12 clients, 3 at a time, on one worker: most of them sleep across the checkpoint, through
+    # ticks where they only sit others' transfers out (calls a sleep makes at its next tick)
+    def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+        trainer = Trainer(TinyNet(), regression_data(12 * 8 * 60))
+        model = trainer.fit(
+            FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD),
+            num_nodes=12,
+            max_steps=steps,
+            batch_size=8,
+            workers=1,
+            network=SEVEN_SPEEDS,
+            logger=False,
+            progress=False,
+            val_size=0,
+            log_interval=1,
+            **kw,
+        )
+        rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
+        return [p.detach().clone() for p in model.parameters()], rows
+
+    try:
+        whole, whole_rows = fit(150)
+        fit(at, checkpoint_dir=str(tmp_path))
+        resumed, resumed_rows = fit(150, resume_from=str(tmp_path))
+    finally:
+        exogym.shutdown()
+    assert all(torch.equal(x, y) for x, y in zip(whole, resumed, strict=True))
+    assert resumed_rows == whole_rows and len(whole_rows) == 150
+
+
 def _clients(rank: int, num_nodes: int, train: bool) -> Any:
     """Client ``rank``'s 16 examples (drawn with its own seed): 1,000 clients share 2,048."""
     data = regression_data(2048)

@@ -952,6 +952,19 @@ def test_a_node_sitting_out_a_run_of_all_reduces_of_another_size_is_named_as_mis
         hub.run(body)
 
 
+def test_contributions_of_two_sizes_to_one_all_reduce_are_named_as_mismatched() -> None:
+    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+
+    def body(rank, transport):
+        if rank < 2:
+            transport.all_reduce_contribute(torch.ones(3 + 2 * rank), "sum")
+        else:
+            transport.all_reduce(torch.ones(3), "sum")
+
+    with pytest.raises(VirtualNodeError, match=r"node 1 called all_reduce\(5 x .* another node contributed 3 x"):
+        hub.run(body)
+
+
 def test_metrics_flush_every_64_steps_or_about_four_per_node_a_worker_hosts_within_128_mib() -> None:
     from exogym.runtime.node import flush_interval
 
