@@ -100,9 +100,11 @@ class _Index:
         base_handlers: whether the module handles ``receive`` and ``serve`` as
             :class:`ServerCommunicator` does (then a node that does not hold the server sits
             out the tick's collectives at once, :attr:`absent`).
+        one_state: whether it serves every node the same state (then consecutive serves from
+            one holder are one collective, :func:`_handled_together`).
     """
 
-    def __init__(self, tl: Timeline, shared: Any, base_handlers: bool) -> None:
+    def __init__(self, tl: Timeline, shared: Any, base_handlers: bool, one_state: bool = False) -> None:
         self.tl = tl
         self.statements: list[Participation | None] = [None] * len(tl.trains)
         active: dict[int, set[int]] = {}
@@ -130,9 +132,11 @@ class _Index:
         self.holders = tl.holders
         for step, events in enumerate(tl.after):
             collectives, others = 0, False
-            for ev in events:
-                for r in (ev.rank, ev.source) if ev.source >= 0 else (ev.rank,):
-                    self.named.setdefault(r, set()).add(step)
+            for batch in _handled_together(events, base_handlers and one_state):
+                ev = batch[0]
+                for e in batch:
+                    for r in (e.rank, e.source) if e.source >= 0 else (e.rank,):
+                        self.named.setdefault(r, set()).add(step)
                 if not shared(ev):
                     self.own.setdefault(ev.rank, set()).add(step)
                     continue
@@ -186,6 +190,21 @@ class _Index:
         return steps[i] if i < len(steps) else self.end
 
 
+def _handled_together(events: list[Event], merge_serves: bool) -> list[list[Event]]:
+    """``events`` in order, as the module handles them: one at a time, but (``merge_serves``)
+    consecutive serves from one holder together, one collective for all: the server's state
+    cannot change between them."""
+    out: list[list[Event]] = []
+    for ev in events:
+        last = out[-1][-1] if out else None
+        if merge_serves and ev.kind == "serve" and ev.source >= 0 and last is not None:
+            if last.kind == "serve" and last.source == ev.source:
+                out[-1].append(ev)
+                continue
+        out.append([ev])
+    return out
+
+
 def _shared_zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The process's one flat tensor of ``numel`` zeros of ``dtype`` on ``device`` (never
     written): what absent calls name and what a node keeps in place of state it does not hold."""
@@ -237,6 +256,8 @@ class ServerCommunicator(Communicator):
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
         self._due: bytearray | None = None
+        #: Whether consecutive serves from one holder are one collective (:meth:`_handles_as_base`).
+        self._serves_together = self._handles_as_base()[1]
         #: The tick of the last call of :meth:`communicate` (``None``: none yet), from which it
         #: makes the absent calls of the ticks a sleep skipped (:meth:`_Index.due`).
         self._last_tick: int | None = None
@@ -313,10 +334,8 @@ class ServerCommunicator(Communicator):
         self.timeline = tl = _cached(key, lambda: self.simulation(seconds, transfer, ctx.max_steps, ctx.seed).run())
         ix = _INDEXES.get(id(tl))
         if ix is None or ix.tl is not tl:  # one per timeline, shared by a worker's nodes
-            cls, base = type(self), ServerCommunicator
-            handlers = ("_on_receive", "_on_serve", "concerns_all")
-            as_base = all(getattr(cls, h) is getattr(base, h) for h in handlers)
-            ix = _INDEXES[id(tl)] = _Index(tl, self.concerns_all, as_base)
+            as_base, one_state = self._handles_as_base()
+            ix = _INDEXES[id(tl)] = _Index(tl, self.concerns_all, as_base, one_state)
             while len(_INDEXES) > 8:
                 _INDEXES.popitem(last=False)
         self._index = ix
@@ -431,11 +450,23 @@ class ServerCommunicator(Communicator):
                     final = comm.all_reduce_receive(unheld(self.server))
         self._write(final)
 
+    @classmethod
+    def _handles_as_base(cls) -> tuple[bool, bool]:
+        """Whether the class handles ``receive`` and ``serve`` events as this base does, and
+        whether it also serves every node the same state (:meth:`served_state`)."""
+        base = ServerCommunicator
+        as_base = all(getattr(cls, h) is getattr(base, h) for h in ("_on_receive", "_on_serve", "concerns_all"))
+        return as_base, as_base and cls.served_state is base.served_state
+
     def _run(self, events: list[Event]) -> None:
         """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
-        declares kinds of its own defines their handlers)."""
-        for ev in events:
-            getattr(self, f"_on_{ev.kind}")(ev)
+        declares kinds of its own defines their handlers); consecutive serves from one holder
+        at once (:func:`_handled_together`)."""
+        for batch in _handled_together(events, self._serves_together):
+            if len(batch) > 1:
+                self._on_serves(batch)
+            else:
+                getattr(self, f"_on_{batch[0].kind}")(batch[0])
 
     def _on_capture(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
@@ -474,6 +505,16 @@ class ServerCommunicator(Communicator):
             state = self.served_state(me) if self.holding else self.start
             assert not is_unheld(state), "served from a replica of the server it does not hold"
             self.incoming = state.clone()
+
+    def _on_serves(self, batch: list[Event]) -> None:
+        """Serves from one holder in a row: one collective hands the server's state to all."""
+        comm, me = self.ctx.comm, self.ctx.rank
+        if me == batch[0].source:
+            comm.all_reduce_contribute(self.served_state(batch[0].rank).clone())
+        elif any(ev.rank == me for ev in batch):
+            self.incoming = comm.all_reduce_receive(unheld(self.server)).clone()
+        else:
+            comm.all_reduce_absent(unheld(self.server))
 
     def _on_deliver(self, ev: Event) -> None:
         if ev.rank == self.ctx.rank:
