@@ -156,6 +156,27 @@ def _pending_updates(state: Any, key: str = "pending") -> int:
     return 0
 
 
+def _params_and_rows(
+    strategy: Any, num_nodes: int, examples: int, network: Network, steps: int, **kw: Any
+) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+    """A run of ``strategy`` (TinyNet, regression data, batch 8, no validation): its final
+    parameters and its metric rows less the measured columns."""
+    trainer = Trainer(TinyNet(), regression_data(examples))
+    model = trainer.fit(
+        strategy,
+        num_nodes=num_nodes,
+        max_steps=steps,
+        batch_size=8,
+        network=network,
+        logger=False,
+        progress=False,
+        val_size=0,
+        **kw,
+    )
+    rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
+    return [p.detach().clone() for p in model.parameters()], rows
+
+
 #: Nodes at different paces (no DyLU): pushes are in flight across the checkpoint at step 8.
 RESUMED = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
@@ -181,21 +202,7 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
         )
 
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-        trainer = Trainer(TinyNet(), regression_data(1024))
-        model = trainer.fit(
-            RESUMED[name](),
-            num_nodes=4,
-            max_steps=steps,
-            batch_size=8,
-            network=net,
-            logger=False,
-            progress=False,
-            val_size=0,
-            log_interval=2,
-            **kw,
-        )
-        rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
-        return [p.detach().clone() for p in model.parameters()], rows
+        return _params_and_rows(RESUMED[name](), 4, 1024, net, steps, log_interval=2, **kw)
 
     try:
         whole, whole_rows = fit(16)
@@ -220,22 +227,8 @@ def test_sleeping_fedbuff_clients_resumed_mid_run_make_every_call_they_sat_out_a
     # 12 clients, 3 at a time, on one worker: most of them sleep across the checkpoint, through
     # ticks where they only sit others' transfers out (calls a sleep makes at its next tick)
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-        trainer = Trainer(TinyNet(), regression_data(12 * 8 * 60))
-        model = trainer.fit(
-            FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD),
-            num_nodes=12,
-            max_steps=steps,
-            batch_size=8,
-            workers=1,
-            network=SEVEN_SPEEDS,
-            logger=False,
-            progress=False,
-            val_size=0,
-            log_interval=1,
-            **kw,
-        )
-        rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
-        return [p.detach().clone() for p in model.parameters()], rows
+        strategy = FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD)
+        return _params_and_rows(strategy, 12, 12 * 8 * 60, SEVEN_SPEEDS, steps, log_interval=1, workers=1, **kw)
 
     try:
         whole, whole_rows = fit(150)
