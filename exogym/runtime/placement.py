@@ -7,9 +7,10 @@ round takes as long as the worker with the most of them needs: with 10 of 1,000 
 sampled per round and two workers, one worker trains 6.2 of them on average where 5 would do.
 :func:`place_nodes` then spreads every round's sampled clients evenly over the workers
 (:meth:`Placement.balanced`), keeping the number of nodes per worker (their memory) as in the
-blocks. Where a node runs never changes what it computes: its data, random stream and state
-belong to its rank (results agree within float rounding: the sums of a collective are taken in
-another order).
+blocks. An asynchronous run's rounds are the ticks of its simulated timeline: the runtime asks
+the strategy as bound for the run (its timeline needs the run's network). Where a node runs
+never changes what it computes: its data, random stream and state belong to its rank (results
+agree within float rounding: the sums of a collective are taken in another order).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
             run.network_model, model, train_dataset, run.num_nodes, run.batch_size
         )
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    preflight.check_strategy_builds(
+    bound = preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
     )
     if steps is not None:
@@ -129,7 +129,9 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
-    placement = place_nodes(strategy, run.num_nodes, layout.workers, run.seed, config.max_steps)
+    # (the bound copy states an asynchronous run's ticks, which need the run's network)
+    placed = bound if bound is not None and steps is not None else strategy
+    placement = place_nodes(placed, run.num_nodes, layout.workers, run.seed, config.max_steps)
     return RunPlan(
         config=config,
         transport=_transport(args.transport, layout, device, config, state_bytes),

@@ -164,18 +164,20 @@ def check_strategy_builds(
     seed: int,
     per_epoch: int | None,
     network: Any = None,
-) -> None:
+) -> Strategy | None:
     """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
     as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
     raises before any process starts; then warn (one log line each) about periods and warm-ups
     longer than the run, and outer momentum that the run's rounds cannot build up. The
-    participation statement of the first round is checked too."""
+    participation statement of the first round is checked too. Returns the bound copy (rank
+    0's: its statements are those of the run, a simulated timeline's included), or ``None``
+    where the model is too large to copy here."""
     from exogym.core.comm.comm import NodeComm, set_current
     from exogym.runtime import schedule
 
     schedule.statement(strategy, 0, num_nodes, seed)
     if state_bytes > DRY_INIT_MAX_BYTES:
-        return
+        return None
     dry = copy.deepcopy(strategy)
     comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
     dry._attach(comm, steps or 1, seed, per_epoch or 1, network)
@@ -188,6 +190,7 @@ def check_strategy_builds(
         _warn_periods(dry, steps)
         _warn_outer_momentum(dry, steps)
         _warn_warmup(dry, steps)
+    return dry
 
 
 def _warn_periods(dry: Strategy, steps: int) -> None:

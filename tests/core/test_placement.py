@@ -146,3 +146,42 @@ def test_a_quantized_fedavg_with_sampling_is_placed_as_the_plain_one() -> None:
     plain = place_nodes(FedAvgStrategy(H=5, client_sampling=0.02), 400, 2, 9, 100)
     assert plain != Placement.blocks(400, 2)
     assert place_nodes(quantized, 400, 2, 9, 100) == plain
+
+
+def test_an_asynchronous_run_is_placed_by_the_clients_that_train_at_each_tick_of_its_timeline(monkeypatch) -> None:
+    # FedBuff's ticks are known only with the run's network: the nodes are placed from the
+    # strategy as bound for the run, which spreads each tick's training clients over the workers
+    # better than the blocks do
+    from exogym import Network, Trainer
+    from exogym.runtime import plan as plan_module
+    from exogym.strategy import FedBuffStrategy
+    from tests.helpers import TinyNet
+
+    placed = []
+
+    def recording(strategy, num_nodes, workers, seed, max_steps):
+        placement = place_nodes(strategy, num_nodes, workers, seed, max_steps)
+        placed.append((strategy, placement))
+        return placement
+
+    monkeypatch.setattr(plan_module, "place_nodes", recording)
+    net = Network(1e9, 0.01, compute=0.01, compute_slowdown=tuple(1.0 + (r % 7) * 0.37 for r in range(12)))
+    trainer = Trainer(TinyNet(), regression_data(12 * 8 * 30))
+    trainer.fit(
+        FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=4, optim_spec=SGD, lr=0.05),
+        num_nodes=12, max_steps=60, batch_size=8, workers=2, network=net, progress=False, logger=False, val_size=0,
+    )  # fmt: skip
+    ((strategy, placement),) = placed
+    ticks = [sorted(strategy.server.timeline.trains[t]) for t in range(60)]
+    assert placement == Placement.balanced(12, 2, ticks) != Placement.blocks(12, 2)
+    # on 1,000 clients of seven speeds, 20 at a time (benchmarks/fedbuff.py), that halves the
+    # tick's training clients on its busiest worker beyond an even split
+    from communicators.fedbuff import FedBuffTiming
+
+    seconds = [0.01 * (1.0 + (r % 7) * 0.37) for r in range(1000)]
+    tl = FedBuffTiming(seconds, [0.01] * 1000, 1500, 20, 10, 10, 42).run()
+    ticks = [sorted(t) for t in tl.trains]
+    ideal = sum(-(-len(nodes) // 2) for nodes in ticks)
+    blocks, balanced = Placement.blocks(1000, 2), Placement.balanced(1000, 2, ticks)
+    busiest = [sum(max(_per_worker(p, nodes)) for nodes in ticks) for p in (blocks, balanced)]
+    assert busiest[1] - ideal <= (busiest[0] - ideal) / 2
