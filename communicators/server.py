@@ -128,11 +128,11 @@ class _Index:
         #: an event sits out (the tick's receives and serves from a holder); ``0``: none, or
         #: the tick has other events every node acts at.
         self.absent = [0] * len(tl.after)
-        #: The nodes that hold the server (``None``: every node).
-        self.holders = tl.holders
+        #: Whether consecutive serves from one holder are one collective (:func:`_handled_together`).
+        self.merges_serves = base_handlers and one_state
         for step, events in enumerate(tl.after):
             collectives, others = 0, False
-            for batch in _handled_together(events, base_handlers and one_state):
+            for batch in _handled_together(events, self.merges_serves):
                 ev = batch[0]
                 for e in batch:
                     for r in (e.rank, e.source) if e.source >= 0 else (e.rank,):
@@ -167,7 +167,8 @@ class _Index:
         mine = own[bisect.bisect_left(own, start) : bisect.bisect_left(own, stop)]
         mine += range(max(start, self.end), stop)  # (past the timeline: due, as is_due says)
         due = sorted({*out, *mine}) if mine else out
-        if len(due) < 2 or self.holders is None or rank in self.holders:
+        holders = self.tl.holders
+        if len(due) < 2 or holders is None or rank in holders:
             return due
         absent, named, end = self.absent, self.named.get(rank, ()), self.end
         return [t for t in due[:-1] if not (0 < t < end and absent[t] and t not in named)] + due[-1:]
@@ -256,8 +257,6 @@ class ServerCommunicator(Communicator):
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
         self._due: bytearray | None = None
-        #: Whether consecutive serves from one holder are one collective (:meth:`_handles_as_base`).
-        self._serves_together = self._handles_as_base()[1]
         #: The tick of the last call of :meth:`communicate` (``None``: none yet), from which it
         #: makes the absent calls of the ticks a sleep skipped (:meth:`_Index.due`).
         self._last_tick: int | None = None
@@ -345,7 +344,6 @@ class ServerCommunicator(Communicator):
         for step in (0, *own):
             self._due[step] = 1
         self._named_ticks = frozenset(ix.named.get(ctx.rank, ()))
-        self._last_tick = None
         holders = self.timeline.holders
         self.holding = holders is None or ctx.rank in holders
         # (1,000 FedBuff clients would hold a model's worth each)
@@ -462,7 +460,7 @@ class ServerCommunicator(Communicator):
         """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
         declares kinds of its own defines their handlers); consecutive serves from one holder
         at once (:func:`_handled_together`)."""
-        for batch in _handled_together(events, self._serves_together):
+        for batch in _handled_together(events, self._index.merges_serves):  # type: ignore[union-attr]
             if len(batch) > 1:
                 self._on_serves(batch)
             else:

@@ -240,8 +240,10 @@ class MetricsBuffer:
         block = self._reserve(int(counts.sum()))
         block[:] = 0.0
         block[:, 8] = wall
-        if isinstance(idle_lr, float) or len(set(idle_lr)) == 1:
-            block[:, 10] = idle_lr if isinstance(idle_lr, float) else idle_lr[0]
+        if isinstance(idle_lr, float):
+            block[:, 10] = idle_lr
+        elif len(set(idle_lr)) == 1:
+            block[:, 10] = idle_lr[0]
         else:
             block[:, 10] = np.repeat(idle_lr, counts)
         last: slice | np.ndarray  # the rows of the rounds' last steps

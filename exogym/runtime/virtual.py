@@ -248,7 +248,7 @@ class VirtualHub:
         queue.append(call)
         if len(queue) == 1:
             self._empty -= 1
-            if call.absent and not call.waits:
+            if _parks(call):
                 del self._active[bisect.bisect_left(self._active, i)]
                 self._park(i, call)
 
@@ -368,7 +368,7 @@ class VirtualHub:
             q = queued[j]
             if not q:
                 empty += 1
-            elif q[0].absent and not q[0].waits:
+            elif _parks(q[0]):
                 self._park(j, q[0])
                 continue
             self._active.append(j)
@@ -517,6 +517,12 @@ class VirtualHub:
                 n = width if uniform else int(sizes[w * slots + j])
                 world[r] = gathered[w, j, :n]
         return world
+
+
+def _parks(call: Call) -> bool:
+    """Whether a node whose first queued call is ``call`` is parked (:meth:`VirtualHub._park`):
+    it sits that run of all-reduces out and waits for none of them."""
+    return call.absent and not call.waits
 
 
 __all__ = ["MAX_QUEUED", "VirtualHub", "VirtualNodeError", "VirtualTransport"]

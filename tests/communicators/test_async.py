@@ -101,22 +101,30 @@ AWAY = Network(
 NETWORKS = {"halos": REGIONS, "decoupled_diloco": AWAY}
 
 
-def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
-    trainer = Trainer(TinyNet(), regression_data(4 * 8 * 40))
+def _params_rows_summary(
+    strategy: Any, num_nodes: int, examples: int, network: Network, steps: int, **kw: Any
+) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
+    """A run of ``strategy`` (TinyNet, regression data, batch 8, no validation): its final
+    parameters, its metric rows less the measured columns, and its summary."""
+    trainer = Trainer(TinyNet(), regression_data(examples))
     model = trainer.fit(
-        LAYOUT_STRATEGIES[name](),
-        num_nodes=4,
-        max_steps=24,
+        strategy,
+        num_nodes=num_nodes,
+        max_steps=steps,
         batch_size=8,
-        workers=workers,
-        network=NETWORKS.get(name, SPEEDS),
+        network=network,
         logger=False,
         progress=False,
         val_size=0,
-        log_interval=4,
+        **kw,
     )
     rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
     return [p.detach().clone() for p in model.parameters()], rows, trainer.result["summary"]
+
+
+def _fit(name: str, workers: int) -> tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
+    network = NETWORKS.get(name, SPEEDS)
+    return _params_rows_summary(LAYOUT_STRATEGIES[name](), 4, 4 * 8 * 40, network, 24, workers=workers, log_interval=4)
 
 
 @pytest.mark.procs
@@ -156,27 +164,6 @@ def _pending_updates(state: Any, key: str = "pending") -> int:
     return 0
 
 
-def _params_and_rows(
-    strategy: Any, num_nodes: int, examples: int, network: Network, steps: int, **kw: Any
-) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """A run of ``strategy`` (TinyNet, regression data, batch 8, no validation): its final
-    parameters and its metric rows less the measured columns."""
-    trainer = Trainer(TinyNet(), regression_data(examples))
-    model = trainer.fit(
-        strategy,
-        num_nodes=num_nodes,
-        max_steps=steps,
-        batch_size=8,
-        network=network,
-        logger=False,
-        progress=False,
-        val_size=0,
-        **kw,
-    )
-    rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
-    return [p.detach().clone() for p in model.parameters()], rows
-
-
 #: Nodes at different paces (no DyLU): pushes are in flight across the checkpoint at step 8.
 RESUMED = {
     "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
@@ -202,7 +189,7 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
         )
 
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-        return _params_and_rows(RESUMED[name](), 4, 1024, net, steps, log_interval=2, **kw)
+        return _params_rows_summary(RESUMED[name](), 4, 1024, net, steps, log_interval=2, **kw)[:2]
 
     try:
         whole, whole_rows = fit(16)
@@ -228,7 +215,8 @@ def test_sleeping_fedbuff_clients_resumed_mid_run_make_every_call_they_sat_out_a
     # ticks where they only sit others' transfers out (calls a sleep makes at its next tick)
     def fit(steps: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
         strategy = FedBuffStrategy(local_steps=3, buffer_size=2, concurrency=3, optim_spec=SGD)
-        return _params_and_rows(strategy, 12, 12 * 8 * 60, SEVEN_SPEEDS, steps, log_interval=1, workers=1, **kw)
+        run = _params_rows_summary(strategy, 12, 12 * 8 * 60, SEVEN_SPEEDS, steps, log_interval=1, workers=1, **kw)
+        return run[:2]
 
     try:
         whole, whole_rows = fit(150)
