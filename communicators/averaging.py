@@ -72,6 +72,12 @@ class AveragingCommunicator(Communicator):
         self.client_sampling = client_sampling
         self.space = "grad" if target == "grads" else "param"  # type: ignore[misc]
 
+    @property
+    def uniform_idle_calls(self) -> bool:  # type: ignore[override]
+        """Without islands: every client that no round samples receives the same mean in the
+        same call. Islands are drawn per rank, and a client's calls name its own island."""
+        return self.island_size is None
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         if self.local_epochs is not None:

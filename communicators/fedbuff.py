@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -133,6 +133,10 @@ class FedBuffCommunicator(ServerCommunicator):
             half the nodes (at least one).
         server_lr: ``eta_g`` (default 1.0).
     """
+
+    #: A client that no event names sits out the same transfers as every other such client and
+    #: is sent the same final state.
+    uniform_idle_calls: ClassVar[bool] = True
 
     def __init__(self, local_steps: int, buffer_size: int, concurrency: int | None, server_lr: float = 1.0) -> None:
         super().__init__()

@@ -157,7 +157,7 @@ class Communicator:
     settings: logs, and the check that a resumed run has the settings of the checkpoint).
     Capabilities are class attributes: :attr:`supports_dropout`, :attr:`stable_payloads`,
     :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`,
-    :attr:`follows_availability`.
+    :attr:`follows_availability`, :attr:`uniform_idle_calls`.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -207,6 +207,12 @@ class Communicator:
     #: the comm takes among the present nodes, and any count it divides by comes from
     #: ``comm.present()``. ``False`` makes ``fit(faults=...)`` with dropouts refuse the strategy.
     supports_dropout: ClassVar[bool] = False
+    #: Whether a node that never trains in the run (no round samples it, no event names it)
+    #: makes the same calls as every other such node: they follow from the rounds' statements
+    #: and the module's settings, not from the node's rank (no group drawn per rank, no state
+    #: of its own sent). A worker then runs one of its dormant nodes and makes its calls for
+    #: the others (:mod:`exogym.runtime.dormant`).
+    uniform_idle_calls: ClassVar[bool] = False
 
     def __init__(self, H: int = 1) -> None:
         if not isinstance(H, int) or isinstance(H, bool) or H < 1:

@@ -77,6 +77,14 @@ class NodeJob:
             self._layout = (devices, all(sub.training for sub in m.modules()))
         return self._layout
 
+    def twins(self, rank: int) -> tuple[int, ...]:
+        """The dormant nodes whose calls node ``rank`` makes, as its worker's lead
+        (:mod:`exogym.runtime.dormant`); ``()`` for every other node."""
+        p = self.placement
+        if p is None or rank not in p.dormant:
+            return ()
+        return p.twins(p.worker_of(rank)).get(rank, ())
+
     def strategy_copy(self) -> Strategy:
         """A node's own copy of ``strategy`` (equal to ``copy.deepcopy(strategy)``; made from a
         snapshot taken at the first call, see :mod:`exogym.runtime.replicate`)."""
@@ -134,6 +142,11 @@ class TrainNode:
         # data gives more is built again for the agreed count.
         local = D.steps_per_epoch(len(train_ds), shared, cfg.num_nodes, cfg.batch_size)
         self._check_steps_per_epoch(local)
+        if not shared:  # a lead agrees for its twins too: the fewest of their datasets' steps
+            for twin in job.twins(rank):
+                theirs = len(D.node_dataset(job.train_dataset, twin, cfg.num_nodes, train=True))
+                local = min(local, D.steps_per_epoch(theirs, shared, cfg.num_nodes, cfg.batch_size))
+                self._check_steps_per_epoch(local)
         self._build(job, local)
         if not shared:
             agreed = self._agree_on_steps_per_epoch(local)

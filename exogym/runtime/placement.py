@@ -41,10 +41,13 @@ class Placement:
 
     Args:
         hosts: per worker, the ranks it hosts (any order).
+        dormant: the run's dormant nodes (:mod:`exogym.runtime.dormant`): on each worker the
+            first of them runs and makes the others' calls (:meth:`twins`).
     """
 
-    def __init__(self, hosts: Sequence[Iterable[int]]) -> None:
+    def __init__(self, hosts: Sequence[Iterable[int]], dormant: Iterable[int] = ()) -> None:
         self.hosts: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(int(r) for r in h)) for h in hosts)
+        self.dormant = frozenset(dormant)
         self.workers = len(self.hosts)
         self.num_nodes = sum(len(h) for h in self.hosts)
         self._worker = [-1] * self.num_nodes
@@ -58,6 +61,19 @@ class Placement:
                 self._worker[r], self._slot[r] = w, i
         if self._worker[0] != 0:
             raise ValueError("rank 0 must be hosted by worker 0")
+        if 0 in self.dormant or not self.dormant <= set(range(self.num_nodes)):
+            raise ValueError("dormant nodes must be ranks of the run other than 0")
+
+    def with_dormant(self, dormant: Iterable[int]) -> Placement:
+        """The same hosts, with ``dormant`` as the run's dormant nodes."""
+        return Placement(self.hosts, dormant)
+
+    def twins(self, worker: int) -> dict[int, tuple[int, ...]]:
+        """``{lead: its twins}`` on worker ``worker``: its first dormant node and the others it
+        hosts, whose calls the lead's are (:mod:`exogym.runtime.dormant`); ``{}`` where the
+        worker hosts fewer than two."""
+        mine = [r for r in self.hosts[worker] if r in self.dormant]
+        return {mine[0]: tuple(mine[1:])} if len(mine) > 1 else {}
 
     @classmethod
     def blocks(cls, num_nodes: int, workers: int) -> Placement:
@@ -123,10 +139,10 @@ class Placement:
         return f"{len(ranks)} nodes"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Placement) and self.hosts == other.hosts
+        return isinstance(other, Placement) and self.hosts == other.hosts and self.dormant == other.dormant
 
     def __hash__(self) -> int:
-        return hash(self.hosts)
+        return hash((self.hosts, self.dormant))
 
     def __repr__(self) -> str:
         return f"Placement({', '.join(self.describe(w) for w in range(self.workers))})"

@@ -31,6 +31,7 @@ from exogym.logger import Logger, default_run_name
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster, pool, preflight
+from exogym.runtime.dormant import dormant_nodes
 from exogym.runtime.faults import FaultPlan, Faults, check_can_drop, check_supported, with_availability
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
@@ -132,6 +133,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     # (the bound copy states an asynchronous run's ticks, which need the run's network)
     placed = bound if bound is not None and steps is not None else strategy
     placement = place_nodes(placed, run.num_nodes, layout.workers, run.seed, config.max_steps)
+    placement = placement.with_dormant(dormant_nodes(placed, config))
     return RunPlan(
         config=config,
         transport=_transport(args.transport, layout, device, config, state_bytes),

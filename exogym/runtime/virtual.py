@@ -112,8 +112,17 @@ class VirtualHub:
         #: signature and group (what a collective checks them against).
         self._unpark_at: dict[int, list[int]] = {}
         self._parked: dict[tuple, set[int]] = {}
+        #: Per lead (local index), its twins' local indices (:mod:`exogym.runtime.dormant`): the
+        #: lead's calls are queued for them too, and they run on no thread of their own.
+        self.twins: dict[int, list[int]] = {
+            placement.slot_of(lead): [placement.slot_of(r) for r in rest]
+            for lead, rest in placement.twins(worker).items()
+        }
+        twin_slots = {t for ts in self.twins.values() for t in ts}
+        #: The nodes that run, on threads of their own (all but the twins).
+        self.running = [i for i in range(self.n) if i not in twin_slots]
         #: The nodes that run before the next collective, in order, and the next one's position.
-        self._to_run: list[int] = list(range(self.n))
+        self._to_run: list[int] = list(self.running)
         self._cursor = 0
         self._failure: VirtualNodeError | None = None
         #: Collectives executed so far (every node's queue starts at the next one).
@@ -122,14 +131,15 @@ class VirtualHub:
         #: index, group): a contributing node's tensor is folded in when it arrives, not kept.
         self._folded: dict[tuple[int, tuple[int, ...] | None], torch.Tensor] = {}
         self._cuda = device.type == "cuda"
-        self._rng: list[Any] = []
-        for r in self.ranks:
+        self._rng: list[Any] = [None] * self.n
+        for i in self.running:
             # What torch.manual_seed(seed + r) does for the two streams a node uses, without its
             # lazy calls for every other device type (a captured stack each: 0.3 ms per node).
+            r = self.ranks[i]
             torch.default_generator.manual_seed(seed + r)
             if self._cuda:
                 torch.cuda.manual_seed(seed + r)
-            self._rng.append(self._get_rng())
+            self._rng[i] = self._get_rng()
         #: Per hosted node (by local index), the transport its ``NodeComm`` talks through.
         self.transports = [VirtualTransport(self, i) for i in range(self.n)]
 
@@ -176,12 +186,12 @@ class VirtualHub:
                 self._fail(VirtualNodeError(rank, e, traceback.format_exc()))
 
         threads = [
-            threading.Thread(target=body, args=(i,), name=f"exogym-node-{r}", daemon=True)
-            for i, r in enumerate(self.ranks)
+            threading.Thread(target=body, args=(i,), name=f"exogym-node-{self.ranks[i]}", daemon=True)
+            for i in self.running
         ]
         for t in threads:
             t.start()
-        self._turn[0].release()
+        self._turn[self._to_run[0]].release()
         for t in threads:
             t.join()
         if self._failure is not None:
@@ -215,6 +225,25 @@ class VirtualHub:
             raise CollectiveMismatchError(f"node(s) {ended} finished the run while node(s) {waiting} wait in {what}")
         return None
 
+    def mirror(self, i: int, call: Call) -> None:
+        """Queue ``call``, which node ``i`` is about to make, once more for each of its twins,
+        as the call each would make itself (:mod:`exogym.runtime.dormant`): the same collective
+        with the same payload. A twin waits for nothing: where ``i`` waits, its twin only
+        contributes (or, where ``i`` only receives, receives a result no one reads). Call it
+        before ``i``'s own :meth:`enqueue` or :meth:`collective`, which may run the collective."""
+        twins = self.twins.get(i)
+        if not twins:
+            return
+        detached = call.detached or not (call.absent or call.receives)
+        for j in twins:
+            copy = Call(
+                call.kind, call.op, call.members, call.tensor, call.src,
+                absent=call.absent, detached=detached, receives=call.receives, repeat=call.repeat,
+            )  # fmt: skip
+            if _folds(copy):
+                self._fold(j, copy, self._next_index(j))
+            self._append(j, copy)
+
     def enqueue(self, i: int, call: Call) -> None:
         """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
         or only contributes, ``call.detached``): the call is queued and the node runs on, unless
@@ -224,9 +253,7 @@ class VirtualHub:
         collective and group, not one per node: the final average of 500 nodes would hold 500
         model copies); one to an all-gather is kept until the gather runs."""
         queue = self._queued[i]
-        t = call.tensor
-        folds = call.detached and call.kind == "all_reduce" and t is not None
-        if folds and t.dtype not in (torch.float16, torch.bfloat16):  # type: ignore[union-attr]
+        if _folds(call):
             self._fold(i, call, self._next_index(i))
         if len(queue) + 1 < MAX_QUEUED:
             self._append(i, call)
@@ -517,6 +544,15 @@ class VirtualHub:
                 n = width if uniform else int(sizes[w * slots + j])
                 world[r] = gathered[w, j, :n]
         return world
+
+
+def _folds(call: Call) -> bool:
+    """Whether ``call``'s tensor is reduced into its collective's running result when it is
+    queued (:meth:`VirtualHub._fold`): a contribution to an all-reduce, but not in half
+    precision (:func:`reduce_rows_into` adds those in float32 at once)."""
+    t = call.tensor
+    half = t is not None and t.dtype in (torch.float16, torch.bfloat16)
+    return call.detached and call.kind == "all_reduce" and t is not None and not half
 
 
 def _parks(call: Call) -> bool:

@@ -69,18 +69,18 @@ class VirtualTransport(Transport):
         self.world_size = hub.num_nodes
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        self.hub.collective(self.index, Call("all_reduce", op, _key(members), tensor))
+        self._collective(Call("all_reduce", op, _key(members), tensor))
 
     def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
-        out = self.hub.collective(self.index, Call("all_gather", None, _key(members), tensor)).result
+        out = self._collective(Call("all_gather", None, _key(members), tensor)).result
         assert out is not None
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self.hub.collective(self.index, Call("broadcast", None, None, tensor, src))
+        self._collective(Call("broadcast", None, None, tensor, src))
 
     def barrier(self) -> None:
-        self.hub.collective(self.index, Call("barrier"))
+        self._collective(Call("barrier"))
 
     def all_reduce_absent(
         self, like: torch.Tensor, op: str, members: Sequence[int] | None = None, repeat: int = 1
@@ -88,27 +88,37 @@ class VirtualTransport(Transport):
         """Sit an all-reduce out (``repeat`` consecutive ones of the same group, dtype and size):
         contribute nothing, receive nothing. Returns at once; ``like`` (its dtype and size only)
         is never read or written. Collective, in call order."""
-        self.hub.enqueue(self.index, Call("all_reduce", op, _key(members), like, absent=True, repeat=repeat))
+        self._enqueue(Call("all_reduce", op, _key(members), like, absent=True, repeat=repeat))
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         """Contribute ``tensor`` to an all-reduce and need no result: returns at once; the hub
         reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
         in call order."""
-        self.hub.enqueue(self.index, Call("all_reduce", op, _key(members), tensor, detached=True))
+        self._enqueue(Call("all_reduce", op, _key(members), tensor, detached=True))
 
     def all_gather_contribute(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> None:
         """Contribute ``tensor`` to an all-gather and need no result: returns at once; the hub
         reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
         in call order."""
-        self.hub.enqueue(self.index, Call("all_gather", None, _key(members), tensor, detached=True))
+        self._enqueue(Call("all_gather", None, _key(members), tensor, detached=True))
 
     def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
         """Take part in an all-reduce contributing nothing and return the result, which the
         worker's receiving nodes of the group share (read it before this node's next
         collective; do not write to it). ``like`` gives the dtype and size only. Collective."""
-        call = self.hub.collective(self.index, Call("all_reduce", op, _key(members), like, receives=True))
+        call = self._collective(Call("all_reduce", op, _key(members), like, receives=True))
         assert call.result is not None
         return call.result
+
+    def _collective(self, call: Call) -> Call:
+        """Make ``call`` (for this node's twins too) and wait for it."""
+        self.hub.mirror(self.index, call)
+        return self.hub.collective(self.index, call)
+
+    def _enqueue(self, call: Call) -> None:
+        """Queue ``call`` (for this node's twins too), which this node does not wait for."""
+        self.hub.mirror(self.index, call)
+        self.hub.enqueue(self.index, call)
 
     def close(self) -> None:
         pass

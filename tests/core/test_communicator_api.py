@@ -28,6 +28,7 @@ def test_the_overridable_surface_is_at_most_eight_documented_members() -> None:
         "needs_step_seconds",
         "coded_payloads",
         "follows_availability",
+        "uniform_idle_calls",
     }
     public = {n for n in vars(Communicator) if not n.startswith("_")} - runtime - capabilities
     assert public == set(SURFACE) and len(SURFACE) <= 8
