@@ -235,13 +235,15 @@ class VirtualHub:
         if not twins:
             return
         detached = call.detached or not (call.absent or call.receives)
+        theirs = Call(
+            call.kind, call.op, call.members, call.tensor, call.src,
+            absent=call.absent, detached=detached, receives=call.receives, repeat=call.repeat,
+        )  # fmt: skip
+        if _folds(theirs):  # every twin contributes the same tensor: folded once for all of them
+            self._fold(twins[0], theirs, self._next_index(twins[0]), times=len(twins))
         for j in twins:
-            copy = Call(
-                call.kind, call.op, call.members, call.tensor, call.src,
-                absent=call.absent, detached=detached, receives=call.receives, repeat=call.repeat,
-            )  # fmt: skip
-            if _folds(copy):
-                self._fold(j, copy, self._next_index(j))
+            copy = object.__new__(Call)  # (hundreds of twins: a copy of the fields, not a new call each)
+            copy.__dict__.update(theirs.__dict__)
             self._append(j, copy)
 
     def enqueue(self, i: int, call: Call) -> None:
@@ -309,23 +311,31 @@ class VirtualHub:
                 self._hand_over(i, nxt)
                 return
 
-    def _fold(self, i: int, call: Call, index: int) -> None:
+    def _fold(self, i: int, call: Call, index: int, times: int = 1) -> None:
         """Reduce ``call``'s tensor into the running result of collective ``index`` for its
         group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
-        are left out: :func:`reduce_rows_into` adds those in float32 at once."""
+        are left out: :func:`reduce_rows_into` adds those in float32 at once. ``times``: the
+        contributions of that many nodes, each ``call``'s tensor (a lead's twins): a maximum or
+        minimum is taken once, a sum adds the tensor times their number."""
         t = call.tensor
         assert t is not None and call.op is not None
         key = (index, call.members)
         acc = self._folded.get(key)
         if acc is None:
-            self._folded[key] = t.clone()
+            acc = self._folded[key] = t.clone()
+            times -= 1
         elif acc.shape != t.shape or acc.dtype != t.dtype:
             raise CollectiveMismatchError(
                 f"node {self.ranks[i]} called {call.describe()} where another node contributed "
                 f"{acc.numel()} x {acc.dtype} to the same all-reduce"
             )
-        else:
+        if times > 1 and call.op == "sum":
+            acc.add_(t, alpha=times)
+        elif times > 1 and call.op in ("max", "min"):
             reduce_rows_into([acc, t], call.op, acc)
+        else:
+            for _ in range(times):
+                reduce_rows_into([acc, t], call.op, acc)
         call.tensor = torch.empty(t.shape, dtype=t.dtype, device="meta")
         call.folded = True
 
