@@ -42,6 +42,13 @@ def _plan(strategy: Any, num_nodes: int, workers: int, steps: int, val: Any = No
     return plan
 
 
+class _OwnStep(FedAvgStrategy):
+    """A user's FedAvg with a ``step`` of its own."""
+
+    def step(self) -> None:
+        super().step()
+
+
 def _fedavg(sampling: float = 0.05, **kw: Any) -> FedAvgStrategy:
     return FedAvgStrategy(H=2, client_sampling=sampling, optim_spec=SGD, lr=0.05, **kw)
 
@@ -62,8 +69,9 @@ def test_the_plan_makes_dormant_every_node_no_round_samples_but_rank_0() -> None
         (_fedavg, {"faults": Faults(drop={1: [0]})}, 2),
         (_fedavg, {}, 60),  # a process per node
         (lambda: SimpleReduceStrategy(optim_spec=SGD), {}, 2),  # every node trains
+        (lambda: _OwnStep(H=2, client_sampling=0.05, optim_spec=SGD), {}, 2),  # may call collectives of its own
     ],
-    ids=["islands", "validation", "checkpoints", "faults", "processes", "ddp"],
+    ids=["islands", "validation", "checkpoints", "faults", "processes", "ddp", "own_step"],
 )
 def test_no_node_is_dormant_where_the_run_reads_or_picks_nodes_by_rank(make, sections, workers, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -14,8 +14,10 @@ agrees on the steps per epoch for its twins too (their datasets are built for th
 
 Only where nothing reads or changes a node's own state apart from its calls: virtual nodes of
 a local run, no validation (it reads each node's state), no checkpoints (each node saves its
-own), no faults or availability trace (they pick nodes by rank), and a run length known
-before it starts. Results equal a run whose dormant nodes each run themselves, up to the order
+own), no faults or availability trace (they pick nodes by rank), no wire transform, a run
+length known before it starts, and a strategy whose node methods (``step``, ``_init_node``,
+``finish``, ...) are this library's: a subclass that overrides one may call collectives of its
+own. Results equal a run whose dormant nodes each run themselves, up to the order
 in which the hub sums equal contributions (float rounding of the final average).
 """
 
@@ -51,8 +53,15 @@ def dormant_nodes(strategy: Any, config: FitConfig) -> frozenset[int]:
     return frozenset(range(k)) - active
 
 
+#: The strategy's methods that a node calls; a subclass of the user's that overrides one may make
+#: calls of its own, which may depend on the node's rank.
+_NODE_METHODS = ("_init_node", "step", "zero_grad", "skip_steps", "communicate_phase", "finish")
+
+
 def _allows(strategy: Any, config: FitConfig) -> bool:
-    """Whether the run and the strategy allow dormant nodes (the module docstring's terms)."""
+    """Whether the run and the strategy allow dormant nodes (the module docstring's terms): the
+    strategy's node methods are this library's, and its modules say a dormant node's calls do not
+    depend on its rank."""
     if config.workers >= config.num_nodes or config.launcher != "exogym":
         return False
     if config.val_size > 0 or config.checkpoint_dir is not None or config.resume_from is not None:
@@ -61,6 +70,9 @@ def _allows(strategy: Any, config: FitConfig) -> bool:
         return False
     pipeline = getattr(strategy, "pipeline", None)
     if pipeline is None or getattr(strategy, "wire_comm", None) is not None or not pipeline.modules:
+        return False
+    library = ("exogym", "communicators")
+    if any(getattr(type(strategy), m).__module__.split(".")[0] not in library for m in _NODE_METHODS):
         return False
     return all(m.uniform_idle_calls for m in pipeline.modules)
 
