@@ -11,15 +11,17 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
+from communicators import AveragingCommunicator
 from communicators.islands import draw_round
 from exogym import Network, Trainer
 from exogym.run_config import CheckpointConfig, DataConfig, FitArgs, LoggingConfig, RunConfig, TransportConfig
 from exogym.runtime import plan as P
+from exogym.runtime.dormant import _states_uniform_idle_calls
 from exogym.runtime.faults import Faults
 from exogym.runtime.launch import NodeFailedError
 from exogym.runtime.placement import Placement
 from exogym.runtime.virtual import VirtualHub
-from exogym.strategy import FedAvgStrategy, FedBuffStrategy, SimpleReduceStrategy
+from exogym.strategy import CommunicateOptimizeStrategy, FedAvgStrategy, FedBuffStrategy, SimpleReduceStrategy
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 
 SGD = "sgd"
@@ -27,10 +29,11 @@ SGD = "sgd"
 NET = Network(1e9, 0.01, compute=0.01)
 SPEEDS = Network(1e9, 0.01, compute=0.01, compute_slowdown=(1.0, 1.0, 2.0, 4.0))
 MEASURED = ("wall_time", "comm_time", "peak_memory")
+SEED = 5
 
 
 def _plan(strategy: Any, num_nodes: int, workers: int, steps: int, val: Any = None, run: Any = None, **sections: Any):
-    settings = dict(num_nodes=num_nodes, max_steps=steps, batch_size=8, device="cpu", seed=3, **(run or {}))
+    settings = dict(num_nodes=num_nodes, max_steps=steps, batch_size=8, device="cpu", seed=SEED, **(run or {}))
     args = FitArgs(
         RunConfig(**settings),
         transport=TransportConfig(transport="gloo", workers=workers),
@@ -42,11 +45,18 @@ def _plan(strategy: Any, num_nodes: int, workers: int, steps: int, val: Any = No
     return plan
 
 
-class _OwnStep(FedAvgStrategy):
-    """A user's FedAvg with a ``step`` of its own."""
+class _OwnInit(FedAvgStrategy):
+    """A user's FedAvg that sets a node up its own way."""
 
-    def step(self) -> None:
-        super().step()
+    def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
+        super()._init_node(model, rank, num_nodes)
+
+
+class _OwnAveraging(AveragingCommunicator):
+    """A user's averaging that communicates its own way."""
+
+    def communicate(self, step: int) -> None:
+        super().communicate(step)
 
 
 def _fedavg(sampling: float = 0.05, **kw: Any) -> FedAvgStrategy:
@@ -55,7 +65,7 @@ def _fedavg(sampling: float = 0.05, **kw: Any) -> FedAvgStrategy:
 
 def test_the_plan_makes_dormant_every_node_no_round_samples_but_rank_0() -> None:
     plan = _plan(_fedavg(), 60, 2, 6)
-    sampled = set().union(*(draw_round(60, None, 0.05, 3, r).trains for r in range(3)))
+    sampled = set().union(*(draw_round(60, None, 0.05, SEED, r).trains for r in range(3)))
     assert plan.placement.dormant == frozenset(range(1, 60)) - sampled
     assert len(plan.placement.dormant) >= 50
 
@@ -69,9 +79,14 @@ def test_the_plan_makes_dormant_every_node_no_round_samples_but_rank_0() -> None
         (_fedavg, {"faults": Faults(drop={1: [0]})}, 2),
         (_fedavg, {}, 60),  # a process per node
         (lambda: SimpleReduceStrategy(optim_spec=SGD), {}, 2),  # every node trains
-        (lambda: _OwnStep(H=2, client_sampling=0.05, optim_spec=SGD), {}, 2),  # may call collectives of its own
+        (lambda: _OwnInit(H=2, client_sampling=0.05, optim_spec=SGD), {}, 2),  # may call collectives of its own
+        (
+            lambda: CommunicateOptimizeStrategy([_OwnAveraging(2, client_sampling=0.05)], optim_spec=SGD),
+            {},
+            2,
+        ),
     ],
-    ids=["islands", "validation", "checkpoints", "faults", "processes", "ddp", "own_step"],
+    ids=["islands", "validation", "checkpoints", "faults", "processes", "ddp", "own_init", "own_module"],
 )
 def test_no_node_is_dormant_where_the_run_reads_or_picks_nodes_by_rank(make, sections, workers, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -95,7 +110,7 @@ def _run(strategy: Any, num_nodes: int, workers: int, steps: int, dormant: bool,
             m.setattr(P, "dormant_nodes", lambda *a: frozenset())
         trainer = Trainer(TinyNet(), data)
         model = trainer.fit(
-            strategy, num_nodes=num_nodes, workers=workers, max_steps=steps, batch_size=8, seed=5, network=network,
+            strategy, num_nodes=num_nodes, workers=workers, max_steps=steps, batch_size=8, seed=SEED, network=network,
             log_interval=2, **FIT_DEFAULTS,
         )  # fmt: skip
     rows = [{k: v for k, v in r.items() if k not in MEASURED} for r in trainer.history]
@@ -126,6 +141,7 @@ def _client_data(rank: int, num_nodes: int, train: bool, small: frozenset[int] =
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_fedavg_with_dormant_clients_equals_the_run_where_every_client_runs(workers: int, monkeypatch) -> None:
+    assert len(_plan(_fedavg(), 64, workers, 8, run={"network": NET}).placement.dormant) >= 40
     data = regression_data(64 * 16)
     with_ = _run(_fedavg(), 64, workers, 8, True, data, NET, monkeypatch)
     without = _run(_fedavg(), 64, workers, 8, False, data, NET, monkeypatch)
@@ -137,10 +153,10 @@ def test_fedavg_with_dormant_clients_equals_the_run_where_every_client_runs(work
 @pytest.mark.parametrize("dormant", [True, False])
 def test_a_twin_s_dataset_smaller_than_a_batch_fails_the_run_as_any_node_s(dormant: bool, monkeypatch) -> None:
     # the lead builds its twins' datasets and agrees on their steps per epoch too
-    plan = _plan(_fedavg(), 60, 2, 8)
+    plan = _plan(_fedavg(), 60, 2, 8, run={"network": NET})
     last_twin = max(r for w in range(2) for ts in plan.placement.twins(w).values() for r in ts)
     data = functools.partial(_client_data, small=frozenset({last_twin}))
-    with pytest.raises(NodeFailedError, match="fewer than batch_size=8 examples"):
+    with pytest.raises(NodeFailedError, match=f"node {last_twin}'s dataset has fewer than batch_size=8 examples"):
         _run(_fedavg(), 60, 2, 8, dormant, data, NET, monkeypatch)
 
 
@@ -158,12 +174,13 @@ def test_fedbuff_with_clients_no_event_names_equals_the_run_where_every_client_r
 
 
 def test_a_hub_makes_its_lead_s_calls_for_the_twins_which_run_no_thread() -> None:
-    # Nodes 0-3 on one worker, 2 and 3 dormant: node 2 leads, node 3 is its twin. Each running
-    # node sums its rank + 1 (the twin's call is its lead's: 3 again), receives a max it takes
-    # no part in, contributes to a sum it does not wait for, sits one out, and gathers.
-    hub = VirtualHub(Placement([(0, 1, 2, 3)], dormant={2, 3}), 0, None, torch.device("cpu"), 0)
+    # Nodes 0-5 on one worker, 2-5 dormant: node 2 leads, nodes 3, 4 and 5 are its twins, whose
+    # calls are node 2's. Each running node sums its rank + 1 (waits), receives a max it takes
+    # no part in, contributes to a sum and to a max it does not wait for, sits one out, and
+    # gathers. Expected values written out from the ranks.
+    hub = VirtualHub(Placement([(0, 1, 2, 3, 4, 5)], dormant={2, 3, 4, 5}), 0, None, torch.device("cpu"), 0)
     ran: list[int] = []
-    out: dict[int, Any] = {}
+    out: dict[Any, Any] = {}
 
     def body(rank: int, transport: Any) -> None:
         ran.append(rank)
@@ -173,18 +190,35 @@ def test_a_hub_makes_its_lead_s_calls_for_the_twins_which_run_no_thread() -> Non
         if rank != 2:
             transport.all_reduce(torch.tensor([float(rank + 1)]), "max")
         if rank == 0:
-            total, alone = torch.tensor([10.0]), torch.tensor([5.0])
+            total, top, alone = torch.tensor([10.0]), torch.tensor([-1.0]), torch.tensor([5.0])
             transport.all_reduce(total, "sum")
+            transport.all_reduce(top, "max")
             transport.all_reduce(alone, "sum")
-            out["contributed"], out["alone"] = total.item(), alone.item()
+            out["sum"], out["max"], out["alone"] = total.item(), top.item(), alone.item()
         else:
             transport.all_reduce_contribute(torch.tensor([10.0 * (rank + 1)]), "sum")
+            transport.all_reduce_contribute(torch.tensor([float(rank)]), "max")
             transport.all_reduce_absent(torch.zeros(1), "sum")
         out[rank] = (t.item(), None if got is None else got.item(), transport.all_gather(torch.tensor([float(rank)])))
 
     hub.run(body)
-    assert sorted(ran) == [0, 1, 2]  # the twin, node 3, runs nothing of its own
-    assert out[0][0] == out[2][0] == 1 + 2 + 3 + 3  # the twin's share of the sum is its lead's
-    assert out[2][1] == 2.0  # a max of nodes 0 and 1 (the twin receives, as its lead)
-    assert out["contributed"] == 10 + 20 + 30 + 30 and out["alone"] == 5.0
-    assert out[0][2].tolist() == [[0.0], [1.0], [2.0], [2.0]]  # the twin's row of a gather is its lead's
+    assert sorted(ran) == [0, 1, 2]  # the twins run nothing of their own
+    assert out[0][0] == out[2][0] == 1 + 2 + 4 * 3  # each twin's share of a sum is its lead's
+    assert out[2][1] == 2.0  # a max of nodes 0 and 1: the twins receive it, as their lead
+    assert out["sum"] == 10 + 20 + 4 * 30 and out["max"] == 2.0 and out["alone"] == 5.0
+    assert out[0][2].tolist() == [[0.0], [1.0], [2.0], [2.0], [2.0], [2.0]]  # a twin's row of a gather is its lead's
+
+
+class _SaysUniform(_OwnAveraging):
+    """The user's averaging that communicates its own way and says its idle calls are uniform."""
+
+    uniform_idle_calls = True
+
+
+def test_a_module_s_claim_covers_the_methods_of_the_class_that_makes_it() -> None:
+    assert _states_uniform_idle_calls(AveragingCommunicator(2, client_sampling=0.1))
+    assert not _states_uniform_idle_calls(AveragingCommunicator(2, island_size=4, client_sampling=0.1))
+    assert not _states_uniform_idle_calls(_OwnAveraging(2, client_sampling=0.1))  # overrides, inherits no claim
+    assert _states_uniform_idle_calls(_SaysUniform(2, client_sampling=0.1))  # says it again for its own
+    plan = _plan(CommunicateOptimizeStrategy([_SaysUniform(2, client_sampling=0.05)], optim_spec=SGD), 60, 2, 6)
+    assert len(plan.placement.dormant) >= 50

@@ -15,10 +15,12 @@ agrees on the steps per epoch for its twins too (their datasets are built for th
 Only where nothing reads or changes a node's own state apart from its calls: virtual nodes of
 a local run, no validation (it reads each node's state), no checkpoints (each node saves its
 own), no faults or availability trace (they pick nodes by rank), no wire transform, a run
-length known before it starts, and a strategy whose node methods (``step``, ``_init_node``,
-``finish``, ...) are this library's: a subclass that overrides one may call collectives of its
-own. Results equal a run whose dormant nodes each run themselves, up to the order
-in which the hub sums equal contributions (float rounding of the final average).
+length known before it starts, a strategy whose methods that a dormant node calls
+(``_init_node``, ``finish``, ...) are this library's (a user's subclass that overrides one may
+call collectives of its own), and modules that say so for every method a dormant node calls
+(a subclass that overrides one without saying it again does not inherit the claim). Results
+equal a run whose dormant nodes each run themselves, up to the order in which the hub sums
+equal contributions (float rounding of the final average).
 """
 
 from __future__ import annotations
@@ -53,9 +55,32 @@ def dormant_nodes(strategy: Any, config: FitConfig) -> frozenset[int]:
     return frozenset(range(k)) - active
 
 
-#: The strategy's methods that a node calls; a subclass of the user's that overrides one may make
-#: calls of its own, which may depend on the node's rank.
-_NODE_METHODS = ("_init_node", "step", "zero_grad", "skip_steps", "communicate_phase", "finish")
+#: The strategy's methods that a dormant node calls: a subclass of the user's that overrides one
+#: may make calls of its own, which may depend on the node's rank.
+_STRATEGY_METHODS = ("_init_node", "zero_grad", "skip_steps", "communicate_phase", "finish")
+#: A module's methods that a dormant node calls.
+_MODULE_METHODS = ("setup", "_init_node", "bind", "run", "is_due", "communicate", "participation", "finish")
+
+
+def _library_code(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether the methods ``names`` that ``cls`` has are all this library's."""
+    found = (getattr(cls, n, None) for n in names)
+    return all(f.__module__.split(".")[0] in ("exogym", "communicators") for f in found if f is not None)
+
+
+def _states_uniform_idle_calls(module: Any) -> bool:
+    """Whether ``module`` says its dormant nodes' calls do not depend on their rank, for every
+    method they call: a class that overrides one below the class that says so (a user's
+    subclass of FedAvg's module that communicates its own way) does not inherit the claim."""
+    if not module.uniform_idle_calls:
+        return False
+    mro = type(module).__mro__
+    says = next(c for c in mro if "uniform_idle_calls" in c.__dict__)
+    for name in _MODULE_METHODS:
+        owner = next((c for c in mro if name in c.__dict__), None)
+        if owner is not None and owner not in says.__mro__:
+            return False
+    return True
 
 
 def _allows(strategy: Any, config: FitConfig) -> bool:
@@ -69,12 +94,11 @@ def _allows(strategy: Any, config: FitConfig) -> bool:
     if config.faults is not None or config.network.availability is not None:
         return False
     pipeline = getattr(strategy, "pipeline", None)
-    if pipeline is None or getattr(strategy, "wire_comm", None) is not None or not pipeline.modules:
+    if pipeline is None or getattr(strategy, "wire", None) is not None or not pipeline.modules:
         return False
-    library = ("exogym", "communicators")
-    if any(getattr(type(strategy), m).__module__.split(".")[0] not in library for m in _NODE_METHODS):
+    if not _library_code(type(strategy), _STRATEGY_METHODS):
         return False
-    return all(m.uniform_idle_calls for m in pipeline.modules)
+    return all(_states_uniform_idle_calls(m) for m in pipeline.modules)
 
 
 __all__ = ["dormant_nodes"]

@@ -141,12 +141,12 @@ class TrainNode:
         # collective would run after rank 0 has started training and its clock). A node whose
         # data gives more is built again for the agreed count.
         local = D.steps_per_epoch(len(train_ds), shared, cfg.num_nodes, cfg.batch_size)
-        self._check_steps_per_epoch(local)
+        self._check_steps_per_epoch(local, rank)
         if not shared:  # a lead agrees for its twins too: the fewest of their datasets' steps
             for twin in job.twins(rank):
                 theirs = len(D.node_dataset(job.train_dataset, twin, cfg.num_nodes, train=True))
                 local = min(local, D.steps_per_epoch(theirs, shared, cfg.num_nodes, cfg.batch_size))
-                self._check_steps_per_epoch(local)
+                self._check_steps_per_epoch(local, twin)
         self._build(job, local)
         if not shared:
             agreed = self._agree_on_steps_per_epoch(local)
@@ -198,10 +198,11 @@ class TrainNode:
         self.comm.all_reduce(t, op="min", charge=False)
         return int(t.item())
 
-    def _check_steps_per_epoch(self, local: int) -> None:
+    def _check_steps_per_epoch(self, local: int, rank: int) -> None:
         if local < 1:
             raise ValueError(
-                f"a node's dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to train on"
+                f"node {rank}'s dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to "
+                "train on"
             )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
