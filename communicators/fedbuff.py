@@ -16,6 +16,7 @@ sends the server's model to each client drawn; the others keep no copy of it. Th
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -66,6 +67,8 @@ class FedBuffTiming(Simulation):
         self.concurrency, self.buffer_size, self.local_steps, self.seed = concurrency, buffer_size, local_steps, seed
         #: The clients in flight (served, not yet received from).
         self.in_flight: set[int] = set()
+        #: The others, ascending (what a draw picks from).
+        self.free: list[int] = list(range(self.num_nodes))
         #: The node that holds the server (:attr:`~exogym.core.timeline.Timeline.holders`).
         self.keeper = -1
         self.draws = 0
@@ -76,10 +79,10 @@ class FedBuffTiming(Simulation):
         self.buffered = 0
 
     def _draw(self, time: float, initial: bool = False) -> None:
-        free = [r for r in range(self.num_nodes) if r not in self.in_flight]
-        r = draw_client(self.seed, self.draws, free)
+        r = draw_client(self.seed, self.draws, self.free)
         self.draws += 1
         self.in_flight.add(r)
+        del self.free[bisect.bisect_left(self.free, r)]
         # every node starts with the server's initial state; later, the keeper sends it
         source = -1 if initial or r == self.keeper else self.keeper
         self.schedule(time, "serve", r, source=source)
@@ -109,7 +112,9 @@ class FedBuffTiming(Simulation):
         if self.buffered == self.buffer_size:
             self.version += 1
             self.buffered = 0
-        self.in_flight.discard(ev.rank)
+        if ev.rank in self.in_flight:
+            self.in_flight.discard(ev.rank)
+            bisect.insort(self.free, ev.rank)
         if not self.draining:
             self._draw(ev.time)  # the slot it frees goes to the next client
         return replace(ev, staleness=staleness)

@@ -160,33 +160,51 @@ class NodeClocks:
         steps = flat[:, 0]
         bounds = np.flatnonzero(np.diff(steps)) + 1
         out: dict[int, tuple[float, float]] = {}
-        clock, compute, comm, wait = self.clock, self.compute, self.comm, self.wait
+        clock, compute, comm = self.clock, self.compute, self.comm
+        one_epoch = width == 4
         for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(steps)], strict=True):
             r, c, key, m = rank[lo:hi], flat[lo:hi, 1], flat[lo:hi, 2], flat[lo:hi, 3:]
-            if len(r) > 1 and (np.diff(r) == 0).any():  # a node in several groups: one row per node
-                r, at = np.unique(r, return_inverse=True)
-                c = np.bincount(at, c, len(r))
-                m = np.stack([np.bincount(at, col, len(r)) for col in m.T], axis=1)
-                label = _components(at, key, len(r))
+            several = len(r) > 1 and (np.diff(r) == 0).any()
+            if one_epoch and not several and not key.any():
+                # No one meets (an asynchronous run's ticks): each clock moves by its own
+                # compute and communication, as the general case below works out for groups of one.
+                m = m[:, 0]
+                arrive = clock[r] + c
+                compute[r] += c
+                comm[r] += m
+                clock[r] = arrive + m
             else:
-                label = np.where(key != 0, np.unique(key, return_inverse=True)[1] + len(r), np.arange(len(r)))
-            arrive = clock[r] + c
-            _, group = np.unique(label, return_inverse=True)
-            latest = np.full(group.max() + 1, -np.inf)
-            np.maximum.at(latest, group, arrive)
-            # Each meeting is priced in the epoch it starts in.
-            epoch = np.searchsorted(self.changes, latest[group], side="right") if m.shape[1] > 1 else 0
-            m = m[np.arange(len(r)), epoch]
-            longest = np.zeros(group.max() + 1)
-            np.maximum.at(longest, group, m)
-            end = latest[group] + longest[group]
-            compute[r] += c
-            wait[r] += (latest[group] - arrive) + (longest[group] - m)
-            comm[r] += m
-            clock[r] = end
+                self._advance(r, c, key, m, several)
             last = int(np.argmax(clock))
             out[int(steps[lo])] = (float(clock[last]), float(comm[last]))
         return out
+
+    def _advance(self, r: np.ndarray, c: np.ndarray, key: np.ndarray, m: np.ndarray, several: bool) -> None:
+        """One step's events (nodes ``r``, compute ``c``, meeting keys ``key``, communication
+        ``m`` per epoch): the nodes of each meeting wait for its latest arrival and its longest
+        communication. ``several``: some node has several rows (it meets in several groups)."""
+        clock, compute, comm, wait = self.clock, self.compute, self.comm, self.wait
+        if several:  # a node in several groups: one row per node
+            r, at = np.unique(r, return_inverse=True)
+            c = np.bincount(at, c, len(r))
+            m = np.stack([np.bincount(at, col, len(r)) for col in m.T], axis=1)
+            label = _components(at, key, len(r))
+        else:
+            label = np.where(key != 0, np.unique(key, return_inverse=True)[1] + len(r), np.arange(len(r)))
+        arrive = clock[r] + c
+        _, group = np.unique(label, return_inverse=True)
+        latest = np.full(group.max() + 1, -np.inf)
+        np.maximum.at(latest, group, arrive)
+        # Each meeting is priced in the epoch it starts in.
+        epoch = np.searchsorted(self.changes, latest[group], side="right") if m.shape[1] > 1 else 0
+        m = m[np.arange(len(r)), epoch]
+        longest = np.zeros(group.max() + 1)
+        np.maximum.at(longest, group, m)
+        end = latest[group] + longest[group]
+        compute[r] += c
+        wait[r] += (latest[group] - arrive) + (longest[group] - m)
+        comm[r] += m
+        clock[r] = end
 
     def table(self) -> list[dict[str, float]]:
         """Per node: ``rank``, ``compute``, ``comm`` and ``wait`` seconds, its ``clock`` and

@@ -238,6 +238,20 @@ class MetricsBuffer:
         sequence is every round's (a sleep through a thousand rounds alike)."""
         counts = np.asarray(idle, dtype=np.int64) + 1
         block = self._reserve(int(counts.sum()))
+        uniform = keys is None or keys.count(keys[0]) == len(keys)
+        if uniform and comms is None and all(type(v) is float for v in (idle_lr, lr, sent, received, comm_sim)):
+            # every round alike (a sleep through ticks of nothing): a row for its idle steps and
+            # one for its last, each written at once
+            key = keys[0] if keys else ()
+            if len(block) > len(counts):
+                block[:] = (0.0,) * 8 + (wall, 0.0, idle_lr) + (0.0,) * (block.shape[1] - 11)
+            last_row = (0.0, 0.0, 0.0, sent, received, 0.0, comm_sim, comm_wall, wall, 0.0, lr, key[0] if key else 0.0)
+            block[self._last_rows(counts, len(block))] = last_row + (0.0,) * (block.shape[1] - 12)
+            if len(key) > 1:
+                base = self._n - len(block)
+                for row in np.cumsum(counts).tolist():
+                    self._more_keys[base + row - 1] = key[1:]
+            return
         block[:] = 0.0
         block[:, 8] = wall
         if isinstance(idle_lr, float):
@@ -246,11 +260,7 @@ class MetricsBuffer:
             block[:, 10] = idle_lr[0]
         else:
             block[:, 10] = np.repeat(idle_lr, counts)
-        last: slice | np.ndarray  # the rows of the rounds' last steps
-        if (counts[1:] == counts[-1]).all():  # rounds of one length after the first: a strided view
-            last = slice(int(counts[0]) - 1, None, int(counts[-1]))
-        else:
-            last = np.cumsum(counts) - 1
+        last = self._last_rows(counts, len(block))
         block[last, 3] = sent
         block[last, 4] = received
         block[last, 6] = comm_sim
@@ -270,6 +280,16 @@ class MetricsBuffer:
                 for row, ks in zip(np.arange(len(block))[last].tolist(), keys, strict=True):
                     if len(ks) > 1:
                         self._more_keys[base + row] = ks[1:]
+
+    @staticmethod
+    def _last_rows(counts: np.ndarray, rows: int) -> slice | np.ndarray:
+        """The rows of the rounds' last steps in a block of ``rows`` rows of rounds of
+        ``counts`` steps each."""
+        if rows == len(counts):  # rounds of one step
+            return slice(None)
+        if (counts[1:] == counts[-1]).all():  # rounds of one length after the first: a strided view
+            return slice(int(counts[0]) - 1, None, int(counts[-1]))
+        return np.cumsum(counts) - 1
 
     def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they

@@ -41,6 +41,17 @@ _PENDING_BYTES = 128 * 2**20
 _SAMPLE_BYTES = 96
 
 
+def _spans(ends: list[int], start: int) -> np.ndarray:
+    """The lengths of the rounds that end at ``ends`` (ascending), the first starting at
+    ``start``: what ``np.diff(ends, prepend=start - 1)`` gives, without its copies (a sleep
+    between two steps of an asynchronous client)."""
+    at = np.asarray(ends, dtype=np.int64)
+    spans = np.empty_like(at)
+    spans[0] = ends[0] - start + 1
+    np.subtract(at[1:], at[:-1], out=spans[1:])
+    return spans
+
+
 def flush_interval(log_interval: int, num_nodes: int, workers: int) -> int:
     """Steps between two exchanges of the nodes' metric samples: a multiple of
     ``log_interval`` of at least 64 steps. A flush costs each worker in proportion to the nodes
@@ -113,6 +124,8 @@ class IdleSteps:
         self.validates, self._rejoin = validates, rejoin
         #: Steps between the loop's metrics flushes (:func:`flush_interval`).
         self.flush_every = flush_interval(cfg.log_interval, cfg.num_nodes, cfg.workers)
+        #: The price of a round with no charge (the same network all run long), once worked out.
+        self._uncharged: tuple | None = None
 
     def idle_steps(self, step: int) -> int:
         """How many steps from ``step`` on the node sits out, within the run (``0``: it trains):
@@ -173,7 +186,7 @@ class IdleSteps:
         _release_thread_buffers()
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
-        spans = np.diff(np.asarray(ends), prepend=step - 1)  # (thousands of one-step rounds: no Python loop)
+        spans = _spans(ends, step)
         with self.comm.sitting_out():
             self._sit_out(ends)
         per = len(self.comm.ledger.step_records) // len(spans)  # the same charges every round, in order
@@ -243,7 +256,9 @@ class IdleSteps:
             return (sum(r.sent for r in records), sum(r.received for r in records), first, meeting_keys(records), comms)
 
         if per == 0:  # no charge in any round (a client asleep through ticks of nothing): one price
-            sent, received, sim, keys, comms = price([])
+            if self._uncharged is None:
+                self._uncharged = price([])
+            sent, received, sim, keys, comms = self._uncharged
             charged = [comms] * rounds if traced else None
             return float(sent), float(received), float(sim), [keys] * rounds, charged
         out = []

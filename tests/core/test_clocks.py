@@ -42,6 +42,38 @@ def test_two_islands_of_unequal_speed_keep_their_own_clocks_and_the_run_takes_th
     assert times[1] == (2.5, 0.5)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_steps_where_no_one_meets_move_each_clock_by_its_own_compute_then_communication(seed: int) -> None:
+    # An asynchronous run's ticks: nodes compute and transfer alone (no meeting keys). Reference:
+    # per node, step by step, clock += compute, then += communication; after each step the
+    # latest clock and the communication of the first node (by rank) that holds it.
+    rng = np.random.default_rng(seed)
+    nodes, steps = 5, 30
+    per_node = []
+    for _ in range(nodes):
+        at = sorted(rng.choice(np.arange(1, steps + 1), size=int(rng.integers(1, 12)), replace=False).tolist())
+        per_node.append([_ev(s, float(rng.choice([0.0, 0.3, 0.7])), 0.0, float(rng.choice([0.0, 0.125]))) for s in at])
+    clocks = NodeClocks(nodes)
+    times = clocks.replay(_table(per_node))
+    clock, compute, comm = [0.0] * nodes, [0.0] * nodes, [0.0] * nodes
+    expected = {}
+    for s in range(1, steps + 1):
+        named = False
+        for r, evs in enumerate(per_node):
+            for step, c, _, m in evs:
+                if step == s:
+                    clock[r] = (clock[r] + c) + m
+                    compute[r] += c
+                    comm[r] += m
+                    named = True
+        if named:
+            last = max(range(nodes), key=lambda r: (clock[r], -r))
+            expected[s] = (clock[last], comm[last])
+    assert clocks.clock.tolist() == clock and clocks.compute.tolist() == compute and clocks.comm.tolist() == comm
+    assert clocks.wait.tolist() == [0.0] * nodes
+    assert times == expected
+
+
 def test_a_meeting_waits_for_its_last_participant() -> None:
     # Nodes 0 and 1 meet every step; node 0 computes 1 s, node 1 3 s; communication 0.5 s.
     clocks = NodeClocks(2)

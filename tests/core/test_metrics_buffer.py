@@ -62,6 +62,25 @@ def test_rounds_given_one_number_for_every_round_are_the_rows_of_that_number_per
     assert np.array_equal(once._rows[: once.pending], per_round._rows[: per_round.pending])
 
 
+@pytest.mark.parametrize("keys", [None, (), (4.0,), (4.0, 9.0)])
+@pytest.mark.parametrize("idle", [[0, 0, 0], [2, 2, 2], [1, 3, 3], [0, 5, 1]])
+def test_rounds_alike_given_as_numbers_are_the_rows_of_add_idle_then_add_per_round(keys, idle) -> None:
+    # (the write of a sleep through rounds alike, e.g. an asynchronous client between its steps)
+    n = len(idle)
+    bulk, steps = MetricsBuffer(_Comm(), _Network(), 10, 200), MetricsBuffer(_Comm(), _Network(), 10, 200)
+    for b in (bulk, steps):
+        b.add_idle(2, 0.3, 1.0)  # rows already pending stay as they are
+    bulk.add_rounds(np.array(idle), 0.2, 0.4, 5.0, 6.0, 0.01, 0.5, 2.0, None if keys is None else [keys] * n)
+    for i in range(n):
+        if idle[i]:
+            steps.add_idle(idle[i], 0.2, 2.0)
+        ks = keys or ()
+        steps.add(StepSample(0.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.01, 0.5, 2.0, 0.0, 0.4, ks[0] if ks else 0.0), ks[1:])
+    assert bulk.pending == steps.pending == 2 + sum(idle) + n
+    assert np.array_equal(bulk._rows[: bulk.pending], steps._rows[: steps.pending])
+    assert bulk._more_keys == steps._more_keys
+
+
 class _RecordingComm:
     """One node's comm in a world of ``world_size``: the all-reduce of the event count answers
     ``longest``; contributions are recorded; an all-gather (rank 0's) stacks its own share
