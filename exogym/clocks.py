@@ -167,7 +167,7 @@ class NodeClocks:
             several = len(r) > 1 and (np.diff(r) == 0).any()
             if one_epoch and not several and not key.any():
                 # No one meets (an asynchronous run's ticks): each clock moves by its own
-                # compute and communication, as the general case below works out for groups of one.
+                # compute and communication, as _advance works out for groups of one.
                 m = m[:, 0]
                 arrive = clock[r] + c
                 compute[r] += c

@@ -102,6 +102,8 @@ class StepSample(NamedTuple):
 _SUMMED = slice(0, 5)
 _MAXED = slice(7, 10)
 _COMPUTE, _COMM, _KEY = 5, 6, 11
+#: A step in which a node did nothing (the template of a sleep's rows).
+_NOTHING = StepSample(*(0.0,) * len(StepSample._fields))
 
 
 @functools.cache
@@ -243,10 +245,14 @@ class MetricsBuffer:
             # every round alike (a sleep through ticks of nothing): a row for its idle steps and
             # one for its last, each written at once
             key = keys[0] if keys else ()
+            epochs = (0.0,) * (block.shape[1] - len(StepSample._fields))  # (no traces given)
             if len(block) > len(counts):
-                block[:] = (0.0,) * 8 + (wall, 0.0, idle_lr) + (0.0,) * (block.shape[1] - 11)
-            last_row = (0.0, 0.0, 0.0, sent, received, 0.0, comm_sim, comm_wall, wall, 0.0, lr, key[0] if key else 0.0)
-            block[self._last_rows(counts, len(block))] = last_row + (0.0,) * (block.shape[1] - 12)
+                block[:] = _NOTHING._replace(wall=wall, lr=idle_lr) + epochs
+            last_row = _NOTHING._replace(
+                sent=sent, received=received, comm_sim=comm_sim, comm_wall=comm_wall, wall=wall, lr=lr,
+                key=key[0] if key else 0.0,
+            )  # fmt: skip
+            block[self._last_rows(counts, len(block))] = last_row + epochs
             if len(key) > 1:
                 base = self._n - len(block)
                 for row in np.cumsum(counts).tolist():
