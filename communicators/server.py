@@ -66,8 +66,8 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
     if isinstance(c, str):
         raise ValueError(
             f"asynchronous strategies follow a simulated timeline, which needs modelled compute: the "
-            f"network has compute={c!r}; pass fit(..., compute=<seconds per step>) or "
-            "Network(..., compute=<seconds per step>)"
+            f"network has compute={c!r}; pass fit(..., network=Network(..., compute=<seconds per "
+            "step>))"
         )
     return [float(c) * network.slowdown(r) for r in range(num_nodes)]
 

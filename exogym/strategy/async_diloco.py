@@ -15,10 +15,10 @@ class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
     server applies it at once with delayed Nesterov momentum and sends the node its parameters.
 
     Pipeline: ``[AsyncDiLoCoCommunicator(H, ...)]`` (see :mod:`communicators.async_diloco`).
-    Needs modelled compute (``fit(..., compute=<seconds per step>)``); node speeds come from the
-    network's ``compute_slowdown``. The run's steps are ticks of the simulated timeline
-    (:mod:`exogym.core.timeline`); :meth:`run_summary` gives each node's steps and the updates'
-    staleness.
+    Needs modelled compute (``fit(..., network=Network(..., compute=<seconds per step>))``); node
+    speeds come from the network's ``compute_slowdown``. The run's steps are ticks of the
+    simulated timeline (:mod:`exogym.core.timeline`); :meth:`run_summary` gives each node's steps
+    and the updates' staleness.
 
     Args:
         H: local steps per segment (the fastest node's, with ``dylu``; default 100).

@@ -16,8 +16,8 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
     drawn from the shared seed.
 
     Pipeline: ``[FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)]`` (see
-    :mod:`communicators.fedbuff`). Needs modelled compute (``fit(..., compute=<seconds per
-    step>)``). The run's steps are ticks of the simulated timeline (:mod:`exogym.core.timeline`);
+    :mod:`communicators.fedbuff`). Needs modelled compute (``fit(..., network=Network(...,
+    compute=<seconds per step>))``). The run's steps are ticks of the simulated timeline (:mod:`exogym.core.timeline`);
     :meth:`run_summary` gives each client's steps and the updates' staleness.
 
     Args:

@@ -186,7 +186,8 @@ def test_a_step_count_that_the_transfer_does_not_fit_stalls_at_the_wait() -> Non
 
 
 def test_auto_refuses_measured_compute_naming_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"overlap_steps='auto' .* compute='measured': pass fit\(\.\.\., compute="):
+    fix = r"pass fit\(\.\.\., network=Network\(\.\.\., compute=<seconds per step>\)\)"
+    with pytest.raises(ValueError, match=r"overlap_steps='auto' .* compute='measured': " + fix):
         train_ranks(2, lambda: StreamingDiLoCoStrategy(H=4, overlap_steps="auto", optim_spec=SGD), 4)
 
 

@@ -62,8 +62,8 @@ def check_modelled_compute(network: Network | None, what: str) -> None:
     if network is not None and network.compute == "measured":
         raise ValueError(
             f"{what} applies an update when its transfer has arrived on the simulated clock, which needs modelled "
-            "compute, but the network has compute='measured': pass fit(..., compute=<seconds per step>) (or "
-            "'flops'), or Network(..., compute=...), or give a number of steps"
+            "compute, but the network has compute='measured': pass fit(..., network=Network(..., "
+            "compute=<seconds per step>)) (or compute='flops'), or give a number of steps"
         )
 
 
@@ -165,8 +165,8 @@ class LocalClock:
         if self._compute_now is None:
             raise RuntimeError(
                 "handle.is_completed() needs the node's simulated clock before the step's compute is measured: "
-                "model compute with fit(..., compute=<seconds per step>) or Network(..., compute=<seconds per "
-                "step>), or use handle.wait(), which works with measured compute"
+                "model compute with fit(..., network=Network(..., compute=<seconds per step>)), or use "
+                "handle.wait(), which works with measured compute"
             )
         reached = self._walk(self._compute_now())
         assert handle.arrival is not None
