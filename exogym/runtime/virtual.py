@@ -52,6 +52,12 @@ logger = logging.getLogger(__name__)
 #: Calls a node may have queued (ones it does not wait for, see :meth:`VirtualHub.enqueue`).
 MAX_QUEUED = 32
 
+#: Held while a hub swaps torch's random state, which is the process's: hubs that share a
+#: process (workers on threads, as tests run them) swap it one at a time. At once they can
+#: deadlock in torch: a garbage collection inside ``get_rng_state`` gives up the GIL while the
+#: generator's mutex is held, and the other hub's ``set_rng_state`` holds the GIL waiting for it.
+_RNG_SWAP = threading.Lock()
+
 
 class VirtualNodeError(Exception):
     """A virtual node raised: carries its rank, the exception's class name and its traceback."""
@@ -145,13 +151,15 @@ class VirtualHub:
 
     # -- random streams -------------------------------------------------------------------
     def _get_rng(self) -> Any:
-        cpu = torch.get_rng_state()
-        return (cpu, torch.cuda.get_rng_state(self.device)) if self._cuda else (cpu, None)
+        with _RNG_SWAP:
+            cpu = torch.get_rng_state()
+            return (cpu, torch.cuda.get_rng_state(self.device)) if self._cuda else (cpu, None)
 
     def _set_rng(self, state: Any) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.device)
+        with _RNG_SWAP:
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state(state[1], self.device)
 
     # -- turns ----------------------------------------------------------------------------
     def _wait_turn(self, i: int) -> None:

@@ -385,6 +385,46 @@ def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_eve
     assert sorted(r for kind, r in events if kind == "done") == [0, 1, 2, 3]
 
 
+@pytest.mark.timeout(60)
+def test_hubs_sharing_a_process_swap_the_random_state_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two hubs of one process (workers on threads, as these tests run them) swapping torch's
+    # process-wide random state at once can deadlock inside torch; each swap must run alone.
+    import threading
+
+    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    inside, most = [0], [0]
+    count = threading.Lock()
+    real_get, real_set = torch.get_rng_state, torch.set_rng_state
+
+    def entered(real):
+        def swap(*args):
+            with count:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.002)  # (long enough for the other thread to enter too, unless kept out)
+            try:
+                return real(*args)
+            finally:
+                with count:
+                    inside[0] -= 1
+
+        return swap
+
+    monkeypatch.setattr(torch, "get_rng_state", entered(real_get))
+    monkeypatch.setattr(torch, "set_rng_state", entered(real_set))
+
+    def swaps(hub: VirtualHub) -> None:
+        for _ in range(20):
+            hub._set_rng(hub._get_rng())
+
+    threads = [threading.Thread(target=swaps, args=(h,)) for h in hubs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+
+
 def _record_waits(hubs: list[VirtualHub]) -> set[int]:
     """The ranks that park at a collective of ``hubs`` (wait for it), filled as they run."""
     waited: set[int] = set()
