@@ -256,6 +256,18 @@ class Communicator:
         """A short label for logs."""
         return f"{type(self).__name__}(H={self.H})"
 
+    def finish(self) -> None:
+        """End of the run, after the last step, before the final state is read: the work a
+        module has left (an asynchronous server applies the updates still in flight). The
+        default does nothing. Collective: every rank calls it."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """What the module reports of the run as a whole (``Trainer.result["summary"]``):
+        ``{}`` by default; the asynchronous servers give every node's steps and the staleness
+        of the updates."""
+        return {}
+
     # -- what the pipeline runs (not for subclasses to override) -----------------------------
     def bind(self, ctx: NodeContext) -> None:
         """Set the module up on a node: :meth:`setup`, or a subclass's own ``_init_node``
@@ -357,6 +369,12 @@ class Wrapper(Communicator):
 
     def leaves(self) -> list[Communicator]:
         return self.inner.leaves()
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def summary(self) -> dict[str, Any]:
+        return self.inner.summary()
 
     def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
         return self.inner.participation(step, num_nodes, seed)

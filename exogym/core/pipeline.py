@@ -104,6 +104,18 @@ class Pipeline(Communicator):
         receives = frozenset().union(*(p.receives for p in stated))
         return Participation(stated[0].period, trains, all(p.replaces for p in stated), receives - trains)
 
+    def finish(self) -> None:
+        """Every module's :meth:`~Communicator.finish`, in order. Collective."""
+        for m in self.modules:
+            m.finish()
+
+    def summary(self) -> dict[str, Any]:
+        """The modules' summaries merged in order (a later module's keys win)."""
+        out: dict[str, Any] = {}
+        for m in self.modules:
+            out.update(m.summary())
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {str(i): m.state_dict() for i, m in enumerate(self.modules)}
 
@@ -260,6 +272,17 @@ class CommunicateOptimizeStrategy(Strategy):
         self.optim.step()
         self.communicate_phase("param", step)
         super().step()
+
+    def finish(self) -> None:
+        """Every module's :meth:`~Communicator.finish` (the asynchronous servers apply the
+        updates still in flight). Collective."""
+        if self.wire_comm is not None:
+            self.wire_comm.begin_phase()
+        self.pipeline.finish()
+
+    def run_summary(self) -> dict[str, Any]:
+        """The modules' :meth:`~Communicator.summary`, merged."""
+        return self.pipeline.summary()
 
     def state_dict(self) -> dict[str, Any]:
         state = {**super().state_dict(), "pipeline": self.pipeline.state_dict()}

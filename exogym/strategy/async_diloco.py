@@ -46,14 +46,5 @@ class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
         self.server = AsyncDiLoCoCommunicator(H, outer_lr, outer_momentum, dn_period, dn_c, dylu)
         super().__init__([self.server], **strategy_kwargs)
 
-    def finish(self) -> None:
-        """Apply the updates still in flight; every node takes the server's state. Collective."""
-        self.server.finish()
-
-    def run_summary(self) -> dict[str, Any]:
-        """Per node its training steps; the staleness of the server's updates (distribution,
-        mean, maximum); the number of updates; the simulated end (seconds)."""
-        return self.server.summary()
-
 
 __all__ = ["AsyncDiLoCoStrategy"]

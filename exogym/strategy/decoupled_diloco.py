@@ -62,16 +62,5 @@ class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
         )  # fmt: skip
         super().__init__([self.server], **strategy_kwargs)
 
-    def finish(self) -> None:
-        """Receive the contributions in flight and make the merges due; every node takes the
-        synchronizer's parameters. Collective."""
-        self.server.finish()
-
-    def run_summary(self) -> dict[str, Any]:
-        """Per node its training steps and utilisation; the staleness of the merged
-        contributions; the merges and the learners per merge; the simulated end (seconds); with
-        ``outer="cgad"``, the contributions gated out (``gated``)."""
-        return self.server.summary()
-
 
 __all__ = ["DecoupledDiLoCoStrategy"]

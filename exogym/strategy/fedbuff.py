@@ -41,14 +41,5 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
         self.server = FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)
         super().__init__([self.server], **strategy_kwargs)
 
-    def finish(self) -> None:
-        """Apply the updates still in flight; every node takes the server's state. Collective."""
-        self.server.finish()
-
-    def run_summary(self) -> dict[str, Any]:
-        """Per client its training steps; the staleness of the updates (distribution, mean,
-        maximum); the number of updates; the simulated end (seconds)."""
-        return self.server.summary()
-
 
 __all__ = ["FedBuffStrategy"]

@@ -55,16 +55,5 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
         )
         super().__init__([self.server], **strategy_kwargs)
 
-    def finish(self) -> None:
-        """Apply the updates still in flight at every level; every node takes the GPS's
-        parameters. Collective."""
-        self.server.finish()
-
-    def run_summary(self) -> dict[str, Any]:
-        """Per node its training steps and utilisation; the staleness of the workers' updates
-        at their LPS and of the LPSs' updates at the GPS; the merges; the bytes moved between
-        the servers; the simulated end (seconds)."""
-        return self.server.summary()
-
 
 __all__ = ["HALoSStrategy"]
