@@ -84,13 +84,12 @@ def _mkl_thread_free_buffers() -> Any:
 def _release_thread_buffers() -> None:
     """Give back the buffers MKL keeps for the calling thread (a no-op where torch has no MKL).
 
-    MKL keeps a thread's matrix-multiply buffers for its next call: about 150 KB per thread
-    after a small MLP's training step. A virtual node runs on a thread of its own, so a worker
-    of hundreds of FedAvg clients would hold a set per client that ever trained, through
-    the rounds it sits out (the soak's workers grew by them until every client had been
-    sampled: +5% from round 100 to 200). An idle node calls this: the next step it trains
-    allocates them again, once per round it takes part in (a call with nothing to give back
-    takes well under a microsecond).
+    On some CPUs MKL keeps a thread's matrix-multiply buffers for its next call (about 150 KB
+    per thread after a small MLP's training step). A virtual node runs on a thread of its own,
+    so a worker of hundreds of FedAvg clients would hold a set per client that ever trained,
+    through the rounds it sits out. An idle node calls this: the next step it trains allocates
+    them again, once per round it takes part in (a call with nothing to give back takes well
+    under a microsecond).
     """
     free = _mkl_thread_free_buffers()
     if free is not None:
