@@ -95,7 +95,7 @@ class HALoSTiming(AsyncDiLoCoTiming):
         region_transfer: per region, seconds to move the model between its LPS and the GPS.
         max_ticks: the run's steps (ticks).
         local_steps: per node, its local steps per segment.
-        accumulation: worker updates per LPS push.
+        accumulation: per region, the worker updates its LPS applies before it pushes.
     """
 
     kinds = ("capture", "receive", "region_receive", "region_serve", "merge", "serve", "deliver", "start")
@@ -109,7 +109,7 @@ class HALoSTiming(AsyncDiLoCoTiming):
         region_transfer: list[float],
         max_ticks: int,
         local_steps: list[int],
-        accumulation: int,
+        accumulation: list[int],
     ) -> None:
         super().__init__(step_seconds, transfer, max_ticks, local_steps)
         self.region, self.region_transfer, self.accumulation = region, region_transfer, accumulation
@@ -126,7 +126,7 @@ class HALoSTiming(AsyncDiLoCoTiming):
         self.version[q] += 1
         self.count[q] += 1
         self.record_update(ev.time, r, staleness)
-        push = self.count[q] == self.accumulation
+        push = self.count[q] == self.accumulation[q]
         if push:
             self.schedule(
                 ev.time + self.region_transfer[q], "region_receive", q, self.pushes[q], data=(self.merged[q],)
@@ -166,7 +166,9 @@ class HALoSCommunicator(ServerCommunicator):
     Args:
         H: local steps per segment (the fastest node's, with ``dylu``).
         accumulation: worker updates an LPS applies before it pushes to the GPS (the paper's
-            ``K``); ``None``: the number of workers in its region.
+            ``K``); ``None``: per region, the number of its workers, so that each LPS pushes
+            after about one update per worker of its region whatever the regions' sizes (the
+            paper's worlds have equal regions, where both readings agree).
         merge_weight: ``alpha``, the global model's weight when an LPS merges it (in ``[0, 1]``).
         lps_lr, lps_momentum, lps_period: each LPS's delayed Nesterov (``lps_period``
             ``None``: the workers in its region).
@@ -213,7 +215,13 @@ class HALoSCommunicator(ServerCommunicator):
         self.dylu = dylu
 
     def timing_key(self) -> tuple[Any, ...]:
-        return (self.segment_steps, self.dylu, self._accumulation, tuple(self.region), tuple(self.region_transfer))
+        return (
+            self.segment_steps,
+            self.dylu,
+            tuple(self._accumulation),
+            tuple(self.region),
+            tuple(self.region_transfer),
+        )
 
     def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
         return [worker_transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
@@ -236,7 +244,7 @@ class HALoSCommunicator(ServerCommunicator):
             else [0.0] * regions
         )
         workers = [self.region.count(q) for q in range(regions)]
-        self._accumulation = self.accumulation or max(workers)
+        self._accumulation = [self.accumulation or n for n in workers]
         super().setup(ctx)
         me = self.region[ctx.rank]
         #: The LPSs: per region its parameters, its parameters after its last merge, its optimizer.

@@ -24,7 +24,7 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
 
     Args:
         H: local steps per segment (the fastest node's, with ``dylu``; default 50).
-        accumulation: worker updates per LPS push (default: the workers of its region).
+        accumulation: worker updates per LPS push (default: each region's own number of workers).
         merge_weight: the global model's weight when an LPS merges it (default 0.25, the paper's).
         lps_lr, lps_momentum, lps_period: each LPS's delayed Nesterov (defaults 0.7, 0.5, the
             workers of its region).

@@ -84,6 +84,29 @@ def test_halos_equals_its_event_driven_reference(settings: dict) -> None:
         torch.testing.assert_close(comm.lps[q], flat, rtol=1e-6, atol=1e-7)
 
 
+def test_by_default_each_lps_of_unequal_regions_pushes_after_as_many_updates_as_its_region_has_workers() -> None:
+    # regions {0} and {1, 2, 3}: the lone worker's LPS pushes after each of its updates, the
+    # other's after three (not after three each, the largest region's count)
+    ds = regression_data(4 * 8 * STEPS)
+    world = Network.regions({"a": [0], "b": [1, 2, 3]}, INTRA, INTER, compute=1.0, compute_slowdown=SLOWDOWN)
+    settings = dict(H=2, accumulation=None, merge_weight=0.5, lps_lr=0.8, lps_momentum=0.5, lps_period=1)
+    settings.update(gps_lr=0.9, gps_momentum=0.3, gps_period=2, dylu=True)
+    out = train_ranks(4, lambda: HALoSStrategy(**settings, optim_spec=OptimSpec(torch.optim.SGD, lr=0.05)), STEPS,
+                      dataset=ds, network=world)  # fmt: skip
+    settings["accumulation"] = [1, 3]
+    ref = reference_halos(
+        ds, 4, STEPS, slowdown=SLOWDOWN, step_seconds=1.0, region=[0, 1, 1, 1],
+        worker_transfer=[_seconds(INTRA)] * 4, region_transfer=[_seconds(INTRA), _seconds(INTER)], **settings,
+    )  # fmt: skip
+    tl = out[0]["strategy"].server.timeline
+    pushes = tl.records.get("region_updates", [])
+    assert [(q, s) for _, q, s in pushes] == [(q, s) for _, q, s in ref["region_updates"]]
+    region_a = sum(1 for _, r, _ in ref["updates"] if r == 0)
+    assert sum(1 for _, q, _ in pushes if q == 0) == region_a  # one push per update of the lone worker
+    for a, b in zip(out[0]["params"], ref["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_dylu_gives_each_node_steps_in_proportion_to_its_speed_rounded_up() -> None:
     assert halos_steps(4, [1.0, 1.0, 0.5, 0.25], True) == [1, 1, 2, 4]
     assert halos_steps(4, [1.0, 0.3], True) == [2, 4]  # 4 * 0.3 = 1.2 steps: 2

@@ -40,7 +40,7 @@ at the start) and ``gv_q``, the GPS version of the last global model merged (0 a
 
 * Receipt of a worker's ``g`` (pushed from LPS version ``v_start``): staleness
   ``v_q - v_start``; DN step of ``theta_q`` with ``g``; ``v_q += 1``; ``n_q += 1``. If
-  ``n_q == accumulation`` (the paper's K): push ``d = b_q - theta_q`` (per tensor, the
+  ``n_q == K_q`` (the paper's K; ``accumulation`` gives one for all regions or one per region): push ``d = b_q - theta_q`` (per tensor, the
   accumulated update since the last merge) to the GPS, tagged with ``gv_q``. The count is not
   reset by the push, only by the merge, so at most one push per LPS is in flight: updates that
   arrive while it is in flight are applied to ``theta_q`` but never pushed (the merge folds them
@@ -191,7 +191,7 @@ def reference_halos(
     worker_transfer: Sequence[float],
     region_transfer: Sequence[float],
     H: int,
-    accumulation: int,
+    accumulation: int | Sequence[int],
     lps_lr: float,
     lps_momentum: float,
     gps_lr: float,
@@ -208,7 +208,12 @@ def reference_halos(
     module docstring describes. Raises ``ValueError`` naming the argument on bad input.
     """
     check_world(k, max_steps, slowdown, step_seconds, float("inf"), 0.0)  # no bandwidth or latency here
-    counts = {"H": H, "accumulation": accumulation, "lps_period": lps_period, "gps_period": gps_period}
+    per_region = [accumulation] * len(region_transfer) if isinstance(accumulation, int) else list(accumulation)
+    counts = {"H": H, "lps_period": lps_period, "gps_period": gps_period}
+    if isinstance(accumulation, int):
+        counts["accumulation"] = accumulation
+    else:
+        counts.update({f"accumulation[{q}]": a for q, a in enumerate(per_region)})
     rates, momenta = {"lps_lr": lps_lr, "gps_lr": gps_lr}, {"lps_momentum": lps_momentum, "gps_momentum": gps_momentum}
     check_halos(k, region, worker_transfer, region_transfer, counts, rates, momenta, merge_weight)
 
@@ -238,7 +243,7 @@ def reference_halos(
             updates.append((t, i, lps[q].version - started_at))
             lps[q].apply(g)
             end_time = max(end_time, t)
-            if lps[q].since_merge == accumulation:  # ==, not >=: one push in flight at most
+            if lps[q].since_merge == per_region[q]:  # ==, not >=: one push in flight at most
                 events.push(t + region_transfer[q], GPS_RECEIPT, q, lps[q].accumulated(), lps[q].merged_version)
             events.push(t, WORKER_REPLY, i)
         elif phase == GPS_RECEIPT:
