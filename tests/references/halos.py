@@ -40,8 +40,9 @@ at the start) and ``gv_q``, the GPS version of the last global model merged (0 a
 
 * Receipt of a worker's ``g`` (pushed from LPS version ``v_start``): staleness
   ``v_q - v_start``; DN step of ``theta_q`` with ``g``; ``v_q += 1``; ``n_q += 1``. If
-  ``n_q == K_q`` (the paper's K; ``accumulation`` gives one for all regions or one per region): push ``d = b_q - theta_q`` (per tensor, the
-  accumulated update since the last merge) to the GPS, tagged with ``gv_q``. The count is not
+  ``n_q == K_q`` (the paper's K; ``accumulation`` gives one for all regions or one per
+  region): push ``d = b_q - theta_q`` (per tensor, the accumulated update since the last merge)
+  to the GPS, tagged with ``gv_q``. The count is not
   reset by the push, only by the merge, so at most one push per LPS is in flight: updates that
   arrive while it is in flight are applied to ``theta_q`` but never pushed (the merge folds them
   into the next baseline). Then the worker's pull is served (the worker reply phase below).
