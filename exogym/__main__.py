@@ -13,7 +13,6 @@ import argparse
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 
 from exogym import __version__
 from exogym.cli import (
@@ -77,15 +76,16 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument(
         "--compute",
         type=_compute_model,
-        default="flops",
-        help="compute time per step in the simulated time: 'flops' (default; FLOPs of a step at "
-        "--flops-per-second, the same every run), seconds per step, or 'measured' (this machine)",
+        default=None,
+        help="compute time per step in the simulated time: 'flops' (FLOPs of a step at "
+        "--flops-per-second, the same every run), seconds per step, or 'measured' (this machine); "
+        "default: a world file's own 'compute', otherwise flops",
     )
     p.add_argument(
         "--flops-per-second",
         type=_positive_float,
-        default=1e13,
-        help="a node's sustained throughput for --compute flops (default 1e13)",
+        default=None,
+        help="a node's sustained throughput for --compute flops (default: a world file's own, otherwise 1e13)",
     )
     p.add_argument(
         "--target-loss",
@@ -123,10 +123,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from exogym.core.comm.network import resolve_network
 
     try:  # a world of another size, or a world file with an error: say so before anything starts
-        network = resolve_network(args.network, args.compute, num_nodes=args.nodes, seed=args.seed)
+        resolve_network(args.network, args.compute, num_nodes=args.nodes, seed=args.seed)
     except (OSError, ValueError) as e:
         parser.error(f"argument --network: {e}")
-    network = replace(network, flops_per_second=args.flops_per_second)
     from exogym.tasks import load
 
     try:
@@ -148,13 +147,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = compare(
         task,
         names,
-        **{**run_settings(args), "network": network},
+        **run_settings(args),
         lr=args.lr,
         compute=args.compute,
         device=args.device,
         workers=args.workers,
         partition=split,
         target_loss=args.target_loss,
+        flops_per_second=args.flops_per_second,
     )
     report(result)
 

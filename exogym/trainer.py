@@ -15,6 +15,7 @@ from exogym.core.comm.network import Network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
 from exogym.core.strategy import Strategy
 from exogym.core.timeline import format_summary
+from exogym.keywords import checked_keywords
 from exogym.logger import Logger
 from exogym.run_config import CheckpointConfig, DataConfig, FitArgs, LoggingConfig, RunConfig, TransportConfig
 from exogym.runtime import cluster
@@ -73,6 +74,7 @@ class Trainer:
         self.result: dict[str, Any] = {}
         prestart()  # training is certain: the fork server's imports run while the script goes on to fit
 
+    @checked_keywords
     def fit(
         self,
         strategy: Strategy,

@@ -12,6 +12,7 @@ import torch
 import exogym.trainer
 from communicators.averaging import AveragingCommunicator
 from exogym import Trainer
+from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
 from exogym.core.pipeline import Communicator
 from exogym.strategy import (
@@ -98,6 +99,18 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("scheduler", lambda: SimpleReduceStrategy(lr_scheduler="magic"), ValueError, "unknown lr_scheduler 'magic'"),
     ("averaging target", lambda: AveragingCommunicator(target="weights"), ValueError, "target must be one of"),
     # fit arguments
+    (
+        "fit keyword misspelled",
+        _fit(max_step=20),
+        TypeError,
+        r"fit\(\) got an unexpected keyword argument 'max_step' \(did you mean 'max_steps'\?\)",
+    ),
+    (
+        "negative bandwidth",
+        lambda: Link("-1Gbit/s", "1ms"),
+        ValueError,
+        r"Link bandwidth must be > 0 bits/s, got '-1Gbit/s'",
+    ),
     ("strategy string", lambda: Trainer(TinyNet(), regression_data(64)).fit("ddp", 2), TypeError, "strategy must be"),
     ("0 nodes", _fit(num_nodes=0), ValueError, "num_nodes"),
     ("0 batch", _fit(batch_size=0), ValueError, "batch_size"),
@@ -116,7 +129,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("workers > nodes", _fit(workers=3), ValueError, "workers"),
     ("network name", _fit(network="moon"), ValueError, "network"),
     ("torchrun_mode outside torchrun", _fit(torchrun_mode="deploy"), ValueError, "applies only under torchrun"),
-    ("compute model", lambda: Network(1e9, 1e-3, compute="fast"), ValueError, "compute must be 'measured'"),
+    ("compute model", lambda: Network(1e9, 1e-3, compute="fast"), ValueError, "compute must be 'measured', 'flops'"),
     ("batch > shard", _fit(batch_size=64), ValueError, "batch_size=64 is larger than each node's shard"),
     ("vector loss", _fit(model=_VectorLoss()), TypeError, "scalar loss"),
     (
@@ -174,6 +187,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["--compute", "-1"], "argument --compute: seconds per step must be >= 0"),
     (["--flops-per-second", "0"], "argument --flops-per-second: must be > 0"),
     (["--network", "moon"], "argument --network: invalid choice: 'moon'"),
+    (["--network", "missing-world.json"], "argument --network: world file 'missing-world.json' does not exist"),
     (["--task", "cifar"], "argument --task: invalid choice: 'cifar'"),
     (["--device", "gpu"], "argument --device: device must be 'cpu', 'cuda' or 'mps'"),
     pytest.param(
@@ -300,3 +314,15 @@ def test_stop_on_nonfinite_loss_false_trains_on(monkeypatch) -> None:
     monkeypatch.setattr(fw, "_config", lambda *a: dataclasses.replace(config(*a), stop_on_nonfinite_loss=False))
     out = fw.train_ranks(2, SimpleReduceStrategy, 4, make_model=_BlowsUp)
     assert len(out[1]["records"]) == 4  # every step ran
+
+
+def test_an_error_in_a_world_file_names_the_file_once(tmp_path, capsys) -> None:
+    from exogym.__main__ import main
+
+    world = tmp_path / "neg.json"
+    world.write_text('{"regions": {"a": [0, 1], "b": [2, 3]}, "intra": {"bandwidth": "-1Gbit/s", "latency": "1ms"}}')
+    with pytest.raises(SystemExit):
+        main(["compare", "--network", str(world)])
+    err = capsys.readouterr().err
+    assert f"argument --network: {world}: intra: Link bandwidth must be > 0 bits/s" in err
+    assert err.count("neg.json") == 1

@@ -117,6 +117,9 @@ def add_run_options(
     def network(value: str) -> str:
         if value in names or (value.endswith(WORLD_FILE_SUFFIXES) and os.path.isfile(value)):
             return value
+        if value.endswith(WORLD_FILE_SUFFIXES):
+            where = os.path.abspath(value)
+            raise argparse.ArgumentTypeError(f"world file {value!r} does not exist (no file at {where})")
         raise argparse.ArgumentTypeError(
             f"invalid choice: {value!r}; choose from {names}, or give a world file (.json or .toml)"
         )

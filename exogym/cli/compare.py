@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ from exogym.cli.target import TARGET_COLUMNS, target_columns
 from exogym.cli.utilisation import mean_utilisation, write_utilisation
 from exogym.clocks import percent
 from exogym.core.comm.network import Network, resolve_network
+from exogym.core.comm.world_file import is_world_file, read_world_file
 from exogym.core.strategy import Strategy
 from exogym.partition import Partition
 from exogym.runs import check_name
@@ -81,15 +83,39 @@ class Comparison:
 
 
 def settings_caption(
-    task: str, nodes: int, steps: int, batch_size: int, lr: float | None, H: int | None, net: Network, seed: int
+    task: str,
+    nodes: int,
+    steps: int,
+    batch_size: int,
+    lr: float | None,
+    H: int | None,
+    net: Network,
+    seed: int,
+    compute_source: str = "",
 ) -> str:
     """The run's settings in one line (plot captions, logs). ``lr`` and ``H`` are those the presets
-    were built with; ``None`` (strategies of the caller's own, which carry their own) leaves them out."""
+    were built with; ``None`` (strategies of the caller's own, which carry their own) leaves them out.
+    ``compute_source`` (:func:`compute_source`) says where the compute model came from."""
     presets = "" if lr is None or H is None else f"inner lr {lr:g}, H={H}, "
     return (
         f"{task}: {nodes} nodes x {steps} steps, batch {batch_size}/node, {presets}seed {seed}; "
-        f"{net.describe()}, {net.describe_compute()}"
+        f"{net.describe()}, {net.describe_compute()}{compute_source}"
     )
+
+
+def compute_source(network: str | Network, compute: str | float | None) -> str:
+    """Where a comparison's compute model comes from, for its caption, when a world file is
+    involved: ``" (world.json)"`` where the file's ``compute`` holds, ``" (given, over
+    world.json's ...)"`` where ``compute`` replaces it; ``""`` otherwise."""
+    if not (isinstance(network, str) and is_world_file(network)):
+        return ""
+    own = read_world_file(network).get("compute")
+    name = os.path.basename(network)
+    if own is None:
+        return ""
+    if compute is None or compute == own:
+        return f" ({name})"
+    return f" (given, over {name}'s {own!r})"
 
 
 def compare(
@@ -101,7 +127,7 @@ def compare(
     lr: float | None = None,
     H: int = 20,
     network: str | Network = "internet",
-    compute: str | float = "flops",
+    compute: str | float | None = None,
     out_dir: str = "exogym_runs/compare",
     device: str = "cpu",
     data_dir: str = "data",
@@ -112,6 +138,7 @@ def compare(
     partition: Partition | None = None,
     raise_on_failure: bool = False,
     target_loss: float | None = None,
+    flops_per_second: float | None = None,
 ) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<strategy>/metrics.csv``, ``summary.csv`` and the plots of
@@ -133,8 +160,10 @@ def compare(
             ``H``), or ``{label: Strategy}`` to compare strategies of your own.
         lr: the inner learning rate (``None``: the task's); must be > 0.
         compute: the compute model of the simulated time (:class:`exogym.core.comm.network.Network`):
-            ``"flops"`` (default) and a number of seconds per step make the table identical run
-            to run; ``"measured"`` times this machine.
+            ``"flops"`` and a number of seconds per step make the table identical run to run;
+            ``"measured"`` times this machine; ``None`` (default): the network's own (a world
+            file's ``compute`` where it sets one, otherwise ``"flops"``). The caption says when a
+            world file's setting holds or is replaced.
         workers: processes hosting the ``nodes`` (default: ``fit``'s, one per core).
         partition: how the task's training set is split over the nodes (a
             :class:`~exogym.partition.Partition` for ``nodes`` nodes, see
@@ -146,6 +175,7 @@ def compare(
             steps and MB per node the average model first reached it
             (:func:`exogym.cli.target.time_to_target`; empty when never), and the loss plots
             mark it with a horizontal line.
+        flops_per_second: a node's throughput for ``compute="flops"`` (``None``: the network's).
     """
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
@@ -156,6 +186,8 @@ def compare(
     t0 = time.perf_counter()
     spec = task if isinstance(task, Task) else load(task, data_dir)
     net = resolve_network(network, compute, num_nodes=nodes, seed=seed)
+    if flops_per_second is not None:
+        net = dataclasses.replace(net, flops_per_second=flops_per_second)
     lr = spec.lr if lr is None else lr
     own = isinstance(strategies, Mapping)  # built by the caller, with their own lr and H
     if own:  # your own strategies, by label
@@ -164,7 +196,10 @@ def compare(
         built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
-    caption = settings_caption(spec.name, nodes, steps, batch_size, None if own else lr, None if own else H, net, seed)
+    caption = settings_caption(
+        spec.name, nodes, steps, batch_size, None if own else lr, None if own else H, net, seed,
+        compute_source(network, compute),
+    )  # fmt: skip
     if partition is not None:
         if partition.num_nodes != nodes:
             raise ValueError(f"partition was made for {partition.num_nodes} nodes, the comparison has nodes={nodes}")

@@ -124,7 +124,7 @@ def sweep(
     lr: float | None = None,
     H: int = 20,
     network: str | Network = "internet",
-    compute: str | float = "flops",
+    compute: str | float | None = None,
     out_dir: str = "exogym_runs/sweep",
     device: str = "cpu",
     data_dir: str = "data",

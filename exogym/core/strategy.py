@@ -53,15 +53,13 @@ def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
     unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
     if not unknown:
         return
-    import difflib
     import inspect
+
+    from exogym.keywords import unexpected_keyword
 
     own = [n for n in inspect.signature(type(owner).__init__).parameters if n not in ("self", "strategy_kwargs")]
     valid = own + [k for k in STRATEGY_KEYWORDS if k not in own]
-    close = difflib.get_close_matches(unknown[0], valid, n=1, cutoff=0.5)
-    close = close or [v for v in valid if v.lower() == unknown[0].lower()]
-    hint = f" (did you mean {close[0]!r}?)" if close else f"; valid keywords: {', '.join(valid)}"
-    raise TypeError(f"{type(owner).__name__}() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    raise unexpected_keyword(f"{type(owner).__name__}()", unknown[0], valid)
 
 
 class Strategy(ABC):

@@ -303,6 +303,8 @@ def _sigterm_as_exception() -> Iterator[None]:
     except _Terminated:
         signal.signal(signal.SIGTERM, previous)
         previous = None
+        sys.stderr.write("\n")  # on a line of its own: rank 0's progress bar may be mid-line
+        sys.stderr.flush()
         logger.warning("SIGTERM: every node was stopped")
         os.kill(os.getpid(), signal.SIGTERM)
         raise SystemExit(128 + signal.SIGTERM) from None  # a Python handler that returned

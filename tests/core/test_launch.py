@@ -250,3 +250,30 @@ def test_signal_to_the_parent_leaves_no_process_within_5s(tmp_path, sig: signal.
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the run's processes")
+def test_the_sigterm_message_starts_a_line_of_its_own_after_the_progress_bar(tmp_path) -> None:
+    tag = uuid.uuid4().hex
+    script = tmp_path / "long_run.py"
+    script.write_text(LONG_RUN.replace("progress=False", "progress=True"))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env={**_env(), "EXOGYM_TEST_RUN": tag},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait_until(lambda: len(list(tmp_path.glob("node*"))) >= 2, 60), "the nodes never trained"
+        time.sleep(1.0)  # the bar has drawn
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        for pid in _tagged_pids(tag):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    lines = err.split("\n")
+    assert any("train" in line and "step" in line for line in lines), err[-2000:]  # the bar was drawn
+    assert any(line.startswith("SIGTERM: every node was stopped") for line in lines), err[-2000:]

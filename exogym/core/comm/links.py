@@ -18,7 +18,7 @@ _BANDWIDTH_UNIT = {"bit/s": 1.0, "bps": 1.0, "b/s": 1.0, "B/s": 8.0, "Bps": 8.0}
 _LATENCY_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 BANDWIDTH_UNITS = "bit/s, kbit/s, Mbit/s, Gbit/s, Tbit/s (or bps, Mbps, ...; bytes: MB/s, GB/s)"
 LATENCY_UNITS = "s, ms, us (or µs), ns"
-_NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(\S*)\s*$")
+_NUMBER = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(\S*)\s*$")
 
 
 def _split(value: str, what: str, units: str) -> tuple[float, str]:

@@ -19,13 +19,14 @@ participant, then take the communication time priced here (the node loop's
 
 A node's compute time per training step comes from the network's ``compute`` model:
 
-* ``"measured"``: the step's wall time minus the time spent inside collectives. Truthful for the
-  machine you run on, but it varies with host load from run to run;
+* ``"flops"`` (the default of ``fit`` and ``compare`` alike): the FLOPs of the step's forward
+  and backward passes (counted once per node with ``torch.utils.flop_counter.FlopCounterMode``
+  on its first training step; matrix products, convolutions and attention, which dominate)
+  divided by ``flops_per_second``. Deterministic, and it grows with model and batch size as
+  real compute does;
 * a number: that many seconds per training step, on every node. Deterministic;
-* ``"flops"``: the FLOPs of the step's forward and backward passes (counted once per node with
-  ``torch.utils.flop_counter.FlopCounterMode`` on its first training step; matrix products,
-  convolutions and attention, which dominate) divided by ``flops_per_second``. Deterministic,
-  and it grows with model and batch size as real compute does.
+* ``"measured"``: the step's wall time minus the time spent inside collectives. Truthful for the
+  machine you run on, but it varies with host load from run to run.
 
 A step a node sits out (a client not sampled in a round) costs no compute in any model.
 
@@ -79,8 +80,8 @@ class Network:
             ``r`` uses ``compute_slowdown[r % len]``; ``()`` means all 1), or a
             ``torch.distributions.Distribution`` of positive scalars drawn once per node from
             the run's seed (see :meth:`for_run`).
-        compute: how a training step's compute time is obtained: ``"measured"`` (default),
-            seconds per step (a number >= 0), or ``"flops"`` (see the module docstring).
+        compute: how a training step's compute time is obtained: ``"flops"`` (default),
+            seconds per step (a number >= 0), or ``"measured"`` (see the module docstring).
         flops_per_second: the sustained throughput of one node's device for ``compute="flops"``
             (default 1e13, i.e. 10 TFLOP/s: a recent GPU at a realistic utilisation).
         world: the regions, links and access links collectives are priced on
@@ -94,7 +95,7 @@ class Network:
     latency: float
     name: str = "custom"
     compute_slowdown: tuple[float, ...] | Distribution = field(default=())
-    compute: str | float = "measured"
+    compute: str | float = "flops"
     flops_per_second: float = 1e13
     world: World | None = None
     availability: Availability | None = None
@@ -144,7 +145,7 @@ class Network:
         availability: Availability | str | os.PathLike[str] | Iterable[Mapping[str, Any]] | None = None,
         name: str = "regions",
         compute_slowdown: Sequence[float] | Distribution = (),
-        compute: str | float = "measured",
+        compute: str | float = "flops",
         flops_per_second: float = 1e13,
     ) -> Network:
         """A world of regions: ``regions`` maps each region's name to its nodes (ranks; together
@@ -360,7 +361,7 @@ def resolve_network(
 ) -> Network:
     """A :class:`Network` from a preset name (:data:`PRESETS`, or :data:`WORLD_PRESETS` with
     ``num_nodes``), the path of a world file (:mod:`exogym.core.comm.world_file`), an instance,
-    or ``None`` (``ethernet``); ``compute`` (when given) replaces
+    or ``None`` (``ethernet``); ``compute`` (when given, not ``None``) replaces
     its compute model. With ``num_nodes``, made ready for a run of that many nodes from ``seed``
     (:meth:`Network.for_run`)."""
     if network is None:

@@ -130,12 +130,19 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
             **extra,
         )
     except (TypeError, ValueError, OSError) as e:
-        raise ValueError(f"{source}: {e}") from None
+        message = str(e)
+        raise ValueError(message if message.startswith(f"{source}: ") else f"{source}: {message}") from None
 
 
 def load_world(path: str | os.PathLike[str]) -> Any:
     """The :class:`~exogym.core.comm.network.Network` a ``.json`` or ``.toml`` world file describes
     (TOML with Python 3.11 or later)."""
+    path = os.fspath(path)
+    return world_from_dict(read_world_file(path), path)
+
+
+def read_world_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A world file's contents as written (before they are checked)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         data = f.read()
@@ -147,7 +154,7 @@ def load_world(path: str | os.PathLike[str]) -> Any:
         spec = tomllib.loads(data.decode())
     else:
         spec = json.loads(data)
-    return world_from_dict(spec, path)
+    return spec
 
 
 def is_world_file(name: str) -> bool:
@@ -155,4 +162,4 @@ def is_world_file(name: str) -> bool:
     return name.endswith((".json", ".toml")) and os.path.isfile(name)
 
 
-__all__ = ["is_world_file", "load_world", "world_from_dict"]
+__all__ = ["is_world_file", "load_world", "read_world_file", "world_from_dict"]
