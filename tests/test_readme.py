@@ -73,3 +73,63 @@ def test_every_strategy_block_of_the_readme_trains_and_its_nodes_agree_at_the_ro
         for rank in range(1, 4):
             for a, b in zip(out[0]["params"], out[rank]["params"], strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+#: What the README's table promises across machines: bytes and simulated times exactly (to the
+#: digits printed); losses and accuracies within these bounds (they repeat exactly run to run on
+#: one kind of CPU and kernel path, and move in the third decimal across CPU kinds).
+LOSS_TOLERANCE, ACCURACY_TOLERANCE = 0.01, 0.02
+
+
+def _table(text: str) -> dict[str, list[str]]:
+    """The rows of a ``compare`` table: strategy -> its cells."""
+    rows, inside = {}, False
+    for line in text.splitlines():
+        if line.startswith("strategy "):
+            inside = True
+        elif inside and line.startswith("---"):
+            continue
+        elif inside and line.strip():
+            name, *cells = line.split()
+            rows[name] = cells
+        elif inside:
+            break
+    return rows
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(400)
+def test_the_main_command_repeats_the_readme_table_within_its_stated_tolerance(tmp_path) -> None:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    promised = _table(re.search(r"```text\n(.*?)```", readme, re.DOTALL).group(1))
+    assert f"within {LOSS_TOLERANCE} in loss and {ACCURACY_TOLERANCE} in accuracy" in " ".join(readme.split())
+    out = subprocess.run(
+        [sys.executable, "-m", "exogym", "compare", "--no-progress", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=380,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = _table(out.stdout)
+    assert list(got) == list(promised)
+    for name, cells in promised.items():
+        loss, accuracy, mb, sim, util = cells[:5]
+        assert got[name][2:5] == [mb, sim, util], name  # bytes and simulated time: exact
+        assert abs(float(got[name][0]) - float(loss)) <= LOSS_TOLERANCE, (name, got[name][0], loss)
+        assert abs(float(got[name][1]) - float(accuracy)) <= ACCURACY_TOLERANCE, (name, got[name][1], accuracy)
+
+
+def _tests_table_count(readme: str) -> int:
+    """The number of tests the README's Tests table gives for the full suite."""
+    row = next(line for line in readme.splitlines() if line.startswith("| full |"))
+    return int(re.search(r"([0-9][0-9,]*) tests", row).group(1).replace(",", ""))
+
+
+def test_the_readme_gives_the_suites_test_count_within_ten_percent() -> None:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        promised = _tests_table_count(f.read())
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, cwd=ROOT, timeout=110,
+    )  # fmt: skip
+    collected = int(re.search(r"(\d+) tests? collected", out.stdout).group(1))
+    assert abs(collected - promised) <= 0.1 * collected, (collected, promised)

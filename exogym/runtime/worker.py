@@ -1,9 +1,9 @@
-"""The worker process: connect the transport, host one or more nodes, run :class:`TrainNode`.
+"""The worker process: connect the transport, host one or more nodes, run ``TrainNode``.
 
-:func:`worker_process` is what :func:`exogym.runtime.launch.run_nodes` runs in each process of a
-local run. Worker ``w`` hosts the nodes ``job.placement`` gives it (:mod:`exogym.runtime.placement`). With
-one node per worker, the node runs on the worker's main thread and talks through the worker's
-transport directly; with several, they are virtual nodes (:mod:`exogym.runtime.virtual`) that
+``worker_process`` is what ``exogym.runtime.launch.run_nodes`` runs in each process of a
+local run. Worker ``w`` hosts the nodes ``job.placement`` gives it (``exogym.runtime.placement``).
+With one node per worker, the node runs on the worker's main thread and talks through the worker's
+transport directly; with several, they are virtual nodes (``exogym.runtime.virtual``) that
 take turns and combine their collectives before the worker's transport carries them. Everything
 process-specific lives here (threads, seeds, the process group), so that ``TrainNode`` runs
 unchanged on threads, as virtual nodes and as ``torchrun`` ranks.
@@ -34,7 +34,7 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     averaged state, the metric rows and the run's figures) where it hosts rank 0, else ``None``.
 
     Collective: every worker of ``plan`` must run it. A failing virtual node is raised as
-    :class:`~exogym.runtime.virtual.VirtualNodeError`, which names the node.
+    ``VirtualNodeError``, which names the node.
     """
     cfg = job.config
     placement = job.placement or Placement.blocks(cfg.num_nodes, cfg.workers)
@@ -82,7 +82,7 @@ def _one_malloc_arena() -> None:
     """Let every thread of this process allocate from one malloc arena (glibc; elsewhere a
     no-op). glibc gives threads arenas of their own, up to eight per core; the virtual nodes'
     threads take turns, so more arenas bring no speed, only memory freed in one thread's arena
-    and never reused by the others (a worker of 500 nodes grew 2 MB a round)."""
+    and never reused by the others, so a worker of hundreds of nodes would grow round after round."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
 
@@ -91,13 +91,13 @@ class _AfterBuilding:
     """The cyclic garbage collector is off while a worker builds its virtual nodes, then on
     again: building hundreds of nodes makes tens of thousands of long-lived objects, and each
     full collection on the way would scan all of those built before (a third of a worker's
-    start-up with 500 nodes). :meth:`restore` leaves the collector as it was (a torchrun rank is
+    start-up with 500 nodes). ``restore`` leaves the collector as it was (a torchrun rank is
     the user's own process).
 
     Where nothing is frozen yet (a worker's first run, a torchrun rank), everything built is
-    frozen (``gc.freeze``) until :meth:`restore`, so that full collections during training do
+    frozen (``gc.freeze``) until ``restore``, so that full collections during training do
     not scan the process's imports (torch) again and again. A warm worker froze what outlives
-    its runs after its first (:func:`exogym.runtime.launch._after_run`): its collections scan
+    its runs after its first (``exogym.runtime.launch._after_run``): its collections scan
     only the current run's objects already, and the nodes stay unfrozen, so that the collection
     after the run frees them without scanning the frozen imports."""
 

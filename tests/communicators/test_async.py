@@ -68,7 +68,7 @@ def test_with_dylu_the_fastest_node_takes_four_times_the_steps_of_the_slowest() 
 def test_async_runs_refuse_measured_compute_before_any_process_starts() -> None:
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(ValueError, match="modelled compute.*compute='measured'"):
-        trainer.fit(AsyncDiLoCoStrategy(H=2), num_nodes=2, max_steps=4, network=Network(1e9, 0.01))
+        trainer.fit(AsyncDiLoCoStrategy(H=2), num_nodes=2, max_steps=4, network=Network(1e9, 0.01, compute="measured"))
 
 
 def test_fedbuff_refuses_more_concurrent_clients_than_nodes_naming_both() -> None:
