@@ -144,7 +144,10 @@ def test_auto_delay_lands_each_round_at_the_step_its_transfer_arrives(bandwidth:
 
 def test_auto_delay_refuses_measured_compute_and_topk() -> None:
     with pytest.raises(ValueError, match=r"delay='auto' .* compute='measured'"):
-        train_ranks(2, lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay="auto", optim_spec=SGD), 2)
+        measured = Network(1e9, 0.01, compute="measured")
+        train_ranks(
+            2, lambda: SPARTAStrategy(p_sparta=0.3, async_sparta_delay="auto", optim_spec=SGD), 2, network=measured
+        )
     with pytest.raises(ValueError, match="delay is not available with selector='topk'"):
         SparseCommunicator(0.1, "topk", delay="auto")
 

@@ -188,7 +188,12 @@ def test_a_step_count_that_the_transfer_does_not_fit_stalls_at_the_wait() -> Non
 def test_auto_refuses_measured_compute_naming_the_fix() -> None:
     fix = r"pass fit\(\.\.\., network=Network\(\.\.\., compute=<seconds per step>\)\)"
     with pytest.raises(ValueError, match=r"overlap_steps='auto' .* compute='measured': " + fix):
-        train_ranks(2, lambda: StreamingDiLoCoStrategy(H=4, overlap_steps="auto", optim_spec=SGD), 4)
+        train_ranks(
+            2,
+            lambda: StreamingDiLoCoStrategy(H=4, overlap_steps="auto", optim_spec=SGD),
+            4,
+            network=Network(1e9, 0.01, compute="measured"),
+        )
 
 
 def test_auto_lands_at_the_same_steps_on_virtual_nodes() -> None:

@@ -73,7 +73,8 @@ def test_compute_model_is_checked_and_named_in_the_error() -> None:
 
 
 def test_compute_seconds_per_model() -> None:
-    assert Network(1e9, 0).compute_seconds(0.3, 1e12) == 0.3  # measured ignores the FLOPs
+    assert Network(1e9, 0, compute="measured").compute_seconds(0.3, 1e12) == 0.3  # measured ignores the FLOPs
+    assert Network(1e9, 0).compute_seconds(0.3, 1e12) == 0.1  # the default: FLOPs at 1e13 per second
     assert Network(1e9, 0, compute=0.02).compute_seconds(0.3, 1e12) == 0.02
     assert Network(1e9, 0, compute="flops", flops_per_second=4e12).compute_seconds(0.3, 1e12) == 0.25
 
