@@ -25,7 +25,7 @@ initialisation, the data order, the strategies' draws and the FedAvg split, and 
 seed start from the same model. Simulated time is on the ``internet`` network with the
 FLOP-based compute model, so everything but wall time is the same from run to run. Each number
 of the report is a mean over seeds with its 95% interval (Student t), and each verdict compares
-intervals (:func:`below`, :func:`above`, :func:`within`): "agrees" or "does not agree" when they
+intervals (``below``, ``above``, ``within``): "agrees" or "does not agree" when they
 are apart, "cannot tell at this scale" when they overlap. The script writes ``<out>/report.md``
 (settings, one table per study, and for each paper claim what the paper found, what ExoGym found
 and the verdict by the criterion printed beside it) and ``<out>/<study>/*.png`` (validation loss against
@@ -79,7 +79,7 @@ logger = logging.getLogger("fidelity")
 
 @dataclass(frozen=True)
 class Scale:
-    """How big the report's runs are (:data:`SCALES`)."""
+    """How big the report's runs are (``SCALES``)."""
 
     n_layer: int
     n_embd: int
@@ -188,8 +188,8 @@ class Runs:
             self.captions[label] = re.sub(r"\bseed[ =]\d+", "each seed", result.caption)
 
     def of(self, label: str, column: str, scale: float = 1.0) -> Estimate:
-        """The estimate over seeds (mean, std, 95% interval; :mod:`exogym.stats`) of a summary
-        column of the run ``label``, times ``scale``."""
+        """The estimate over seeds (mean, std, 95% interval; [`exogym.stats`][exogym.stats]) of a
+        summary column of the run ``label``, times ``scale``."""
         return estimate(r[column] * scale for r in self.rows[label])
 
     def per_seed(self, label: str, column: str) -> list[float]:
@@ -206,14 +206,14 @@ class Runs:
 def over_seeds(seeds: Sequence[int], run: Callable[[int], Comparison], runs: Runs, suffix: str = "") -> None:
     """Run one comparison per seed (``run(seed)``) and add each to ``runs`` under its
     strategies' labels plus ``suffix``: a finding then reads each run's estimate over the
-    seeds with :meth:`Runs.of` and decides with :func:`below`, :func:`above`, :func:`within`."""
+    seeds with ``Runs.of`` and decides with ``below``, ``above``, ``within``."""
     for seed in seeds:
         logger.info("seed %d", seed)
         runs.add(run(seed), suffix)
 
 
 def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
-    """Every run of the report over the scale's seeds, grouped into one :func:`compare` per
+    """Every run of the report over the scale's seeds, grouped into one ``compare`` per
     task, node count and seed."""
     runs = Runs({}, {}, {})
     gpt = gpt_task(scale)
@@ -290,7 +290,7 @@ def below(a: Estimate | float, b: Estimate | float) -> str:
 
 
 def above(a: Estimate | float, b: Estimate | float) -> str:
-    """The finding "a > b" (see :func:`below`)."""
+    """The finding "a > b" (see ``below``)."""
     return below(b, a)
 
 
@@ -331,7 +331,7 @@ def ci(x: Estimate, fmt: str = ".4f") -> str:
 @dataclass
 class Claim:
     """One finding of a paper, what ExoGym found (means with their 95% intervals over seeds),
-    and the verdict (:data:`AGREES`, :data:`DISAGREES` or :data:`CANNOT_TELL`)."""
+    and the verdict (``AGREES``, ``DISAGREES`` or ``CANNOT_TELL``)."""
 
     paper: str
     criterion: str

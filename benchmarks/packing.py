@@ -107,7 +107,7 @@ def main() -> None:
 
 
 def _timed(side: str, flags: list[str]) -> dict:
-    """One side in a fresh Python (:func:`run_child`), with ``cpu_s``: the CPU seconds of that
+    """One side in a fresh Python (``run_child``), with ``cpu_s``: the CPU seconds of that
     process and every process under it."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = run_child(__file__, [*flags, "--side", side])

@@ -2,7 +2,7 @@
 (``e2e.py``, ``virtual_nodes.py``, ``gpu_virtual_nodes.py``) start each side here.
 
 A child that trains with ExoGym starts the fork server that worker processes fork from at its
-first ``Trainer(...)`` (:mod:`exogym.runtime.forkserver`), so that the server's imports run
+first ``Trainer(...)`` (``exogym.runtime.forkserver``), so that the server's imports run
 while the child goes on to ``fit``. ``prestart=False`` runs a child with ``EXOGYM_PRESTART=0``:
 ``fit`` starts the server, which is what the early start saves (``e2e.py --prestart``).
 """

@@ -98,7 +98,7 @@ def _exogym(clients: int, sampling: float, rounds: int, workers: int | None, qua
 
 
 def _inprocess(clients: int, sampling: float, rounds: int) -> dict:
-    """The same sampled work in one process (:func:`fedavg_loop`, clients drawn from seed 42)."""
+    """The same sampled work in one process (``fedavg_loop``, clients drawn from seed 42)."""
     import torch
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))

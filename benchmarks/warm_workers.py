@@ -135,7 +135,7 @@ def _grid_fit(strategy: str, h: int, seed: int) -> tuple[float, float]:
 
 def _fedavg_loop(seed: int) -> int:
     """The sampled clients of every round trained from the global model in one process, then
-    averaged (:func:`virtual_nodes.fedavg_loop`); the examples trained on."""
+    averaged (``virtual_nodes.fedavg_loop``); the examples trained on."""
     import torch
 
     torch.manual_seed(seed)
@@ -255,7 +255,7 @@ def main() -> None:
 
 
 def _timed(side: str, flags: list[str]) -> dict:
-    """One side in a fresh Python (:func:`run_child`), with ``cpu_s``: the CPU seconds of that
+    """One side in a fresh Python (``run_child``), with ``cpu_s``: the CPU seconds of that
     process and every process under it (fork server, workers), which the machine's load does not
     inflate as it does wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

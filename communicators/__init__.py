@@ -1,31 +1,44 @@
 """Communicator modules: the building blocks of ``CommunicateOptimizeStrategy`` pipelines.
 
 Each module is small, does one kind of communication, and charges every byte it would send to
-the node's ledger through :class:`exogym.core.comm.comm.NodeComm`.
+the node's ledger through ``exogym.core.comm.comm.NodeComm``.
 
-* :class:`AveragingCommunicator`: mean of params or grads, optionally in islands / over sampled clients;
-* :class:`SparseCommunicator`: SPARTA sparse averaging with shared-seed (or top-k) selectors;
-* :class:`DiLoCoCommunicator`: DiLoCo's outer step on the averaged pseudo-gradient;
-* :class:`StreamingDiLoCoCommunicator`: Streaming DiLoCo, the outer step on staggered fragments;
-* :class:`QuantizeCommunicator`: another module's payload in int8 / fp8 / fp16 / bf16 (the
-  wire transforms :class:`Int8`, :class:`FP8`, :class:`FP16`, :class:`BF16` do it for a whole
-  pipeline: ``CommunicateOptimizeStrategy([...], wire=Int8())``);
-* :class:`DCTCompressCommunicator`: DeMo's decoupled momentum with DCT top-k and sign-SGD
-  (:class:`DCTTopKReducer` compresses DiLoCo's pseudo-gradient the same way);
-* :class:`TopKCommunicator`: top-k sparsified gradients with error feedback;
-* :class:`PowerSGDCommunicator`: PowerSGD's rank-r gradient compression;
-* :class:`During`: another module only on the steps of a window;
-* :class:`OptimizerStateAveraging`: the mean of one of the inner optimizer's states (DES-LOC);
-* :class:`NoLoCoCommunicator`: NoLoCo's outer step, averaged with one random peer;
-* :class:`SparseLoCoCommunicator`: SparseLoCo's chunk-wise top-k, few-bit pseudo-gradients
-  with error feedback;
-* :class:`EagerDiLoCoCommunicator`: DiLoCo whose all-reduce overlaps the next inner phase
-  (eager updates);
-* :class:`ServerCommunicator`: the base of asynchronous modules that push to and pull from a
-  simulated server on a simulated timeline; :class:`AsyncDiLoCoCommunicator` (asynchronous
-  DiLoCo, delayed Nesterov, dynamic local updates), :class:`FedBuffCommunicator` (buffered
-  asynchronous aggregation), :class:`HALoSCommunicator` (regional and global servers) and
-  :class:`DecoupledDiLoCoCommunicator` (learners merged by a quorum) are built on it.
+* [`AveragingCommunicator`][communicators.AveragingCommunicator]: mean of params or grads,
+  optionally in islands / over sampled clients;
+* [`SparseCommunicator`][communicators.SparseCommunicator]: SPARTA sparse averaging with shared-seed
+  (or top-k) selectors;
+* [`DiLoCoCommunicator`][communicators.DiLoCoCommunicator]: DiLoCo's outer step on the averaged
+  pseudo-gradient;
+* [`StreamingDiLoCoCommunicator`][communicators.StreamingDiLoCoCommunicator]: Streaming DiLoCo, the
+  outer step on staggered fragments;
+* [`QuantizeCommunicator`][communicators.QuantizeCommunicator]: another module's payload in int8 /
+  fp8 / fp16 / bf16 (the wire transforms [`Int8`][communicators.Int8], [`FP8`][communicators.FP8],
+  [`FP16`][communicators.FP16], [`BF16`][communicators.BF16] do it for a whole pipeline:
+  ``CommunicateOptimizeStrategy([...], wire=Int8())``);
+* [`DCTCompressCommunicator`][communicators.DCTCompressCommunicator]: DeMo's decoupled momentum with
+  DCT top-k and sign-SGD ([`DCTTopKReducer`][communicators.DCTTopKReducer] compresses DiLoCo's
+  pseudo-gradient the same way);
+* [`TopKCommunicator`][communicators.TopKCommunicator]: top-k sparsified gradients with error
+  feedback;
+* [`PowerSGDCommunicator`][communicators.PowerSGDCommunicator]: PowerSGD's rank-r gradient
+  compression;
+* [`During`][communicators.During]: another module only on the steps of a window;
+* [`OptimizerStateAveraging`][communicators.OptimizerStateAveraging]: the mean of one of the inner
+  optimizer's states (DES-LOC);
+* [`NoLoCoCommunicator`][communicators.NoLoCoCommunicator]: NoLoCo's outer step, averaged with one
+  random peer;
+* [`SparseLoCoCommunicator`][communicators.SparseLoCoCommunicator]: SparseLoCo's chunk-wise top-k,
+  few-bit pseudo-gradients with error feedback;
+* [`EagerDiLoCoCommunicator`][communicators.EagerDiLoCoCommunicator]: DiLoCo whose all-reduce
+  overlaps the next inner phase (eager updates);
+* [`ServerCommunicator`][communicators.ServerCommunicator]: the base of asynchronous modules that
+  push to and pull from a simulated server on a simulated timeline;
+  [`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator] (asynchronous DiLoCo, delayed
+  Nesterov, dynamic local updates), [`FedBuffCommunicator`][communicators.FedBuffCommunicator]
+  (buffered asynchronous aggregation), [`HALoSCommunicator`][communicators.HALoSCommunicator]
+  (regional and global servers) and
+  [`DecoupledDiLoCoCommunicator`][communicators.DecoupledDiLoCoCommunicator] (learners merged by a
+  quorum) are built on it.
 """
 
 from communicators.async_diloco import AsyncDiLoCoCommunicator

@@ -20,8 +20,9 @@ the node its parameters back.
   local steps per segment (``v``: step speed), so every node's segment lasts about as long as the
   fastest node's ``H`` steps.
 
-The timing (:class:`AsyncDiLoCoTiming`) and the values (:class:`AsyncDiLoCoCommunicator`) follow
-:mod:`communicators.server`.
+The timing (``AsyncDiLoCoTiming``) and the values
+([`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator]) follow
+``communicators.server``.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from exogym.core.comm.flat import Bucket, dtype_buckets
 from exogym.core.communicator import Communicator, NodeContext, Participation
 
 TARGETS = ("params", "grads")
-#: Rounds whose draw a node keeps (:meth:`AveragingCommunicator._round_groups`): few, since a
+#: Rounds whose draw a node keeps (``AveragingCommunicator._round_groups``): few, since a
 #: round's islands are lists of every rank, and a node that sleeps far ahead may hold draws that
-#: :func:`~communicators.islands.draw_round`'s cache has already let go (copies of its own).
+#: ``draw_round``'s cache has already let go (copies of its own).
 KEPT_ROUNDS = 4
 
 
@@ -24,14 +24,16 @@ class AveragingCommunicator(Communicator):
     after it (FedAvg / local SGD). One all-reduce per dtype per round, through a flat buffer.
 
     With ``island_size``, each round the nodes are split into random islands of that size (drawn
-    from the shared seed, the same on every rank, see :func:`communicators.islands.draw_islands`)
-    and each island averages on its own; the ledger charges an all-reduce among the island.
+    from the shared seed, the same on every rank, see
+    [`communicators.islands.draw_islands`][communicators.draw_islands]) and each island averages on
+    its own; the ledger charges an all-reduce among the island.
 
     With ``client_sampling=f``, only ``max(1, round(f * n))`` nodes of each island (or of the
     world) contribute to a round; the others receive the participants' mean. Charged as an
     all-reduce among the participants plus a broadcast of the result to the others. With
-    ``target="params"`` the others do not train in that round at all (:meth:`participation`):
-    they neither compute nor read data, and their step time is not counted.
+    ``target="params"`` the others do not train in that round at all
+    ([`participation`][communicators.AveragingCommunicator.participation]): they neither compute nor
+    read data, and their step time is not counted.
 
     Args:
         H: communicate every ``H`` steps.
@@ -92,7 +94,7 @@ class AveragingCommunicator(Communicator):
         """(islands or None, this rank's island, its participants, the ranks of the
         participants' all-reduce and of the mean's broadcast) for the round of ``step``.
 
-        Drawn once per round and kept for the next :data:`KEPT_ROUNDS` rounds asked about."""
+        Drawn once per round and kept for the next ``KEPT_ROUNDS`` rounds asked about."""
         round_ = step // self.H
         groups = self._drawn.get(round_)
         if groups is None:
@@ -151,7 +153,7 @@ class AveragingCommunicator(Communicator):
 
     def _receive_mean_(self, bucket: Bucket, round_: tuple) -> None:
         """A client that was not sampled takes the participants' mean into its parameters: what
-        :meth:`_mean_` gives it, without writing its zero share anywhere (every node is present)."""
+        ``_mean_`` gives it, without writing its zero share anywhere (every node is present)."""
         islands, members, participants, _, receivers = round_
         comm, tag = self.ctx.comm, f"average_{self.target}"
         total = comm.all_reduce_receive(bucket.buffer.like, "sum", groups=islands)

@@ -48,7 +48,7 @@ def pack(codes: Sequence[torch.Tensor], widths: Sequence[int]) -> torch.Tensor:
 
 
 def unpack(data: torch.Tensor, counts: Sequence[int], widths: Sequence[int]) -> list[torch.Tensor]:
-    """The inverse of :func:`pack`: ``counts[i]`` int64 codes of ``widths[i]`` bits each from the
+    """The inverse of ``pack``: ``counts[i]`` int64 codes of ``widths[i]`` bits each from the
     ``uint8`` stream ``data`` (a width of 0 gives zeros)."""
     shifts = torch.arange(8, device=data.device, dtype=torch.int64)
     stream = ((data.to(torch.int64).view(-1, 1) >> shifts) & 1).view(-1)

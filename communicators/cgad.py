@@ -49,8 +49,8 @@ def check_cgad(alpha: Any, cutoff: Any, betas: Any, eps: Any) -> None:
 class CGAD:
     """Adam on the fragments of a flat parameter tensor, one state per fragment.
 
-    The caller scales each contribution by :func:`cgad_scale` and sums them into the fragment's
-    pseudo-gradient ``g``; :meth:`step` then makes one Adam step (``torch.optim.Adam``'s rule,
+    The caller scales each contribution by ``cgad_scale`` and sums them into the fragment's
+    pseudo-gradient ``g``; ``step`` then makes one Adam step (``torch.optim.Adam``'s rule,
     no weight decay) on the fragment:
 
         t += 1;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
@@ -87,7 +87,7 @@ class CGAD:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": list(self.steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output in place."""
+        """Restore ``state_dict``'s output in place."""
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.steps = [int(s) for s in state["steps"]]

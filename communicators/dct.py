@@ -1,11 +1,11 @@
 """DCT top-k compression of gradient-like tensors, and DeMo's communicator built on it.
 
-:class:`DCTTopKExchange` averages a fixed list of tensors across nodes the DeMo way: each node
-sends, per tensor, the ``topk`` largest coefficients of each chunk of its chunked DCT-II
-(:mod:`exogym.ops.dct`); the receivers average every coefficient over the nodes that chose it and
-invert the DCT. All compressed tensors of a call travel in **one** all-gather of a byte buffer.
-A tensor for which top-k keeps every coefficient of its chunks (``topk >= chunk size``: scalars,
-tiny tensors) loses nothing by compression, so it is averaged exactly by **one** dense
+[`DCTTopKExchange`][communicators.DCTTopKExchange] averages a fixed list of tensors across nodes the
+DeMo way: each node sends, per tensor, the ``topk`` largest coefficients of each chunk of its
+chunked DCT-II (``exogym.ops.dct``); the receivers average every coefficient over the nodes that
+chose it and invert the DCT. All compressed tensors of a call travel in **one** all-gather of a byte
+buffer. A tensor for which top-k keeps every coefficient of its chunks (``topk >= chunk size``:
+scalars, tiny tensors) loses nothing by compression, so it is averaged exactly by **one** dense
 all-reduce shared by all such tensors instead.
 
 Bytes per node and call (ledger): an all-gather of ``sum_t chunks_t * k_t * (index bytes +
@@ -13,11 +13,11 @@ value bytes)`` over compressed tensors ``t`` (index bytes 2 for chunks of at mos
 entries, else 4; value bytes the tensor's element size), plus an all-reduce of the dense
 tensors' bytes when there are any.
 
-:class:`DCTCompressCommunicator` is DeMo (Peng, Quesnelle, Kingma 2024, arXiv 2411.19870,
-Algorithm 1) as a gradient-space module: per parameter, ``delta = decay * delta + lr * grad``;
-the top-k of ``delta`` is sent and subtracted from ``delta``; the gradient becomes
-``sign(mean of the received top-k)``, which the inner SGD applies as ``p -= lr * sign(...)``
-(with SGD's weight decay, ``p *= 1 - lr * wd`` first, up to float rounding).
+[`DCTCompressCommunicator`][communicators.DCTCompressCommunicator] is DeMo (Peng, Quesnelle, Kingma
+2024, arXiv 2411.19870, Algorithm 1) as a gradient-space module: per parameter,
+``delta = decay * delta + lr * grad``; the top-k of ``delta`` is sent and subtracted from ``delta``;
+the gradient becomes ``sign(mean of the received top-k)``, which the inner SGD applies as
+``p -= lr * sign(...)`` (with SGD's weight decay, ``p *= 1 - lr * wd`` first, up to float rounding).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class DCTTopKExchange:
     Args:
         like: tensors with the shapes and dtypes of every later call.
         topk: coefficients kept per chunk.
-        chunk: target chunk side (see :func:`exogym.ops.dct.chunk_shape`).
+        chunk: target chunk side (see [`exogym.ops.dct.chunk_shape`][exogym.ops.chunk_shape]).
     """
 
     def __init__(self, like: Sequence[torch.Tensor], topk: int, chunk: int) -> None:
@@ -192,8 +192,8 @@ class DCTCompressCommunicator(Communicator):
 
 
 class DCTTopKReducer:
-    """A pseudo-gradient reducer for :class:`~communicators.diloco.DiLoCoCommunicator`: averages
-    the per-parameter pseudo-gradients by DCT top-k, keeping what was not sent for the next
+    """A pseudo-gradient reducer for [`DiLoCoCommunicator`][communicators.DiLoCoCommunicator]:
+    averages the per-parameter pseudo-gradients by DCT top-k, keeping what was not sent for the next
     round (error feedback).
 
     Args:

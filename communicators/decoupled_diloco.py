@@ -21,7 +21,7 @@ adaptive grace window, weighting each learner by the steps (tokens) behind its f
   ``Delta = sum_m w_m (Theta_p - theta_mp)`` and Nesterov SGD:
   ``b = mu b + Delta``, ``Theta_p -= lr (Delta + mu b)``. The merged fragment goes to every
   learner present, one fragment transfer later.
-- **Staleness-aware outer optimizer** (``outer="cgad"``, :mod:`communicators.cgad`). Each
+- **Staleness-aware outer optimizer** (``outer="cgad"``, ``communicators.cgad``). Each
   contribution's staleness ``tau_m`` (merges of the fragment since the version the learner held
   when it sent) scales it: ``Delta = sum_m w_m sigma(tau_m) (Theta_p - theta_mp)``, and Adam with
   its own moments and step count per fragment steps ``Theta_p`` on ``Delta``. A merge whose every
@@ -272,7 +272,7 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         outer_lr: the synchronizer's learning rate (``None``: 0.7 for Nesterov, 0.1 for CGAD).
         outer_momentum: Nesterov's momentum (``outer="nesterov"`` only).
         outer: the synchronizer's optimizer: ``"nesterov"`` (Nesterov SGD) or ``"cgad"`` (Adam on
-            staleness-scaled pseudo-gradients, :mod:`communicators.cgad`).
+            staleness-scaled pseudo-gradients, ``communicators.cgad``).
         cgad_alpha, cgad_cutoff: CGAD's decay per merge of age and the age (merges) from which a
             contribution is gated out (``float("inf")``: no gate); ``outer="cgad"`` only.
         cgad_betas, cgad_eps: CGAD's Adam betas and epsilon; ``outer="cgad"`` only.
@@ -354,7 +354,7 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         self.down = absences(ctx.network, k)
         self.pull, self.fragment_seconds = [0.0] * k, [[0.0] * self.fragments for _ in range(k)]
         super().setup(ctx)
-        #: The synchronizer's optimizer state (its parameters are :attr:`server`): Nesterov's
+        #: The synchronizer's optimizer state (its parameters are ``server``): Nesterov's
         #: buffer, or CGAD's Adam moments per fragment.
         self.momentum: torch.Tensor | None = None
         self.cgad: CGAD | None = None
@@ -457,9 +457,9 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         self._write(flat)
 
     def summary(self) -> dict[str, Any]:
-        """As :meth:`ServerCommunicator.summary`, plus the merges: their number and the mean
-        number of learners a merge takes; with CGAD, ``gated``: the merged contributions at or past
-        the cutoff (scaled to zero)."""
+        """As [`ServerCommunicator.summary`][communicators.ServerCommunicator.summary], plus the
+        merges: their number and the mean number of learners a merge takes; with CGAD, ``gated``:
+        the merged contributions at or past the cutoff (scaled to zero)."""
         out = super().summary()
         tl = self.timeline
         if tl is None:

@@ -25,8 +25,9 @@ class PseudoGradReducer(Protocol):
     """Replaces per-parameter pseudo-gradients by their (possibly compressed) mean.
 
     A reducer may also define ``state_dict()`` and ``load_state_dict(state)`` (what it keeps
-    between rounds, such as error-feedback residuals): :class:`DiLoCoCommunicator` saves and
-    restores them with its own state.
+    between rounds, such as error-feedback residuals):
+    [`DiLoCoCommunicator`][communicators.DiLoCoCommunicator] saves and restores them with its own
+    state.
     """
 
     def reduce_(self, comm: Comm, tensors: list[torch.Tensor], groups: Groups | None) -> None:
@@ -48,13 +49,15 @@ class DiLoCoCommunicator(Communicator):
 
     Args:
         H: inner steps between synchronisations.
-        outer_optim: the outer optimizer as an ``OptimSpec`` (default :data:`DEFAULT_OUTER`).
+        outer_optim: the outer optimizer as an ``OptimSpec`` (default ``DEFAULT_OUTER``).
         normalize: scale the averaged pseudo-gradient to unit L2 norm (over all parameters)
             before the outer step (``outer_optim='sgd_normalized'`` in ``DiLoCoStrategy``).
         island_size: average the pseudo-gradient within random islands of this many nodes.
-        reducer: how the pseudo-gradients are averaged (a :class:`PseudoGradReducer`); by
-            default one exact all-reduce per dtype through a flat buffer. E.g.
-            :class:`communicators.dct.DCTTopKReducer` compresses them with DCT top-k.
+        reducer: how the pseudo-gradients are averaged (a
+            [`PseudoGradReducer`][communicators.diloco.PseudoGradReducer]); by default one exact
+            all-reduce per dtype through a flat buffer. E.g.
+            [`communicators.dct.DCTTopKReducer`][communicators.DCTTopKReducer] compresses them with
+            DCT top-k.
     """
 
     space: ClassVar[str] = "param"

@@ -7,11 +7,11 @@ and adds it to a buffer; once ``buffer_size`` updates are buffered the server st
 those not in flight downloads the server's model at that instant and starts training when it
 arrives (with a fresh local optimizer).
 
-Client draws follow :func:`draw_client`, from the run's seed (the same on every rank). One node
+Client draws follow ``draw_client``, from the run's seed (the same on every rank). One node
 holds the server (the first client drawn, the timeline's keeper): it applies every update and
 sends the server's model to each client drawn; the others keep no copy of it. The timing
-(:class:`FedBuffTiming`) and the values (:class:`FedBuffCommunicator`) follow
-:mod:`communicators.server`.
+(``FedBuffTiming``) and the values ([`FedBuffCommunicator`][communicators.FedBuffCommunicator])
+follow ``communicators.server``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class FedBuffTiming(Simulation):
         self.in_flight: set[int] = set()
         #: The others, ascending (what a draw picks from).
         self.free: list[int] = list(range(self.num_nodes))
-        #: The node that holds the server (:attr:`~exogym.core.timeline.Timeline.holders`).
+        #: The node that holds the server (``holders``).
         self.keeper = -1
         self.draws = 0
         self.in_segment = [0] * self.num_nodes

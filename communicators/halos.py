@@ -7,7 +7,7 @@ Geo-Distributed Large Language Model Training", arXiv 2506.04531): a local param
   intra-region transfer each way). With dynamic local updates (``dylu``) a worker of speed
   ``v_r`` takes ``H_r = max(1, ceil(H v_r / v_max))`` steps.
 - **An LPS** applies every worker update at once with delayed Nesterov momentum
-  (:class:`~communicators.async_diloco.DelayedNesterov`, ``c = 0``) and sends the worker its
+  (``DelayedNesterov``, ``c = 0``) and sends the worker its
   parameters. When ``accumulation`` worker updates have arrived since its last merge it pushes
   ``d = b - theta`` (its progress since that merge, ``b`` its parameters right after it) to the
   GPS and keeps serving its workers; updates that arrive while the push is in flight are applied
@@ -81,7 +81,7 @@ def region_transfer_seconds(network: Network, region: int, nbytes: int) -> float
 
 class HALoSTiming(AsyncDiLoCoTiming):
     """When each worker steps and pushes, when each LPS pushes to the GPS and merges. Workers
-    step and push as Async DiLoCo's nodes do (:class:`AsyncDiLoCoTiming`), to their region's LPS.
+    step and push as Async DiLoCo's nodes do (``AsyncDiLoCoTiming``), to their region's LPS.
 
     Events of the servers carry the region as their ``rank``: ``region_receive`` (the GPS
     receives an LPS's push; ``data``: the GPS version the LPS last merged), ``region_serve``
@@ -254,7 +254,7 @@ class HALoSCommunicator(ServerCommunicator):
             DelayedNesterov(self.server, self.lps_lr, self.lps_momentum, self.lps_period or workers[q])
             for q in range(regions)
         ]
-        #: The GPS: :attr:`server` (its parameters) and its optimizer.
+        #: The GPS: ``server`` (its parameters) and its optimizer.
         self.gps_dn = DelayedNesterov(self.server, self.gps_lr, self.gps_momentum, self.gps_period or regions)
         #: Per region, its push in flight to the GPS and the GPS's reply in flight to it.
         self.region_push: dict[int, torch.Tensor] = {}
@@ -285,8 +285,9 @@ class HALoSCommunicator(ServerCommunicator):
         return self.lps[self.region[rank]]
 
     def summary(self) -> dict[str, Any]:
-        """As :meth:`ServerCommunicator.summary`, plus the LPSs' pushes to the GPS (their
-        number and staleness), the merges, and the bytes moved between the servers."""
+        """As [`ServerCommunicator.summary`][communicators.ServerCommunicator.summary], plus the
+        LPSs' pushes to the GPS (their number and staleness), the merges, and the bytes moved
+        between the servers."""
         out = super().summary()
         tl = self.timeline
         if tl is None:

@@ -77,10 +77,11 @@ def _one_group(num_nodes: int) -> tuple[list[int], list[int]]:
 
 @functools.lru_cache(maxsize=64)
 def draw_round(num_nodes: int, island_size: int | None, fraction: float | None, seed: int, round_: int) -> RoundGroups:
-    """:func:`draw_islands` and :func:`draw_participants` of a round for all ranks at once,
-    cached: the virtual nodes of a worker draw each round once, not once per node, while the
-    rounds they ask about stay within 64 of each other (a sleeping client plans up to its next
-    participation or metrics flush; beyond that a round is drawn again, the same draw)."""
+    """[`draw_islands`][communicators.draw_islands] and
+    [`draw_participants`][communicators.draw_participants] of a round for all ranks at once, cached:
+    the virtual nodes of a worker draw each round once, not once per node, while the rounds they ask
+    about stay within 64 of each other (a sleeping client plans up to its next participation or
+    metrics flush; beyond that a round is drawn again, the same draw)."""
     islands = draw_islands(num_nodes, island_size, seed, round_) if island_size else None
     if islands is None:  # one group of everyone: the same lists every round (nodes keep rounds)
         everyone, island_of = _one_group(num_nodes)

@@ -3,10 +3,11 @@ every ``H`` steps each node averages with one peer and takes a modified Nesterov
 
 Each node ``i`` keeps its own outer weights ``phi_i`` and outer momentum ``delta_i`` (they differ
 between nodes: no step makes them equal). Every ``H`` inner steps the nodes are split into random
-pairs, drawn from the shared seed for the round (:func:`communicators.islands.draw_islands` with
-islands of two: a random perfect matching; with an odd number of nodes one node is alone and
-steps on its own). With ``theta`` the local (inner) weights and means taken over the pair, the
-paper's outer step (its Eq. 2, local group size ``n = 2``)::
+pairs, drawn from the shared seed for the round
+([`communicators.islands.draw_islands`][communicators.draw_islands] with islands of two: a random
+perfect matching; with an odd number of nodes one node is alone and steps on its own). With
+``theta`` the local (inner) weights and means taken over the pair, the paper's outer step (its Eq.
+2, local group size ``n = 2``)::
 
     delta_i = alpha * delta_i - beta * mean(phi - theta) - gamma * (phi_i - mean(phi))
     phi_i   = phi_i + delta_i

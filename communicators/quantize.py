@@ -1,13 +1,13 @@
 """Quantize what goes on the wire to fp16, bf16, int8 or fp8, optionally with error feedback.
 
-``CommunicateOptimizeStrategy([...], wire=Int8())`` (or :class:`FP8`, :class:`FP16`,
-:class:`BF16`, :class:`Quantize`) hands every module a communication object that quantizes
-every floating-point all-reduce and all-gather payload before it leaves the node;
-``QuantizeCommunicator(inner, "int8")`` does the same for one module. The ledger charges
-the collective at the quantized size (for int8 and fp8: one byte per entry plus one fp32 scale per
-chunk of ``chunk`` entries), i.e. a quantized ring all-reduce. fp8 is ``float8_e4m3fn`` (3 mantissa
-bits, largest value 448) scaled per chunk so that the chunk's largest magnitude maps to 448; its
-codes travel as bytes. An all-reduce's result is what a
+``CommunicateOptimizeStrategy([...], wire=Int8())`` (or [`FP8`][communicators.FP8],
+[`FP16`][communicators.FP16], [`BF16`][communicators.BF16], [`Quantize`][communicators.Quantize])
+hands every module a communication object that quantizes every floating-point all-reduce and
+all-gather payload before it leaves the node; ``QuantizeCommunicator(inner, "int8")`` does the same
+for one module. The ledger charges the collective at the quantized size (for int8 and fp8: one byte
+per entry plus one fp32 scale per chunk of ``chunk`` entries), i.e. a quantized ring all-reduce. fp8
+is ``float8_e4m3fn`` (3 mantissa bits, largest value 448) scaled per chunk so that the chunk's
+largest magnitude maps to 448; its codes travel as bytes. An all-reduce's result is what a
 reduction of the quantized contributions gives (no re-quantization at intermediate hops): each
 node decodes its own payload and the simulator sums the decoded values in float32 (the ledger
 charges the quantized bytes); an all-gather moves the quantized payloads and every node decodes
@@ -16,12 +16,12 @@ them.
 With ``error_feedback=True`` the quantization error is added to a later payload (Seide et al.
 2014; Karimireddy et al. 2019, EF-SGD): per payload site (the n-th payload of a communication
 phase) where payloads hold the same entries every round, and per parameter entry where a module
-says which entries each payload holds (:class:`~exogym.core.comm.entries.Entries`, as
+says which entries each payload holds (``Entries``, as
 error-feedback top-k and SparseLoCo keep it): a SPARTA payload gets the residuals of the entries
 it carries, and the entries it does not carry keep theirs.
 
 A module that codes its payloads into bytes itself
-(:attr:`~exogym.core.communicator.Communicator.coded_payloads`: error-feedback top-k's values and
+(``coded_payloads``: error-feedback top-k's values and
 indices in one buffer, SparseLoCo's few-bit codes) has no float payload to quantize: the
 transforms refuse it when the strategy is made, rather than pass its bytes through unchanged.
 """
@@ -69,7 +69,7 @@ def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor,
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int = 256) -> torch.Tensor:
-    """Float32 values of :func:`quantize`'s output."""
+    """Float32 values of ``quantize``'s output."""
     if fmt in ("fp16", "bf16"):
         return codes.to(torch.float32)
     if fmt == "fp8":
@@ -87,10 +87,10 @@ def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
 
 
 class QuantizedComm(WireComm):
-    """A :class:`~exogym.core.comm.comm.Comm` around ``base`` that quantizes float payloads.
+    """A ``Comm`` around ``base`` that quantizes float payloads.
 
     Error-feedback residuals belong to a payload *site*: the n-th quantized collective of a
-    communication phase (see :meth:`begin_phase`), so two payloads of the same size keep
+    communication phase (see ``begin_phase``), so two payloads of the same size keep
     separate residuals.
     """
 
@@ -98,7 +98,7 @@ class QuantizedComm(WireComm):
         super().__init__(base)
         self.fmt, self.chunk, self.error_feedback = fmt, chunk, error_feedback
         self.residuals: dict[tuple, torch.Tensor] = {}
-        #: Residuals of located payloads (:class:`~exogym.core.comm.entries.Entries`): one per
+        #: Residuals of located payloads (``Entries``): one per
         #: tensor, in parameter space.
         self.entry_residuals: dict[tuple, list[torch.Tensor]] = {}
         self._site = 0
@@ -121,7 +121,7 @@ class QuantizedComm(WireComm):
     def _encode_next(
         self, tensor: torch.Tensor, tag: str, entries: Entries | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_encode` ``tensor`` as the phase's next payload site, or with its located
+        """``_encode`` ``tensor`` as the phase's next payload site, or with its located
         entries' residuals where ``entries`` is given (error feedback in parameter space)."""
         self._site += 1
         if entries is not None and self.error_feedback:
@@ -159,7 +159,7 @@ class QuantizedComm(WireComm):
         entries: Entries | None = None,
         async_op: bool = False,
     ) -> torch.Tensor | CollectiveHandle:
-        """As :meth:`NodeComm.all_reduce`; float ``sum``/``mean`` payloads travel quantized (with
+        """As ``NodeComm.all_reduce``; float ``sum``/``mean`` payloads travel quantized (with
         ``entries``, error feedback keeps its residual per located entry)."""
         if async_op:
             return self.started("all_reduce", tensor, lambda t: self.all_reduce(t, op, groups, charge, tag, entries))
@@ -185,7 +185,7 @@ class QuantizedComm(WireComm):
         tag: str = "",
         async_op: bool = False,
     ) -> torch.Tensor | CollectiveHandle:
-        """As :meth:`NodeComm.all_gather`; float payloads travel quantized."""
+        """As ``NodeComm.all_gather``; float payloads travel quantized."""
         if async_op:
             return self.started("all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False)
         if not tensor.is_floating_point():
@@ -201,7 +201,7 @@ class QuantizedComm(WireComm):
         return decoded.view(decoded.shape[0], *tensor.shape).to(tensor.dtype)
 
     def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
-        """``(bytes, tag)`` that :meth:`all_reduce` charges for ``tensor``: the quantized size
+        """``(bytes, tag)`` that ``all_reduce`` charges for ``tensor``: the quantized size
         of a float payload (tag ``"<tag>+<fmt>"``), else its own."""
         if not tensor.is_floating_point():
             return self.base.wire_payload(tensor, tag)
@@ -214,7 +214,7 @@ class QuantizedComm(WireComm):
         return not self.error_feedback and self.base.can_sit_out
 
     def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
-        """As :meth:`NodeComm.all_reduce_receive`; with error feedback the node sends its zero
+        """As ``NodeComm.all_reduce_receive``; with error feedback the node sends its zero
         payload (its residual) and returns the sum."""
         if not self.error_feedback or not like.is_floating_point() or op != "sum":
             return self.base.all_reduce_receive(like, op, groups)
@@ -223,7 +223,7 @@ class QuantizedComm(WireComm):
     def all_reduce_absent(
         self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
     ) -> None:
-        """As :meth:`NodeComm.all_reduce_absent`; with error feedback the node sends its zero
+        """As ``NodeComm.all_reduce_absent``; with error feedback the node sends its zero
         payload (its residual) each time."""
         if not self.error_feedback or not like.is_floating_point() or op != "sum":
             self.base.all_reduce_absent(like, op, groups, repeat)
@@ -249,13 +249,13 @@ class Quantize(Wire):
     """A wire transform that quantizes every float payload to ``fmt``.
 
     Args:
-        fmt: one of :data:`FORMATS`.
+        fmt: one of ``FORMATS``.
         chunk: entries per int8/fp8 scale.
         error_feedback: carry the quantization error into later payloads: per payload site
             where the payloads hold the same entries every round
-            (:attr:`~exogym.core.communicator.Communicator.stable_payloads`), per parameter
+            (``stable_payloads``), per parameter
             entry where they say which entries they hold
-            (:attr:`~exogym.core.communicator.Communicator.locates_payloads`: SPARTA).
+            (``locates_payloads``: SPARTA).
     """
 
     fmt = "int8"
@@ -295,7 +295,7 @@ class Quantize(Wire):
 
 
 class Int8(Quantize):
-    """:class:`Quantize` to int8 (per-chunk absmax scales)."""
+    """[`Quantize`][communicators.Quantize] to int8 (per-chunk absmax scales)."""
 
     fmt = "int8"
 
@@ -304,7 +304,7 @@ class Int8(Quantize):
 
 
 class FP8(Quantize):
-    """:class:`Quantize` to float8_e4m3fn (per-chunk scales)."""
+    """[`Quantize`][communicators.Quantize] to float8_e4m3fn (per-chunk scales)."""
 
     fmt = "fp8"
 
@@ -313,7 +313,7 @@ class FP8(Quantize):
 
 
 class FP16(Quantize):
-    """:class:`Quantize` to float16."""
+    """[`Quantize`][communicators.Quantize] to float16."""
 
     fmt = "fp16"
 
@@ -322,7 +322,7 @@ class FP16(Quantize):
 
 
 class BF16(Quantize):
-    """:class:`Quantize` to bfloat16."""
+    """[`Quantize`][communicators.Quantize] to bfloat16."""
 
     fmt = "bf16"
 
@@ -332,14 +332,14 @@ class BF16(Quantize):
 
 class QuantizeCommunicator(Wrapper):
     """Wrap ``inner`` so that its float payloads travel as ``fmt`` (``int8``, ``fp8``, ``fp16``,
-    ``bf16``): the :class:`Quantize` wire transform applied to one module.
+    ``bf16``): the [`Quantize`][communicators.Quantize] wire transform applied to one module.
 
     Runs exactly when ``inner`` runs (its space, schedule and participation); state is
     ``inner``'s plus the error-feedback residuals.
 
     Args:
         inner: the communicator whose payload is quantized.
-        fmt: one of :data:`FORMATS`.
+        fmt: one of ``FORMATS``.
         chunk: entries per int8/fp8 scale.
         error_feedback: carry each site's quantization error into its next payload.
     """

@@ -1,26 +1,28 @@
 """A simulated parameter server, and the base of the asynchronous algorithms that talk to it.
 
-A :class:`ServerCommunicator` follows its algorithm's :class:`~exogym.core.timeline.Timeline`
+A [`ServerCommunicator`][communicators.ServerCommunicator] follows its algorithm's ``Timeline``
 (simulated once, the same on every rank): at each tick the nodes the timeline names train; after
 it, the events up to the next tick happen in simulated-time order:
 
-- ``capture``: the node's update leaves it (:meth:`ServerCommunicator.update`; charged to its
-  ledger as a transfer of the payload to the server);
-- ``receive``: the server applies it (:meth:`ServerCommunicator.apply`). The server is
-  simulated on the nodes that hold it (every node, or the timeline's
-  :attr:`~exogym.core.timeline.Timeline.holders`): each holds a replica, and the update reaches
-  every replica through one uncharged all-reduce to which only its sender contributes. Every
-  replica applies the same updates in the same order, so they hold the same bits;
+- ``capture``: the node's update leaves it
+  ([`ServerCommunicator.update`][communicators.ServerCommunicator.update]; charged to its ledger as
+  a transfer of the payload to the server);
+- ``receive``: the server applies it
+  ([`ServerCommunicator.apply`][communicators.ServerCommunicator.apply]). The server is simulated on
+  the nodes that hold it (every node, or the timeline's ``holders``): each holds a replica, and the
+  update reaches every replica through one uncharged all-reduce to which only its sender
+  contributes. Every replica applies the same updates in the same order, so they hold the same bits;
 - ``serve``: the server's state at that instant is set aside for the node;
-- ``deliver``: the node receives it (:meth:`ServerCommunicator.deliver`; charged as a transfer of
-  the state from the server).
+- ``deliver``: the node receives it
+  ([`ServerCommunicator.deliver`][communicators.ServerCommunicator.deliver]; charged as a transfer
+  of the state from the server).
 
 After the run's last tick the strategy's ``finish`` drains the pushes still in flight (the
 server receives and applies them; their transfers are charged after the last metric row) and
 every node takes the server's state (the run's result).
 The server's state, the updates in flight and what was served but not delivered are part of the
-module's :meth:`~ServerCommunicator.state_dict`, so a checkpoint taken with updates in flight
-resumes bit-identically.
+module's [`state_dict`][communicators.Communicator.state_dict], so a checkpoint taken with updates
+in flight resumes bit-identically.
 
 Compute must be modelled (``Network(compute=<seconds per step>)``, node speeds from
 ``compute_slowdown``): with measured compute the timeline would depend on this machine's speed.
@@ -76,7 +78,7 @@ def step_seconds(network: Network, num_nodes: int) -> list[float]:
 _TIMELINES: OrderedDict[tuple[Any, ...], Timeline] = OrderedDict()
 
 
-#: Per timeline of this process, what its nodes ask of it (:class:`_Index`, built once).
+#: Per timeline of this process, what its nodes ask of it (``_Index``, built once).
 _INDEXES: OrderedDict[int, _Index] = OrderedDict()
 
 #: Per process, the step seconds and (by payload size) transfer seconds of the runs' networks,
@@ -90,18 +92,18 @@ _LIKES: dict[tuple[Any, ...], torch.Tensor] = {}
 class _Index:
     """What every node of a process asks of one timeline, worked out once: each tick's
     participation statement (made when first asked), per node the ticks at which it trains or
-    takes part in the communication (what :attr:`Participation.wakes` answers), the ticks with an event every
-    node acts at, and per node those with an event of its own.
+    takes part in the communication (what ``Participation.wakes`` answers), the ticks with an event
+    every node acts at, and per node those with an event of its own.
 
     Args:
         tl: the timeline.
         shared: ``shared(ev)``, whether every node acts at event ``ev``
-            (:meth:`ServerCommunicator.concerns_all`).
+            ([`ServerCommunicator.concerns_all`][communicators.ServerCommunicator.concerns_all]).
         base_handlers: whether the module handles ``receive`` and ``serve`` as
-            :class:`ServerCommunicator` does (then a node that does not hold the server sits
-            out the tick's collectives at once, :attr:`absent`).
+            [`ServerCommunicator`][communicators.ServerCommunicator] does (then a node that does not
+            hold the server sits out the tick's collectives at once, ``absent``).
         one_state: whether it serves every node the same state (then consecutive serves from
-            one holder are one collective, :func:`_handled_together`).
+            one holder are one collective, ``_handled_together``).
     """
 
     def __init__(self, tl: Timeline, shared: Any, base_handlers: bool, one_state: bool = False) -> None:
@@ -128,7 +130,7 @@ class _Index:
         #: an event sits out (the tick's receives and serves from a holder); ``0``: none, or
         #: the tick has other events every node acts at.
         self.absent = [0] * len(tl.after)
-        #: Whether consecutive serves from one holder are one collective (:func:`_handled_together`).
+        #: Whether consecutive serves from one holder are one collective (``_handled_together``).
         self.merges_serves = base_handlers and one_state
         for step, events in enumerate(tl.after):
             collectives, others = 0, False
@@ -150,13 +152,14 @@ class _Index:
         self._before = [0, *itertools.accumulate(self.absent)]
 
     def due(self, rank: int, start: int, stop: int) -> list[int]:
-        """What :attr:`Participation.due` answers for a module whose
-        :meth:`ServerCommunicator.is_due` is the base's: the ticks in ``[start, stop)`` at which
-        it is due on node ``rank`` (the first tick, those with an event every node acts at,
-        those with an event of its own, any past the timeline's end), less those at which a
-        node that does not hold the server only sits out others' transfers (:meth:`sits_out`),
-        but the last: :meth:`ServerCommunicator.communicate` at the next tick listed makes
-        their absent calls first, as one."""
+        """What ``Participation.due`` answers for a module whose
+        [`ServerCommunicator.is_due`][communicators.ServerCommunicator.is_due] is the base's: the
+        ticks in ``[start, stop)`` at which it is due on node ``rank`` (the first tick, those with
+        an event every node acts at, those with an event of its own, any past the timeline's end),
+        less those at which a node that does not hold the server only sits out others' transfers
+        (``sits_out``), but the last:
+        [`ServerCommunicator.communicate`][communicators.Communicator.communicate] at the next tick
+        listed makes their absent calls first, as one."""
         ticks = self._shared_ticks
         if ticks is None:
             ticks = self._shared_ticks = [t for t, v in enumerate(self.shared) if v]
@@ -219,12 +222,12 @@ def _shared_zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch
 def unheld(like: torch.Tensor) -> torch.Tensor:
     """Zeros of ``like``'s size, dtype and device, one tensor per process, standing for state a
     node does not keep (a client that does not hold the server): never written, never read
-    for its values (:func:`is_unheld` tells it apart)."""
+    for its values (``is_unheld`` tells it apart)."""
     return _shared_zeros(like.numel(), like.dtype, like.device)
 
 
 def is_unheld(t: torch.Tensor) -> bool:
-    """Whether ``t`` is the shared zeros of :func:`unheld`."""
+    """Whether ``t`` is the shared zeros of ``unheld``."""
     return _LIKES.get((t.numel(), t.dtype, t.device)) is t
 
 
@@ -240,10 +243,12 @@ def _cached(key: tuple[Any, ...], build: Any) -> Timeline:
 class ServerCommunicator(Communicator):
     """Base of asynchronous modules that push to and pull from a simulated server.
 
-    Subclasses give :meth:`simulation` (the algorithm's timing) and define the values:
-    :meth:`update` (what a node pushes), :meth:`apply` (how the server applies an update) and
-    :meth:`deliver` (what a node does with the state it pulls); :meth:`server_state_dict` and
-    :meth:`load_server_state_dict` for the server's own state (e.g. its optimizer's).
+    Subclasses give [`simulation`][communicators.ServerCommunicator.simulation] (the algorithm's
+    timing) and define the values: [`update`][communicators.ServerCommunicator.update] (what a node
+    pushes), [`apply`][communicators.ServerCommunicator.apply] (how the server applies an update)
+    and [`deliver`][communicators.ServerCommunicator.deliver] (what a node does with the state it
+    pulls); [`server_state_dict`][communicators.ServerCommunicator.server_state_dict] and
+    ``load_server_state_dict`` for the server's own state (e.g. its optimizer's).
 
     A parameter-space module that runs after every tick; its participation statement names the
     nodes that train at each tick (the others sit it out: they neither compute nor read data).
@@ -257,8 +262,8 @@ class ServerCommunicator(Communicator):
         self.timeline: Timeline | None = None
         self._index: _Index | None = None
         self._due: bytearray | None = None
-        #: The tick of the last call of :meth:`communicate` (``None``: none yet), from which it
-        #: makes the absent calls of the ticks a sleep skipped (:meth:`_Index.due`).
+        #: The tick of the last call of ``communicate`` (``None``: none yet), from which it
+        #: makes the absent calls of the ticks a sleep skipped (``_Index.due``).
         self._last_tick: int | None = None
 
     # -- what subclasses define -------------------------------------------------------------
@@ -277,7 +282,7 @@ class ServerCommunicator(Communicator):
         raise NotImplementedError
 
     def apply(self, update: torch.Tensor, ev: Event) -> None:
-        """Apply ``update`` (received as ``ev``) to :attr:`server` in place."""
+        """Apply ``update`` (received as ``ev``) to ``server`` in place."""
         raise NotImplementedError
 
     def deliver(self, state: torch.Tensor) -> None:
@@ -286,11 +291,11 @@ class ServerCommunicator(Communicator):
 
     def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
         """Per node, the seconds to move ``nbytes`` between it and the server it talks to
-        (default: :func:`transfer_seconds`)."""
+        (default: ``transfer_seconds``)."""
         return [transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
 
     def served_state(self, rank: int) -> torch.Tensor:
-        """The server state a pull of node ``rank`` is served (default: :attr:`server`)."""
+        """The server state a pull of node ``rank`` is served (default: ``server``)."""
         return self.server
 
     def server_state_dict(self) -> dict[str, Any]:
@@ -309,7 +314,7 @@ class ServerCommunicator(Communicator):
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in self.params))  # (as _read's cat)
         self.nbytes = self.numel * torch.empty((), dtype=dtype).element_size()
         #: The server's state (a replica on every node that holds the server; all hold the
-        #: same bits). A node that does not keeps shared zeros (:func:`unheld`), never read.
+        #: same bits). A node that does not keeps shared zeros (``unheld``), never read.
         self.server = _shared_zeros(self.numel, dtype, self.params[0].device)
         #: This node's parameters at the start of its segment (shared zeros on a node that does
         #: not hold the server, outside its segments).
@@ -318,7 +323,7 @@ class ServerCommunicator(Communicator):
         self.pending: dict[int, torch.Tensor] = {}
         #: The state served to this node and not yet delivered.
         self.incoming: torch.Tensor | None = None
-        #: Whether this node holds a replica of the server (:attr:`Timeline.holders`; the same
+        #: Whether this node holds a replica of the server (``Timeline.holders``; the same
         #: for the whole run).
         self.holding = True
         network = ctx.network
@@ -339,7 +344,7 @@ class ServerCommunicator(Communicator):
                 _INDEXES.popitem(last=False)
         self._index = ix
         own = ix.own.get(ctx.rank, ())
-        #: Per tick, 1 where this node is due (:meth:`is_due`).
+        #: Per tick, 1 where this node is due (``is_due``).
         self._due = bytearray(ix.shared)
         for step in (0, *own):
             self._due[step] = 1
@@ -353,9 +358,10 @@ class ServerCommunicator(Communicator):
             self.server = self.start.clone()
 
     def _timings(self, network: Network, k: int) -> tuple[list[float], list[float]]:
-        """:func:`step_seconds` and :meth:`transfers` of the run: the former, and the latter
-        where a subclass keeps the default, worked out once per process (a worker's nodes share
-        its network: 1,000 clients would ask them a million times)."""
+        """``step_seconds`` and [`transfers`][communicators.ServerCommunicator.transfers] of the
+        run: the former, and the latter where a subclass keeps the default, worked out once per
+        process (a worker's nodes share its network: 1,000 clients would ask them a million
+        times)."""
         key = (id(network), k)
         hit = _TIMINGS.get(key)
         if hit is None or hit[0] is not network:
@@ -397,9 +403,10 @@ class ServerCommunicator(Communicator):
 
     def is_due(self, step: int) -> bool:
         """Per node, the ticks after which something concerns it before the next
-        (:meth:`concerns_all`, or an event of its own), and the first tick, which hands out the
-        initial state. Every node is due where a collective runs; most ticks of a run of
-        unequal nodes concern only the few nodes whose transfers happen then."""
+        ([`concerns_all`][communicators.ServerCommunicator.concerns_all], or an event of its own),
+        and the first tick, which hands out the initial state. Every node is due where a collective
+        runs; most ticks of a run of unequal nodes concern only the few nodes whose transfers happen
+        then."""
         due = self._due
         return due is None or step >= len(due) or due[step] == 1
 
@@ -451,7 +458,8 @@ class ServerCommunicator(Communicator):
     @classmethod
     def _handles_as_base(cls) -> tuple[bool, bool]:
         """Whether the class handles ``receive`` and ``serve`` events as this base does, and
-        whether it also serves every node the same state (:meth:`served_state`)."""
+        whether it also serves every node the same state
+        ([`served_state`][communicators.ServerCommunicator.served_state])."""
         base = ServerCommunicator
         as_base = all(getattr(cls, h) is getattr(base, h) for h in ("_on_receive", "_on_serve", "concerns_all"))
         return as_base, as_base and cls.served_state is base.served_state
@@ -459,7 +467,7 @@ class ServerCommunicator(Communicator):
     def _run(self, events: list[Event]) -> None:
         """Handle ``events`` in order: kind ``k`` by ``_on_k`` (a subclass whose simulation
         declares kinds of its own defines their handlers); consecutive serves from one holder
-        at once (:func:`_handled_together`)."""
+        at once (``_handled_together``)."""
         for batch in _handled_together(events, self._index.merges_serves):  # type: ignore[union-attr]
             if len(batch) > 1:
                 self._on_serves(batch)
@@ -538,7 +546,7 @@ class ServerCommunicator(Communicator):
 
     def summary(self) -> dict[str, Any]:
         """The run as simulated: per node its steps; the staleness of the updates (see
-        :meth:`exogym.core.timeline.Timeline.summary`)."""
+        ``exogym.core.timeline.Timeline.summary``)."""
         return self.timeline.summary() if self.timeline is not None else {}
 
     def state_dict(self) -> dict[str, Any]:

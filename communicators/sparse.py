@@ -4,7 +4,8 @@ Which entries are averaged is decided by a *selector*. The shared-seed selectors
 indices from the run's seed, the step and the tensor's position, so every rank computes the same
 indices and none is ever sent (SPARTA, Baioumy & Cheema 2025):
 
-* ``random`` (default): a fresh stratified draw each step (:func:`exogym.ops.select_indices`);
+* ``random`` (default): a fresh stratified draw each step
+  ([`exogym.ops.select_indices`][exogym.ops.select_indices]);
 * ``sequential``: one random permutation of each tensor cut into ``P = round(1/p)`` partitions,
   visited in turn, so every entry is averaged once every ``P`` steps;
 * ``partitioned``: ``P`` strided partitions ``{i : i % P == c}``; each step picks ``c`` at random;
@@ -15,7 +16,7 @@ averaged; the ranks' choices differ, so the indices are all-gathered (and charge
 union is averaged.
 
 With ``delay`` (asynchronous SPARTA), each round's all-reduce starts without waiting
-(:mod:`exogym.core.comm.handles`) and its average is written ``delay`` rounds later, after a
+(``exogym.core.comm.handles``) and its average is written ``delay`` rounds later, after a
 wait that stalls the node only for what the rounds between did not cover; ``delay="auto"``
 writes it at the first step at which its transfer has arrived on the node's clock (rounds land
 in the order they were sent), so the delay follows the link speed. ``"auto"`` needs modelled
@@ -99,7 +100,7 @@ class SparseCommunicator(Communicator):
     Args:
         p: fraction of entries averaged per round, in ``[0, 1]``. ``sparsification_rate`` is an
             accepted alias (the original exo gym's spelling); give one.
-        selector: one of :data:`SELECTORS` (see the module docstring).
+        selector: one of ``SELECTORS`` (see the module docstring).
         H: communicate every ``H`` steps.
         island_size: average within random islands of this many nodes instead of the world.
         delay: apply each round's average ``delay`` rounds later (asynchronous SPARTA: the

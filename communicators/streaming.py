@@ -8,7 +8,7 @@ DiLoCo's schedule, and the others are spread evenly before it, as torchft's frag
 
 At a fragment's sync step each rank starts the all-reduce of ``delta_f = theta_global_f -
 theta_local_f`` (its mean over the ranks) without waiting for it
-(:mod:`exogym.core.comm.handles`). ``tau = overlap_steps`` steps later, while training went on,
+(``exogym.core.comm.handles``). ``tau = overlap_steps`` steps later, while training went on,
 every rank waits for it and applies it: the outer optimizer steps ``theta_global_f`` with the mean
 ``delta_f`` as its gradient, and the local fragment becomes
 ``alpha * theta_local_f + (1 - alpha) * theta_global_f`` (``alpha = 0``: the new global values,

@@ -46,7 +46,7 @@ class TopKCommunicator(Communicator):
     The residuals (one per parameter, the parameter's shape) are the module's state. The payload
     is an all-gather, which cannot leave a node out of a round: faults that drop nodes are
     refused with this module. The payload is coded bytes (values and indices in one buffer,
-    :attr:`coded_payloads`), so a quantizing wire transform is refused with it too.
+    ``coded_payloads``), so a quantizing wire transform is refused with it too.
 
     Args:
         k: fraction of each tensor's entries sent per step, in ``(0, 1]`` (``1`` is DDP).

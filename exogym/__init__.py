@@ -1,14 +1,14 @@
 """ExoGym: simulate communication-efficient distributed training on one machine.
 
 ``Trainer`` (alias ``LocalTrainer``) runs K nodes as processes that talk through real
-collectives; strategies live in :mod:`exogym.strategy`, communicator modules in the top-level
-``communicators`` package.
+collectives; strategies live in [`exogym.strategy`][exogym.strategy], communicator modules in the
+top-level ``communicators`` package.
 
 Importing ``exogym`` starts nothing and imports torch only when a name that needs it is first
 used. The fork server that node processes start from is started by the first ``Trainer(...)``,
-or earlier by :func:`prestart` (see :mod:`exogym.runtime.forkserver`). Successive ``fit`` calls
-reuse the worker processes; :func:`shutdown` ends them before the program does (see
-:mod:`exogym.runtime.pool`).
+or earlier by [`prestart`][exogym.prestart] (see ``exogym.runtime.forkserver``). Successive ``fit``
+calls reuse the worker processes; [`shutdown`][exogym.shutdown] ends them before the program does
+(see ``exogym.runtime.pool``).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ time is the latest node's clock.
 
 How it is computed: each node turns its pending step samples into *events* (the steps where it
 computes, meets others, closes a train row, or ends a flush: ``(step, compute seconds, meeting
-key, communication seconds)``, :func:`events`); the metrics flush gathers them and rank
-0 replays them in step order (:class:`NodeClocks`). A meeting key names a group of participants
-(:func:`meeting_keys`): in one step, the nodes joined through common keys meet (the first
+key, communication seconds)``, ``events``); the metrics flush gathers them and rank
+0 replays them in step order (``NodeClocks``). A meeting key names a group of participants
+(``meeting_keys``): in one step, the nodes joined through common keys meet (the first
 participant of a FedAvg round, in the participants' all-reduce and in the broadcast to the
 others, joins both: every node of the round waits for its slowest participant).
 
@@ -83,7 +83,7 @@ def events(
     max_steps: int,
     more_keys: dict[int, tuple[float, ...]] | None = None,
 ) -> np.ndarray:
-    """One node's event rows (:data:`EVENT_COLUMNS`) for its pending steps ``first_done``,
+    """One node's event rows (``EVENT_COLUMNS``) for its pending steps ``first_done``,
     ``first_done + 1``, ... (counted as steps done), from their modelled compute, communication
     (``[steps]``, or ``[steps, epochs]`` with traces) and first meeting key (``more_keys``:
     pending index -> the step's other keys, one more row each with no compute or
@@ -226,13 +226,13 @@ class NodeClocks:
         return {k: getattr(self, k).tolist() for k in ("clock", "compute", "comm", "wait")}
 
     def load_state_dict(self, state: dict[str, list[float]]) -> None:
-        """Continue from :meth:`state_dict`."""
+        """Continue from ``state_dict``."""
         for k in ("clock", "compute", "comm", "wait"):
             getattr(self, k)[:] = state[k]
 
 
 def format_table(rows: Sequence[dict[str, float]], limit: int = 16) -> str:
-    """The per-node table (:meth:`NodeClocks.table`) as text; with more than ``limit`` nodes,
+    """The per-node table (``NodeClocks.table``) as text; with more than ``limit`` nodes,
     the ``limit // 2`` least and most utilised."""
     shown = list(rows)
     if len(shown) > limit:

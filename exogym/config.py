@@ -13,13 +13,14 @@ from exogym.faults_config import Faults
 
 @dataclass(frozen=True)
 class FitConfig:
-    """Resolved arguments of :meth:`exogym.Trainer.fit`, made by :func:`exogym.runtime.plan.plan_run`
-    from the sections of :mod:`exogym.run_config` (see there for their meaning).
+    """Resolved arguments of [`exogym.Trainer.fit`][exogym.Trainer.fit], made by
+    ``exogym.runtime.plan.plan_run`` from the sections of ``exogym.run_config`` (see there for their
+    meaning).
 
     Attributes:
         num_nodes: K, the number of simulated nodes.
         workers: W, the number of worker processes that host the nodes (``K / W`` virtual
-            nodes each, contiguous blocks of ranks; see :mod:`exogym.runtime.virtual`).
+            nodes each, contiguous blocks of ranks; see ``exogym.runtime.virtual``).
         max_steps: optimizer steps per node; ``None`` until a dataset factory's length is known
             inside the nodes (they then agree on the minimum over ranks).
         num_epochs: epochs, used when ``max_steps`` is not given.
@@ -30,7 +31,7 @@ class FitConfig:
         devices: CUDA device indices; worker ``w`` (and every node it hosts) uses
             ``devices[w % len(devices)]``.
         transport: the resolved transport: ``shm``, ``gloo`` or ``nccl`` (see
-            :class:`exogym.core.comm.plan.TransportPlan`; every node also joins a gloo or nccl
+            ``exogym.core.comm.plan.TransportPlan``; every node also joins a gloo or nccl
             process group, which raw ``torch.distributed`` calls in user code use).
         collective_timeout: seconds a worker waits in one collective before it raises (the
             argument times the nodes per worker).
@@ -47,16 +48,16 @@ class FitConfig:
         network: the network model that prices communication and compute.
         stop_on_nonfinite_loss: a NaN or infinite training loss ends the run with an error.
         launcher: ``'exogym'`` (``fit`` started the workers) or ``'torchrun'`` (each torchrun
-            rank is a worker; see :mod:`exogym.runtime.cluster`).
+            rank is a worker; see ``exogym.runtime.cluster``).
         checkpoint_dir: where checkpoints go (``None``: none are written).
         checkpoint_interval: a checkpoint every this many steps (and after the last step).
         resume_from: the complete checkpoint folder the run continues from, or ``None``.
-        faults: injected dropouts and stragglers (:class:`exogym.faults_config.Faults`), or
-            ``None``.
+        faults: injected dropouts and stragglers ([`exogym.faults_config.Faults`][exogym.Faults]),
+            or ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
         dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
         offload_idle_nodes: a node's state is on the device only while it works (see
-            :mod:`exogym.runtime.offload`).
+            ``exogym.runtime.offload``).
     """
 
     num_nodes: int

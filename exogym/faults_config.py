@@ -1,7 +1,7 @@
 """``Faults``: what goes wrong in a run, as ``Trainer.fit(faults=...)`` takes it.
 
 The faults section of a run's configuration: a description that checks itself when made. The
-runtime binds it to a run as :class:`exogym.runtime.faults.FaultPlan`, which says who drops out
+runtime binds it to a run as ``exogym.runtime.faults.FaultPlan``, which says who drops out
 of which round and how slow each node is at each step.
 """
 

@@ -26,7 +26,7 @@ def unexpected_keyword(callee: str, name: str, valid: Sequence[str]) -> TypeErro
 
 def checked_keywords(func: F) -> F:
     """Decorate ``func`` (which takes no ``**kwargs``) so that an unknown keyword raises
-    :func:`unexpected_keyword`'s error; its signature and docstring stay ``func``'s."""
+    ``unexpected_keyword``'s error; its signature and docstring stay ``func``'s."""
     signature = inspect.signature(func)
     valid = [
         n

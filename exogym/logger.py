@@ -1,8 +1,9 @@
 """Loggers: where rank 0 writes the metrics of a run.
 
 A logger is configured in the user's process, pickled into the nodes, and used by rank 0 only
-(every rank holds the same aggregated metrics; rank 0 only logs). :class:`CSVLogger` is the
-default; :class:`WandbLogger` and :class:`TensorBoardLogger` need their extras.
+(every rank holds the same aggregated metrics; rank 0 only logs).
+[`CSVLogger`][exogym.logger.CSVLogger] is the default; [`WandbLogger`][exogym.logger.WandbLogger]
+and [`TensorBoardLogger`][exogym.logger.TensorBoardLogger] need their extras.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ class Logger(Protocol):
         """Begin a run; ``config`` holds the run's settings."""
 
     def log(self, metrics: dict[str, Any]) -> None:
-        """Record one row of metrics (keys from :data:`exogym.metrics.COLUMNS`)."""
+        """Record one row of metrics (keys from ``exogym.metrics.COLUMNS``)."""
 
     def finish(self) -> None:
         """Flush and close."""
 
 
 class CSVLogger:
-    """Writes a run's ``metrics.csv`` (the columns of :data:`exogym.metrics.COLUMNS`;
+    """Writes a run's ``metrics.csv`` (the columns of ``exogym.metrics.COLUMNS``;
     ``nodes_alive`` only for runs whose faults drop nodes) and ``config.json`` into a folder of
     its own, ``<save_dir>/<run_name>/version_N`` (N one more than the highest there), and points
     ``<save_dir>/<run_name>/latest`` at it: a run never overwrites another's files.
@@ -45,7 +46,7 @@ class CSVLogger:
             yet (for a caller that gives each run a new folder itself, as ``compare`` does).
 
     Attributes:
-        run_dir, path: the run's folder and its ``metrics.csv``, set by :meth:`start` in the
+        run_dir, path: the run's folder and its ``metrics.csv``, set by ``start`` in the
             process that logs (rank 0's node, which has a copy of the logger you passed to
             ``fit``); from your script, ``<save_dir>/<run_name>/latest`` names the folder.
     """
@@ -189,8 +190,8 @@ LOGGER_NAMES = ("csv", "wandb", "tensorboard")
 
 
 def resolve_logger(logger: Any) -> Any:
-    """``fit(logger=...)``: ``None`` (a :class:`CSVLogger`), ``False`` (none), a name in
-    :data:`LOGGER_NAMES`, or an object with ``start``, ``log`` and ``finish``. Raises before any
+    """``fit(logger=...)``: ``None`` (a [`CSVLogger`][exogym.logger.CSVLogger]), ``False`` (none), a
+    name in ``LOGGER_NAMES``, or an object with ``start``, ``log`` and ``finish``. Raises before any
     process starts otherwise."""
     if logger is None:
         return CSVLogger()
@@ -215,7 +216,7 @@ def resolve_logger(logger: Any) -> Any:
 
 def default_run_name(strategy_name: str) -> str:
     """The strategy's name: each run of it gets a ``version_N`` folder under it (see
-    :class:`CSVLogger`)."""
+    [`CSVLogger`][exogym.logger.CSVLogger])."""
     return strategy_name
 
 

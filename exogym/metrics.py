@@ -1,13 +1,13 @@
 """Run metrics: per-step samples on every node, combined across nodes in batches.
 
-Each node appends one :class:`StepSample` per step. Every ``flush_every`` steps (and before a
+Each node appends one ``StepSample`` per step. Every ``flush_every`` steps (and before a
 validation and at the end) the nodes combine their pending samples in two small uncharged
 all-reduces (sums and maxima), whatever the number of nodes, and send their clock events
-(:mod:`exogym.clocks`: a few numbers per step that a node computes, meets others or
+(``exogym.clocks``: a few numbers per step that a node computes, meets others or
 closes a row) to rank 0, which replays the clocks, turns the results into rows and logs them. So logging
 every step does not cost a collective per step.
 
-Row columns (:data:`COLUMNS`; a row fills the ones it has):
+Row columns (``COLUMNS``; a row fills the ones it has):
 
 * ``step``, ``examples`` (trained by all nodes so far; nodes that sat a step out, e.g. clients
   not sampled in a round, add none), ``lr`` (rank 0's);
@@ -24,7 +24,7 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 * ``bytes_sent``, ``bytes_received``: cumulative, mean per node; ``bytes_sent_per_step``: mean
   per node and step since the previous train row;
 * ``sim_time``: what the run would take on the network: the latest node's simulated clock
-  (:mod:`exogym.clocks`: every node's compute advances its own clock, a step's
+  (``exogym.clocks``: every node's compute advances its own clock, a step's
   collectives make their participants wait for the last of them, then take the modelled
   communication time); ``sim_comm_time``: that node's modelled communication seconds;
   ``compute_time = sim_time - sim_comm_time``: the rest of its time, its compute and the
@@ -34,7 +34,7 @@ Row columns (:data:`COLUMNS`; a row fills the ones it has):
 * ``comm_time``: cumulative wall seconds the slowest node spent inside the simulator's transport;
 * ``wall_time``: seconds since training started (slowest node); ``peak_memory``: bytes, the
   largest node's peak (CUDA allocator peak, else peak resident set);
-* ``nodes_alive``: with faults that drop nodes (:mod:`exogym.runtime.faults`), the fewest
+* ``nodes_alive``: with faults that drop nodes (``exogym.runtime.faults``), the fewest
   nodes present at any step since the previous train row (added by the node loop).
 """
 
@@ -78,7 +78,7 @@ COLUMNS = (
 
 class StepSample(NamedTuple):
     """What one node measured in one step (all zeros but ``lr`` and ``wall`` for a node that sat
-    the step out, e.g. a client not sampled in a round). A tuple: :class:`MetricsBuffer` keeps
+    the step out, e.g. a client not sampled in a round). A tuple: ``MetricsBuffer`` keeps
     the fields in this order per pending step."""
 
     loss_sum: float
@@ -92,7 +92,7 @@ class StepSample(NamedTuple):
     wall: float
     peak_memory: float
     lr: float
-    #: The first of the step's meeting keys (:func:`exogym.clocks.meeting_keys`;
+    #: The first of the step's meeting keys (``exogym.clocks.meeting_keys``;
     #: ``0``: meets no one).
     key: float = 0.0
 
@@ -117,7 +117,7 @@ def _malloc_trim() -> Any:
     return trim
 
 
-#: The step of the process's last heap trim (:func:`_give_back_free_memory`).
+#: The step of the process's last heap trim (``_give_back_free_memory``).
 _TRIMMED_AT = [-1]
 
 
@@ -172,7 +172,7 @@ class MetricsBuffer:
         self._sim_time = 0.0
         self.peak_memory = 0.0
         #: Every node's simulated clock, on rank 0, which replays them at each flush (see
-        #: :mod:`exogym.clocks`); ``None`` on the other ranks, which only send their events.
+        #: ``exogym.clocks``); ``None`` on the other ranks, which only send their events.
         self.clocks = NodeClocks(comm.world_size, changes) if comm.rank == 0 else None
         self._slowdown = network.slowdown(comm.rank)
         self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
@@ -233,8 +233,8 @@ class MetricsBuffer:
         comms: Sequence[Sequence[float]] | None = None,
     ) -> None:
         """Record rounds this node sat out whole, in one write: per round ``i``, ``idle[i]``
-        idle steps (as :meth:`add_idle`, at ``idle_lr[i]``), then the round's last step (as
-        :meth:`add` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
+        idle steps (as ``add_idle``, at ``idle_lr[i]``), then the round's last step (as
+        ``add`` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
         and ``comm_wall`` transport seconds, meeting ``keys[i]``, with traces ``comms[i]`` per
         epoch); ``wall`` is the wall time of every one. A number in place of a per-round
         sequence is every round's (a sleep through a thousand rounds alike)."""
@@ -373,9 +373,9 @@ class MetricsBuffer:
         return rows
 
     def _gather_events(self, own: np.ndarray) -> np.ndarray:
-        """Every node's events ``[nodes, events, 3 + epochs]`` (:data:`exogym.clocks.EVENT_COLUMNS`,
+        """Every node's events ``[nodes, events, 3 + epochs]`` (``exogym.clocks.EVENT_COLUMNS``,
         padded with zero rows): an uncharged all-gather, whose other nodes only send theirs
-        (:meth:`_padded_events`). Collective."""
+        (``_padded_events``). Collective."""
         return self.comm.all_gather(self._padded_events(own), charge=False).numpy()
 
     def _padded_events(self, own: np.ndarray) -> torch.Tensor:
@@ -404,7 +404,7 @@ class MetricsBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`'s totals."""
+        """Continue from ``state_dict``'s totals."""
         for k in self._STATE:
             setattr(self, k, state[k])
         self.peak_memory, self._interval = state["peak_memory"], list(state["interval"])

@@ -1,8 +1,8 @@
 """Non-IID data: split one dataset into per-node shards by a named scheme.
 
-:func:`partition` returns a :class:`Partition`, which is a ``dataset_factory`` (pass it to
-``Trainer`` as the training set). Every example goes to exactly one node, and the split depends
-only on ``seed``. Schemes (:data:`SCHEMES`):
+[`partition`][exogym.partition.partition] returns a [`Partition`][exogym.partition.Partition], which
+is a ``dataset_factory`` (pass it to ``Trainer`` as the training set). Every example goes to exactly
+one node, and the split depends only on ``seed``. Schemes ([`SCHEMES`][exogym.partition.SCHEMES]):
 
 * ``iid``: a random permutation cut into equal parts;
 * ``dirichlet`` (Hsu et al. 2019): for every class, the shares of the nodes are drawn from
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: the command line reads 
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("iid", "dirichlet", "shards", "quantity")
-"""The partition schemes :func:`partition` takes."""
+"""The partition schemes [`partition`][exogym.partition.partition] takes."""
 #: Draws tried before a ``min_size`` that cannot be met is reported.
 _MAX_DRAWS = 1000
 
@@ -70,7 +70,7 @@ class Partition:
     Attributes:
         dataset: the whole dataset.
         indices: ``indices[r]``: node ``r``'s examples (sorted).
-        scheme: how it was split (:data:`SCHEMES`).
+        scheme: how it was split ([`SCHEMES`][exogym.partition.SCHEMES]).
         params: the scheme's settings, for logs.
     """
 
@@ -159,16 +159,17 @@ def partition(
 
     Args:
         dataset: a map-style dataset; the label schemes (``dirichlet``, ``shards``) read integer
-            labels with :func:`labels_of`.
+            labels with [`labels_of`][exogym.partition.labels_of].
         num_nodes: the run's node count (``fit(num_nodes=...)`` must match).
-        scheme: one of :data:`SCHEMES`.
+        scheme: one of [`SCHEMES`][exogym.partition.SCHEMES].
         alpha: concentration of ``dirichlet`` (label skew) and ``quantity`` (size skew), > 0.
         shards_per_node: shards per node for ``shards`` (about the classes each node holds).
         min_size: fewest examples a node may get (``dirichlet``, ``quantity`` draw again).
         seed: the split depends on nothing else.
 
     Returns:
-        A :class:`Partition`, usable as ``Trainer(model, partition(...), val_dataset)``.
+        A [`Partition`][exogym.partition.Partition], usable as
+        ``Trainer(model, partition(...), val_dataset)``.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")

@@ -1,26 +1,27 @@
-"""The sections of a run's configuration: :meth:`exogym.Trainer.fit`'s keywords by concept.
+"""The sections of a run's configuration: [`exogym.Trainer.fit`][exogym.Trainer.fit]'s keywords by
+concept.
 
 =============================  ==========================================================
 section                        ``fit`` keywords
 =============================  ==========================================================
-:class:`RunConfig`             ``num_nodes``, ``num_epochs``, ``max_steps``, ``batch_size``,
+``RunConfig``             ``num_nodes``, ``num_epochs``, ``max_steps``, ``batch_size``,
                                ``minibatch_size``, ``gradient_accumulation``, ``device``,
                                ``devices``, ``autocast``, ``seed``, ``max_memory_usage``,
                                ``network``, ``stop_on_nonfinite_loss``, ``offload_idle_nodes``
-:class:`DataConfig`            ``val_size``, ``val_interval``, ``shuffle``, ``dataloader_kwargs``
-:class:`TransportConfig`       ``transport``, ``collective_timeout``, ``shm_slot_mb``,
+``DataConfig``            ``val_size``, ``val_interval``, ``shuffle``, ``dataloader_kwargs``
+``TransportConfig``       ``transport``, ``collective_timeout``, ``shm_slot_mb``,
                                ``workers``, ``torchrun_mode``
-:class:`CheckpointConfig`      ``checkpoint_dir``, ``checkpoint_interval``, ``resume_from``,
+``CheckpointConfig``      ``checkpoint_dir``, ``checkpoint_interval``, ``resume_from``,
                                ``resume``
-:class:`~exogym.Faults`        ``faults``
-:class:`LoggingConfig`         ``logger``, ``log_interval``, ``progress``, ``run_name``
+``Faults``        ``faults``
+``LoggingConfig``         ``logger``, ``log_interval``, ``progress``, ``run_name``
 =============================  ==========================================================
 
 Each section checks its values when it is made and raises ``TypeError``/``ValueError`` naming
 the ``fit`` argument and the fix. What needs the machine, the datasets or the strategy (is the
 device there, does the batch fit the shard, can the strategy leave a node out) is checked by
-the run's plan (:mod:`exogym.runtime.plan`), which turns the sections into the
-:class:`~exogym.config.FitConfig` every node reads.
+the run's plan (``exogym.runtime.plan``), which turns the sections into the
+``FitConfig`` every node reads.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class RunConfig:
     """Examples per node per optimizer step."""
     minibatch_size: int | None = None
     """Examples per forward/backward (must divide ``batch_size``); ``None`` picks the largest
-    divisor that fits in memory (see :mod:`exogym.runtime.memory`)."""
+    divisor that fits in memory (see ``exogym.runtime.memory``)."""
     gradient_accumulation: int | None = None
     """The other way to say ``minibatch_size = batch_size / N``."""
     device: str | torch.device | None = None
@@ -68,7 +69,7 @@ class RunConfig:
     """Fraction of device memory the automatic minibatch may use."""
     network: Network | str | None = None
     """The network that simulated time is computed for: a
-    :class:`~exogym.core.comm.network.Network` (also a world: ``Network.regions(...)``) or a
+    [`Network`][exogym.Network] (also a world: ``Network.regions(...)``) or a
     preset name (``'datacenter'``, ``'ethernet'`` (default), ``'internet'``, or the worlds
     ``'two-datacenters'`` and ``'volunteers'``)."""
     stop_on_nonfinite_loss: bool = True
@@ -76,10 +77,10 @@ class RunConfig:
     infinite (``False``: train on)."""
     offload_idle_nodes: bool = False
     """Keep a virtual node's state in CPU memory while it sits steps out, on ``device`` only
-    while it trains or communicates (see :mod:`exogym.runtime.offload`). Needs an
+    while it trains or communicates (see ``exogym.runtime.offload``). Needs an
     accelerator; with one node per worker it has no effect."""
     network_model: Network = field(init=False, repr=False)
-    """The :class:`~exogym.core.comm.network.Network` that ``network`` names."""
+    """The [`Network`][exogym.Network] that ``network`` names."""
 
     def __post_init__(self) -> None:
         positive_int(self.num_nodes, "num_nodes")
@@ -165,7 +166,7 @@ class TransportConfig:
     taking turns). Default: ``min(K, usable CPU cores)``, or ``min(K, GPUs)`` with
     ``device='cuda'``; ``workers=num_nodes`` gives every node a process of its own."""
     torchrun_mode: str | None = None
-    """Only under ``torchrun`` (see :mod:`exogym.runtime.cluster`): ``'deploy'`` (one node per
+    """Only under ``torchrun`` (see ``exogym.runtime.cluster``): ``'deploy'`` (one node per
     torchrun process), ``'simulate'`` (virtual nodes spread over the processes), or ``None`` to
     infer it from ``num_nodes``."""
 
@@ -181,7 +182,7 @@ class CheckpointConfig:
     checkpoint_dir: str | None = None
     """Write checkpoints of the whole run here (every node's model, optimizer, scheduler,
     strategy and communicator state, RNG streams, data position, ledger and metrics; see
-    :mod:`exogym.runtime.checkpoint`): after the last step, and every ``checkpoint_interval``
+    ``exogym.runtime.checkpoint``): after the last step, and every ``checkpoint_interval``
     steps when given. Only the newest complete checkpoint is kept; writes are atomic."""
     checkpoint_interval: int | None = None
     """Steps between checkpoints (needs ``checkpoint_dir``)."""
@@ -207,7 +208,7 @@ class LoggingConfig:
     """What rank 0 reports, and how often."""
 
     logger: Logger | str | None | bool = None
-    """``None`` (a :class:`~exogym.logger.CSVLogger`), ``'csv'``, ``'wandb'``,
+    """``None`` (a [`CSVLogger`][exogym.logger.CSVLogger]), ``'csv'``, ``'wandb'``,
     ``'tensorboard'``, a logger object, or ``False`` for none."""
     log_interval: int = 10
     """Aggregate train metrics every this many steps."""

@@ -8,8 +8,8 @@ Every run writes into a folder of its own, so a run never overwrites another's f
                                         where links cannot be made)
 
 Names that become folders (``fit(run_name=...)``, ``compare``'s strategy labels) are single
-folder names: :func:`check_name` refuses paths. Files read as a whole (summaries, plots,
-``config.json``) are written to a temporary name and renamed (:func:`atomic_path`), so a reader
+folder names: ``check_name`` refuses paths. Files read as a whole (summaries, plots,
+``config.json``) are written to a temporary name and renamed (``atomic_path``), so a reader
 sees the old file or the whole new one.
 """
 

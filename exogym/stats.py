@@ -24,7 +24,7 @@ __all__ = ["Estimate", "estimate", "t_quantile"]
 
 @dataclass(frozen=True)
 class Estimate:
-    """A quantity's :func:`estimate` over seeds.
+    """A quantity's [`estimate`][exogym.stats.estimate] over seeds.
 
     Attributes:
         mean: the sample mean.

@@ -30,7 +30,7 @@ from exogym.runtime.worker import worker_process
 logger = logging.getLogger(__name__)
 
 #: ``fit(workers=...)`` checked against ``num_nodes``, or its default (see
-#: :func:`exogym.runtime.plan.resolve_workers`).
+#: ``exogym.runtime.plan.resolve_workers``).
 _resolve_workers = resolve_workers
 
 
@@ -47,11 +47,11 @@ class Trainer:
             pass the training factory here too to validate on its validation data), or ``None``
             (no validation; with a training factory, ``fit`` logs a warning saying so).
 
-    After :meth:`fit`, :attr:`history` holds the metric rows and :attr:`result` the run summary:
-    ``max_steps``, ``peak_memory``, ``run_name``, ``config``, ``nodes`` (every node's simulated
-    compute, communication, waiting and utilisation), ``summary`` (what the strategy reports of
-    the run, :meth:`~exogym.core.strategy.Strategy.run_summary`: the asynchronous strategies give
-    every node's steps and the updates' staleness) and, with faults, ``faults``.
+    After [`fit`][exogym.Trainer.fit], ``history`` holds the metric rows and ``result`` the run
+    summary: ``max_steps``, ``peak_memory``, ``run_name``, ``config``, ``nodes`` (every node's
+    simulated compute, communication, waiting and utilisation), ``summary`` (what the strategy
+    reports of the run, [`run_summary`][exogym.strategy.Strategy.run_summary]: the asynchronous
+    strategies give every node's steps and the updates' staleness) and, with faults, ``faults``.
     """
 
     def __init__(
@@ -62,7 +62,7 @@ class Trainer:
         start_port: int | None = None,
     ) -> None:
         """``start_port`` is the original exo gym's, accepted and ignored (ExoGym finds free ports
-        itself; see :mod:`exogym.compat`)."""
+        itself; see ``exogym.compat``)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if train_dataset is None:
@@ -117,30 +117,30 @@ class Trainer:
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
-        ``strategy`` is a :class:`~exogym.core.strategy.Strategy` (e.g. ``SimpleReduceStrategy()``).
-        The other keywords form the sections of :mod:`exogym.run_config`, whose fields say what
+        ``strategy`` is a [`Strategy`][exogym.strategy.Strategy] (e.g. ``SimpleReduceStrategy()``).
+        The other keywords form the sections of ``exogym.run_config``, whose fields say what
         each one does:
 
-        * run (:class:`~exogym.run_config.RunConfig`): ``num_nodes`` (K >= 1), ``num_epochs``,
+        * run (``RunConfig``): ``num_nodes`` (K >= 1), ``num_epochs``,
           ``max_steps`` (steps per node; overrides ``num_epochs``), ``batch_size`` (per node per
           step), ``minibatch_size`` or ``gradient_accumulation`` (neither: the largest divisor of
           ``batch_size`` that fits in ``max_memory_usage`` of the device), ``device``,
           ``devices``, ``autocast``, ``seed``, ``network``, ``stop_on_nonfinite_loss``,
           ``offload_idle_nodes``;
-        * data (:class:`~exogym.run_config.DataConfig`): ``val_size``, ``val_interval``,
+        * data (``DataConfig``): ``val_size``, ``val_interval``,
           ``shuffle``, ``dataloader_kwargs``;
-        * transport (:class:`~exogym.run_config.TransportConfig`): ``transport``,
+        * transport (``TransportConfig``): ``transport``,
           ``collective_timeout``, ``shm_slot_mb``, ``workers``, ``torchrun_mode``;
-        * checkpoint (:class:`~exogym.run_config.CheckpointConfig`): ``checkpoint_dir``,
+        * checkpoint (``CheckpointConfig``): ``checkpoint_dir``,
           ``checkpoint_interval``, ``resume_from``, ``resume``;
-        * faults: ``faults`` (:class:`~exogym.Faults`): nodes that drop out of rounds and
+        * faults: ``faults`` ([`Faults`][exogym.Faults]): nodes that drop out of rounds and
           stragglers; train rows then carry ``nodes_alive`` and ``result["faults"]`` lists each
           round's dropped nodes and participants;
-        * logging (:class:`~exogym.run_config.LoggingConfig`): ``logger``, ``log_interval``,
+        * logging (``LoggingConfig``): ``logger``, ``log_interval``,
           ``progress``, ``run_name``.
 
         ``save_dir``, ``correlation_interval`` and ``wandb_project`` are the original exo gym's
-        spellings (see :mod:`exogym.compat`): ``save_dir`` is ``checkpoint_dir``;
+        spellings (see ``exogym.compat``): ``save_dir`` is ``checkpoint_dir``;
         ``correlation_interval`` sets ``val_interval`` when that is not given (every validation
         logs ``model_correlation``); ``wandb_project`` logs to that Weights & Biases project.
         ``fit(num_epochs, strategy, num_nodes)`` in that order is accepted too, and
@@ -189,7 +189,7 @@ class Trainer:
         return self._collect(plan, _launch(job, plan))
 
     def _collect(self, plan: RunPlan, out: dict[str, Any]) -> torch.nn.Module:
-        """Fill :attr:`history` and :attr:`result` from rank 0's ``out``; return the averaged model."""
+        """Fill ``history`` and ``result`` from rank 0's ``out``; return the averaged model."""
         cfg = plan.config
         self.history = out.get("history", [])
         self.result = {

@@ -14,7 +14,7 @@ from exogym.core.comm.transport import Transport, reduce_rows
 
 
 class ThreadTransport(Transport):
-    """A :class:`exogym.core.comm.transport.Transport` between threads of one process."""
+    """A ``exogym.core.comm.transport.Transport`` between threads of one process."""
 
     payload_limit = None
 
@@ -167,17 +167,17 @@ def train_ranks(
     val_interval: int | None = None,
     offload_idle_nodes: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run the real node loop (:class:`exogym.runtime.node.TrainNode`) of ``k`` ranks on threads,
+    """Run the real node loop (``exogym.runtime.node.TrainNode``) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
     are virtual nodes of ``W`` workers (threads of this process, each a
-    :class:`exogym.runtime.virtual.VirtualHub` whose nodes take turns; the workers talk over
-    :class:`ThreadTransport`); otherwise the ranks run concurrently over :class:`ThreadTransport`.
+    ``exogym.runtime.virtual.VirtualHub`` whose nodes take turns; the workers talk over
+    ``ThreadTransport``); otherwise the ranks run concurrently over ``ThreadTransport``.
 
     ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
     ``fit(faults=...)`` takes; ``val_dataset`` is validated (all of it, split over the nodes)
     every ``val_interval`` steps and after the last; ``offload_idle_nodes`` as in ``fit`` (the
     nodes run on the CPU: a test makes the moves visible by patching
-    :mod:`exogym.runtime.offload`'s copies).
+    ``exogym.runtime.offload``'s copies).
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.

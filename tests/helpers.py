@@ -99,7 +99,7 @@ class SaveParams(Communicator):
 
 
 def load_rank_params(folder: str, num_nodes: int) -> list[list[torch.Tensor]]:
-    """What :class:`SaveParams` wrote, indexed by rank."""
+    """What ``SaveParams`` wrote, indexed by rank."""
     return [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(num_nodes)]
 
 

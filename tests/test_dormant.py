@@ -1,5 +1,5 @@
 """Dormant nodes: the nodes that never train nor take part in a round, run once per worker
-(:mod:`exogym.runtime.dormant`). Which nodes the plan makes dormant, where it makes none, and
+(``exogym.runtime.dormant``). Which nodes the plan makes dormant, where it makes none, and
 runs with dormant nodes against the same runs whose every node runs itself."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A training script the torchrun tests launch: ``torchrun ... tests/torchrun_script.py
 STRATEGY NUM_NODES OUT [fail|mismatch|unseeded]``. Every rank saves the model ``fit`` returned to
-``OUT.<RANK>`` (STRATEGY ``presets``: each of :data:`PRESETS` in turn, to ``OUT.<PRESET>.<RANK>``;
-``async``: each of :data:`ASYNC`, likewise);
+``OUT.<RANK>`` (STRATEGY ``presets``: each of ``PRESETS`` in turn, to ``OUT.<PRESET>.<RANK>``;
+``async``: each of ``ASYNC``, likewise);
 rank 0 also saves ``trainer.history``, the launcher and the worker count to ``OUT.history``."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ STEPS, BATCH = 8, 8
 
 #: The 2024-2026 presets, run one after another by the ``presets`` variant.
 PRESETS = ("sparseloco", "muloco", "eager_diloco", "noloco", "desloc", "powersgd", "topk_ef")
-#: The asynchronous presets, run one after another by the ``async`` variant on :data:`ASYNC_NETWORK`.
+#: The asynchronous presets, run one after another by the ``async`` variant on ``ASYNC_NETWORK``.
 ASYNC = ("async_diloco", "fedbuff")
 #: Modelled compute (their timeline needs it), unequal speeds, 1 ms each way.
 ASYNC_NETWORK = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 0.5, 1.0, 0.25))

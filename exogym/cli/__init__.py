@@ -11,14 +11,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :class:`x`, :func:`~a.b`
+_XREF = re.compile(r"\[`?([^\]`]+)`?\]\[[^\]]*\]")  # [`Network`][exogym.Network]
 _LITERAL = re.compile(r"``([^`]+)``")
 
 
 def plain_help(doc: str | None) -> str:
-    """A docstring for ``--help``: reST roles and double-backquoted literals become plain text
-    (``:class:`Network``` -> ``Network``, ````fit()```` -> ``fit()``), ``::`` ends like ``:``."""
-    text = _LITERAL.sub(r"\1", _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], doc or ""))
+    """A docstring for ``--help``: cross-references and double-backquoted literals become plain
+    text (``[`Network`][exogym.Network]`` -> ``Network``, ````fit()```` -> ``fit()``), ``::`` ends
+    like ``:``."""
+    text = _LITERAL.sub(r"\1", _XREF.sub(r"\1", doc or ""))
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
 
 
@@ -148,7 +149,8 @@ def add_run_options(
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The :func:`exogym.cli.compare.compare` keywords that :func:`add_run_options`' options set."""
+    """The [`exogym.cli.compare.compare`][exogym.cli.compare.compare] keywords that
+    ``add_run_options``' options set."""
     return {
         "nodes": args.nodes,
         "steps": args.steps,
@@ -164,7 +166,8 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_partition_options(p: argparse.ArgumentParser) -> None:
     """``--partition``, ``--alpha``, ``--shards-per-node``: a non-IID split of the training set
-    (see :func:`exogym.partition.partition`; read back with :func:`partition_from_args`)."""
+    (see [`exogym.partition.partition`][exogym.partition.partition]; read back with
+    ``partition_from_args``)."""
     from exogym.partition import SCHEMES
 
     p.add_argument(
@@ -185,7 +188,7 @@ def add_partition_options(p: argparse.ArgumentParser) -> None:
 def partition_from_args(
     parser: argparse.ArgumentParser, dataset: Any, args: argparse.Namespace, where: str = ""
 ) -> Any:
-    """The :class:`~exogym.partition.Partition` the :func:`add_partition_options` options ask for
+    """The [`Partition`][exogym.partition.Partition] the ``add_partition_options`` options ask for
     (every node gets at least a batch where the data allows), or ``None``; a split that cannot be
     made is a ``parser.error`` (exit 2) naming ``--partition`` and ``where``."""
     if args.partition is None:

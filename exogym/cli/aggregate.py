@@ -1,5 +1,5 @@
 """A sweep's per-run rows gathered into one row per point: mean, standard deviation and
-confidence interval over seeds (see :mod:`exogym.stats` for the formulas)."""
+confidence interval over seeds (see [`exogym.stats`][exogym.stats] for the formulas)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def aggregate(
     rows: Sequence[dict[str, Any]], axes: Sequence[str], target: bool, confidence: float = 0.95
 ) -> list[dict[str, Any]]:
     """One row per strategy and grid point (in first-seen order) of the per-run ``rows`` (which
-    carry ``strategy``, the grid names, ``seed`` and the :data:`METRICS`): for each metric, the
+    carry ``strategy``, the grid names, ``seed`` and the ``METRICS``): for each metric, the
     mean, sample standard deviation and ``confidence`` interval over the seeds whose value is
     not ``None`` (all ``None``: every statistic ``None``; one value: std and interval ``nan``).
     A grid name that does not apply to the strategy is ``None`` in its row."""

@@ -2,11 +2,11 @@
 
 A grid maps argument names to lists of values; several names make their product. A name is
 
-* a *run* argument (:data:`RUN_AXES`: ``nodes``, ``steps``, ...; the same for every strategy),
+* a *run* argument (``RUN_AXES``: ``nodes``, ``steps``, ...; the same for every strategy),
 * a further ``Trainer.fit`` keyword whose default is a number, a string or a flag
-  (:func:`fit_axes`; ``log_interval``, ``minibatch_size``, ...), or
+  (``fit_axes``; ``log_interval``, ``minibatch_size``, ...), or
 * a *strategy* parameter: a name in the signature of some strategy's factory (``lr``, ``H``,
-  ``p_sparta``, ...; see :data:`exogym.strategy.registry.PRESETS`).
+  ``p_sparta``, ...; see ``exogym.strategy.registry.PRESETS``).
 
 A strategy parameter applies only to the strategies whose factory takes it: the others are
 run once for all its values (DDP for every ``H``).
@@ -100,7 +100,7 @@ class Point:
         strategy: the strategy's label.
         axes: grid name -> value, for the grid names that apply to this strategy (in grid order).
         params: the strategy factory's arguments (``lr``, ``H``, ... those it takes).
-        run: the run arguments (:data:`RUN_AXES` names) of this run.
+        run: the run arguments (``RUN_AXES`` names) of this run.
         fit_args: the further ``fit`` keywords the grid sets.
         seed: the run's seed.
     """

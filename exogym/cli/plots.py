@@ -32,12 +32,12 @@ def plot_comparison(
     target_loss: float | None = None,
 ) -> list[str]:
     """Write ``<out_dir>/<metric>_vs_<axis>.png`` (each atomically: a temporary file, then a
-    rename) for every :data:`METRICS` entry that some run
-    has (accuracy needs a classifier) and every :data:`AXES` entry, with one curve per run;
+    rename) for every ``METRICS`` entry that some run
+    has (accuracy needs a classifier) and every ``AXES`` entry, with one curve per run;
     return the paths.
 
     ``histories`` maps a run's label to its ``Trainer.history`` rows; ``caption`` (the settings)
-    is written under each plot; ``metrics`` (names in :data:`METRICS`) limits the plots to those;
+    is written under each plot; ``metrics`` (names in ``METRICS``) limits the plots to those;
     ``target_loss`` draws a dashed horizontal line at that loss on the validation-loss plots.
     """
     unknown = set(metrics or ()) - set(METRICS)

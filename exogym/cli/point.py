@@ -19,7 +19,7 @@ __all__ = ["PointRun", "run_point"]
 
 
 class PointRun(NamedTuple):
-    """What :func:`run_point` returns."""
+    """What ``run_point`` returns."""
 
     #: The run's ``Trainer.history`` (empty on a torchrun rank other than 0).
     history: list[dict[str, Any]]
@@ -52,12 +52,12 @@ def run_point(
     fit_args: Mapping[str, Any] | None = None,
 ) -> PointRun:
     """Train ``strategy`` on ``spec`` from the model ``torch.manual_seed(seed)`` builds; return
-    the run's history, wall seconds and nodes' clocks (:class:`PointRun`).
+    the run's history, wall seconds and nodes' clocks (``PointRun``).
 
-    Every run of :func:`exogym.cli.compare.compare` and :func:`exogym.cli.sweep.sweep` goes
-    through here, so the same arguments make the same run either way. ``log_dir``: the run's
-    ``metrics.csv`` goes to ``<log_dir>/<name>`` (``None``: no files). ``fit_args``: further
-    ``Trainer.fit`` keywords.
+    Every run of [`exogym.cli.compare.compare`][exogym.cli.compare.compare] and
+    [`exogym.cli.sweep.sweep`][exogym.sweep] goes through here, so the same arguments make the same
+    run either way. ``log_dir``: the run's ``metrics.csv`` goes to ``<log_dir>/<name>`` (``None``:
+    no files). ``fit_args``: further ``Trainer.fit`` keywords.
 
     Raises:
         Whatever ``Trainer.fit`` raises.

@@ -42,16 +42,16 @@ RUN_COLUMNS = ("val_loss", "val_accuracy", "bytes_sent_per_node", "sim_time", "w
 
 @dataclass
 class Sweep:
-    """What :func:`sweep` produced.
+    """What [`sweep`][exogym.sweep] produced.
 
     Attributes:
         out_dir: the sweep's folder: ``summary.csv``, ``runs.csv``, the plots, and ``runs/<key>/``
             per run.
         axes: the grid's names, in order.
         runs: one row per run that finished (``strategy``, the grid's names, ``seed``,
-            :data:`RUN_COLUMNS`, ``time_to_target`` with a target loss, ``key``, ``label``), in run order;
-            a grid name that does not apply to the strategy is ``None``.
-        summary: one row per strategy and grid point (:func:`exogym.cli.aggregate.aggregate`).
+            ``RUN_COLUMNS``, ``time_to_target`` with a target loss, ``key``, ``label``), in run
+            order; a grid name that does not apply to the strategy is ``None``.
+        summary: one row per strategy and grid point (``exogym.cli.aggregate.aggregate``).
         failures: a run's label -> the exception that stopped it (the others still ran).
         executed: how many runs trained in this call; ``reused``: how many were read back from
             ``runs/``, finished by an earlier call.
@@ -59,7 +59,7 @@ class Sweep:
         caption: the settings, as written under the plots.
         plots: paths of the PNG files written.
         histories: a run's label -> its ``Trainer.history`` rows.
-        parallel: how many runs trained at once (:mod:`exogym.cli.sweep_packing`).
+        parallel: how many runs trained at once (``exogym.cli.sweep_packing``).
     """
 
     out_dir: str
@@ -138,10 +138,10 @@ def sweep(
     parallel: int | str = "auto",
 ) -> Sweep:
     """Train every strategy at every point of ``grid`` and every seed, each run as
-    :func:`exogym.cli.compare.compare` trains one (same model, data and settings for the same
-    arguments); write ``runs.csv`` (one row per run), ``summary.csv`` (one row per strategy and
-    point: mean, standard deviation and ``confidence`` interval over the seeds, see
-    :mod:`exogym.stats`) and the plots of :func:`exogym.cli.sweep_plots.plot_sweep` into
+    [`exogym.cli.compare.compare`][exogym.cli.compare.compare] trains one (same model, data and
+    settings for the same arguments); write ``runs.csv`` (one row per run), ``summary.csv`` (one row
+    per strategy and point: mean, standard deviation and ``confidence`` interval over the seeds, see
+    [`exogym.stats`][exogym.stats]) and the plots of ``exogym.cli.sweep_plots.plot_sweep`` into
     ``out_dir``.
 
     Resumable: each run is written to ``<out_dir>/runs/<key>/run.json`` when it finishes, keyed
@@ -152,21 +152,21 @@ def sweep(
 
     Args:
         task, nodes, steps, batch_size, lr, H, network, compute, device, data_dir, val_size, progress, workers: as
-            for :func:`~exogym.cli.compare.compare`: the values where the grid has none.
+            for [`compare`][exogym.cli.compare.compare]: the values where the grid has none.
         strategies: preset names, or ``{label: factory}``: a factory is called with those of
             ``lr``, ``H`` and the grid's names that its signature names, and returns a fresh
-            :class:`~exogym.core.strategy.Strategy` (a ``Strategy`` instance is copied per run).
-        grid: name -> values (:mod:`exogym.cli.grid`); several names make their product. A
+            [`Strategy`][exogym.strategy.Strategy] (a ``Strategy`` instance is copied per run).
+        grid: name -> values (``exogym.cli.grid``); several names make their product. A
             strategy parameter applies to the strategies whose factory takes it; the others run
             once for all its values.
         seeds: each point runs once per seed (model initialisation, data order, the strategy's
             and the network's randomness).
         target_loss: also report each run's simulated time to this validation loss
-            (:func:`exogym.cli.target.time_to_target`) and its statistics.
+            (``exogym.cli.target.time_to_target``) and its statistics.
         flops_per_second: a node's throughput for ``compute="flops"`` (``None``: the network's).
         raise_on_failure: re-raise the first failing run's exception (after writing the results
             of those that finished) instead of going on.
-        parallel: the most runs trained at once (:mod:`exogym.cli.sweep_packing`): ``'auto'``
+        parallel: the most runs trained at once (``exogym.cli.sweep_packing``): ``'auto'``
             packs runs side by side as long as their worker processes fit in the cores (runs of
             fewer workers than cores, e.g. ``workers=1``), ``1`` trains one after the other,
             ``N`` at most N at once. On ``device='cpu'`` every worker has one intra-op thread,

@@ -51,7 +51,8 @@ def parallel_runs(text: str) -> int | str:
 
 def add_sweep_options(p: argparse.ArgumentParser) -> None:
     """``--grid NAME=V1,V2`` (repeatable), ``--seeds``, ``--confidence``, ``--parallel``: with
-    ``--grid`` or ``--seeds``, ``compare`` runs a sweep (:func:`exogym.cli.sweep.sweep`)."""
+    ``--grid`` or ``--seeds``, ``compare`` runs a sweep
+    ([`exogym.cli.sweep.sweep`][exogym.sweep])."""
     p.add_argument(
         "--grid",
         action="append",
@@ -89,7 +90,7 @@ def is_sweep(args: argparse.Namespace) -> bool:
 
 def run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, task: Any, names: list[str]) -> None:
     """Check the sweep's options (``parser.error``, exit 2, naming the option, before any
-    process starts), run it into ``--out`` (default :data:`SWEEP_OUT`) and report it."""
+    process starts), run it into ``--out`` (default ``SWEEP_OUT``) and report it."""
     from exogym.cli.grid import parse_grid
     from exogym.cli.sweep import report_sweep, sweep
 

@@ -3,7 +3,7 @@
 A run of K nodes on W worker processes keeps W cores busy. When W is smaller than the
 machine's cores (K virtual nodes on one worker, ``workers=1``, a 16-core machine), a sweep runs
 several runs at once, each on a *lane*: a thread of the sweep's process with worker processes of
-its own, kept warm between the lane's runs (:func:`exogym.runtime.pool.lane`). Runs start in the
+its own, kept warm between the lane's runs (``exogym.runtime.pool.lane``). Runs start in the
 sweep's order as soon as a lane is free and their workers fit in the cores that the running runs
 leave (a run with as many workers as cores, or more, runs alone); every worker has one
 intra-op thread, so that W workers take W cores.
@@ -76,7 +76,7 @@ class Job:
         label: its name in logs and messages.
         need: the cores it takes: its worker processes, at most every core.
         run: trains it on the lane's thread and returns its outcome (exceptions are the
-            caller's to turn into outcomes; one that escapes is re-raised by :meth:`Lanes.run`).
+            caller's to turn into outcomes; one that escapes is re-raised by ``Lanes.run``).
     """
 
     index: int
@@ -90,7 +90,7 @@ class Lanes:
 
     Attributes:
         running: the labels of the jobs in progress (those that an interrupt stopped, after
-            :meth:`run` raised ``KeyboardInterrupt``).
+            ``run`` raised ``KeyboardInterrupt``).
     """
 
     def __init__(self, width: int, cores: int) -> None:
@@ -111,7 +111,7 @@ class Lanes:
 
         On ``KeyboardInterrupt`` (Ctrl-C reaches this thread): every running job's workers are
         stopped, the lanes end, ``done`` is called for the jobs that finished meanwhile, and the
-        interrupt is re-raised with :attr:`running` naming the jobs it stopped. Every lane's
+        interrupt is re-raised with ``running`` naming the jobs it stopped. Every lane's
         workers are stopped or handed to the program's pool before this returns or raises."""
         pending = list(jobs)
         free, going, interrupted = self.cores, {}, None

@@ -22,7 +22,8 @@ def mean_curve(
 ) -> list[tuple[float, float, float, float]]:
     """``(x, mean, low, high)`` at each step where every one of ``histories`` (the seeds of one
     point) has ``ycol``: ``x`` is the mean of their ``xcol``, ``mean``/``low``/``high`` the
-    :func:`exogym.stats.estimate` of their ``ycol`` (``low``/``high`` ``nan`` for one seed)."""
+    [`exogym.stats.estimate`][exogym.stats.estimate] of their ``ycol`` (``low``/``high`` ``nan`` for
+    one seed)."""
     by_step: dict[int, list[tuple[float, float]]] = {}
     for rows in histories:
         seen = {}
@@ -142,10 +143,10 @@ def plot_seed_curves(
     metrics: Sequence[str] | None = None,
     confidence: float = 0.95,
 ) -> list[str]:
-    """Write ``<out_dir>/<metric>_vs_<axis>.png`` for each :data:`~exogym.cli.plots.METRICS`
-    entry some run has (``metrics`` limits them) and each :data:`~exogym.cli.plots.AXES` entry:
+    """Write ``<out_dir>/<metric>_vs_<axis>.png`` for each ``METRICS``
+    entry some run has (``metrics`` limits them) and each ``AXES`` entry:
     one curve per group (label -> the ``Trainer.history`` of each seed), the mean over the seeds
-    at each validation (:func:`mean_curve`) with its ``confidence`` interval as a band; return
+    at each validation (``mean_curve``) with its ``confidence`` interval as a band; return
     the paths."""
     import matplotlib
 

@@ -1,5 +1,5 @@
 """A sweep's runs one at a time: train one (or read it back, finished by an earlier sweep) and
-keep its outcome (:mod:`exogym.cli.sweep`)."""
+keep its outcome (``exogym.cli.sweep``)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class Outcome:
 
     Attributes:
         point: the run's grid point, strategy and seed.
-        key: its key in the store (:func:`exogym.cli.sweep_store.run_key`).
-        row: its summary row (:data:`exogym.cli.sweep.RUN_COLUMNS`); empty for a failure.
+        key: its key in the store (``exogym.cli.sweep_store.run_key``).
+        row: its summary row (``exogym.cli.sweep.RUN_COLUMNS``); empty for a failure.
         history: its ``Trainer.history`` rows.
         error: the exception that stopped it, or ``None``.
         reused: finished by an earlier sweep and read back.

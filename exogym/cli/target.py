@@ -1,7 +1,7 @@
 """Time to target: when a run's average model first reached a validation loss.
 
 The comparison a decentralized-training paper makes: not the loss after N steps, but what it
-cost to get to a given loss. :func:`time_to_target` reads a run's ``Trainer.history`` rows (or a
+cost to get to a given loss. ``time_to_target`` reads a run's ``Trainer.history`` rows (or a
 ``metrics.csv`` read back as dicts) and returns the simulated seconds, steps and MB sent per
 node at which ``val_loss_global`` first reached the target, interpolated linearly between the
 two validations around the crossing.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: Columns :func:`target_columns` adds to a summary row.
+#: Columns ``target_columns`` adds to a summary row.
 TARGET_COLUMNS = ("target_sim_time", "target_steps", "target_mb_per_node")
 
 
@@ -66,7 +66,7 @@ def time_to_target(rows: Iterable[Mapping[str, Any]], target: float) -> Reached 
 
 
 def target_columns(rows: Iterable[Mapping[str, Any]], target: float) -> dict[str, float | None]:
-    """:data:`TARGET_COLUMNS` of a summary row: :func:`time_to_target`'s values, or ``None``
+    """``TARGET_COLUMNS`` of a summary row: ``time_to_target``'s values, or ``None``
     each (an empty cell) when the run never reached ``target``."""
     reached = time_to_target(rows, target)
     if reached is None:

@@ -1,7 +1,7 @@
 """Per-node simulated time of compared runs: ``utilisation.csv`` and a bar chart per node.
 
 Every node's clock is its compute, its communication and the time it waited for others
-(:mod:`exogym.clocks`); utilisation is compute over clock. Nodes of unequal speed, or
+(``exogym.clocks``); utilisation is compute over clock. Nodes of unequal speed, or
 islands that meet apart, show here what a single ``sim_time`` hides.
 """
 
@@ -27,7 +27,7 @@ def mean_utilisation(nodes: Sequence[Mapping[str, float]]) -> float:
 
 
 def write_utilisation(nodes: Mapping[str, Sequence[Mapping[str, float]]], out_dir: str) -> list[str]:
-    """Write ``<out_dir>/utilisation.csv`` (:data:`COLUMNS`) and ``utilisation.png`` (per node, a
+    """Write ``<out_dir>/utilisation.csv`` (``COLUMNS``) and ``utilisation.png`` (per node, a
     bar of compute, communication and waiting seconds stacked to its clock, one panel per
     strategy) for the runs in ``nodes`` (strategy -> ``Trainer.result["nodes"]``); return the
     paths written (none without nodes). Each file is written atomically."""

@@ -2,24 +2,26 @@
 
 A researcher writes a communicator with four things (the rest has defaults):
 
-- :attr:`Communicator.space`: ``"grad"`` (runs before the optimizer step, on ``p.grad``) or
+- ``Communicator.space``: ``"grad"`` (runs before the optimizer step, on ``p.grad``) or
   ``"param"`` (after it, on the parameters);
 - a schedule: ``H`` (communicate after local steps ``H-1, 2H-1, ...``) or an own
-  :meth:`Communicator.is_due`;
-- :meth:`Communicator.setup` (per node: allocate state from the :class:`NodeContext`);
-- :meth:`Communicator.communicate` (the collective work of one due step).
+  [`Communicator.is_due`][communicators.Communicator.is_due];
+- [`Communicator.setup`][communicators.Communicator.setup] (per node: allocate state from the
+  [`NodeContext`][communicators.NodeContext]);
+- [`Communicator.communicate`][communicators.Communicator.communicate] (the collective work of one
+  due step).
 
-Optional: :meth:`~Communicator.state_dict`/:meth:`~Communicator.load_state_dict` (checkpoints),
-:meth:`~Communicator.describe` (logs), and one statement of participation,
-:meth:`~Communicator.participation`, for modules that let only some nodes train in a round
-(client sampling). Everything the runtime needs to run such rounds fast (which steps a node is
-idle, when it may sleep through a round, where to place nodes) it derives from that statement
-(:mod:`exogym.runtime.schedule`). Capabilities are class attributes:
-:attr:`~Communicator.supports_dropout`, :attr:`~Communicator.stable_payloads`,
-:attr:`~Communicator.locates_payloads`, :attr:`~Communicator.coded_payloads`,
-:attr:`~Communicator.needs_step_seconds`.
+Optional:
+[`state_dict`][communicators.Communicator.state_dict]/[`load_state_dict`][communicators.Communicator.load_state_dict]
+(checkpoints), [`describe`][communicators.Communicator.describe] (logs), and one statement of
+participation, [`participation`][communicators.Communicator.participation], for modules that let
+only some nodes train in a round (client sampling). Everything the runtime needs to run such rounds
+fast (which steps a node is idle, when it may sleep through a round, where to place nodes) it
+derives from that statement (``exogym.runtime.schedule``). Capabilities are class attributes:
+``supports_dropout``, ``stable_payloads``, ``locates_payloads``, ``coded_payloads``,
+``needs_step_seconds``.
 
-:class:`Wrapper` wraps another communicator and forwards all of the above to it.
+[`Wrapper`][communicators.Wrapper] wraps another communicator and forwards all of the above to it.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ class NodeContext:
         num_nodes: the number of nodes.
         comm: the node's collectives (every byte sent goes through it).
         optimizer: the inner optimizer (e.g. to read the current learning rate; its per-parameter
-            state through :meth:`optimizer_state`).
+            state through [`optimizer_state`][communicators.NodeContext.optimizer_state]).
         seed: a seed every rank shares; derive shared randomness from it, never broadcast it.
         max_steps: the run's number of steps.
         steps_per_epoch: steps in one pass over a node's data (the same on every rank).
-        network: the run's network (:class:`~exogym.core.comm.network.Network`, node speeds
+        network: the run's network ([`Network`][exogym.Network], node speeds
             drawn): what asynchronous modules build their simulated timeline from; ``None``
             where the node runs without one (unit tests).
     """
@@ -65,7 +67,7 @@ class NodeContext:
 
     def optimizer_state(self, name: str) -> list[torch.Tensor]:
         """The inner optimizer's state tensor ``name`` of every trainable parameter of
-        :attr:`model`, in parameter order: e.g. Adam's and AdamW's moments ``"exp_avg"`` and
+        ``model``, in parameter order: e.g. Adam's and AdamW's moments ``"exp_avg"`` and
         ``"exp_avg_sq"``, SGD's ``"momentum_buffer"``. These are the optimizer's own tensors:
         writing them in place changes its state (DES-LOC averages the moments this way).
 
@@ -94,8 +96,8 @@ class NodeContext:
         return tensors
 
     def with_comm(self, comm: Comm) -> NodeContext:
-        """This context with another communication object (what a :class:`Wrapper` hands its
-        inner module when it transforms the wire)."""
+        """This context with another communication object (what a [`Wrapper`][communicators.Wrapper]
+        hands its inner module when it transforms the wire)."""
         return replace(self, comm=comm)
 
 
@@ -104,7 +106,7 @@ class Participation:
     """Who trains in one round of a module that lets only some nodes train.
 
     Round ``r`` is local steps ``[r * period, (r + 1) * period)``; the module communicates after
-    its last step. A node not in :attr:`trains` is idle through the round: it neither computes
+    its last step. A node not in ``trains`` is idle through the round: it neither computes
     nor reads its data, and takes part only in the round's communication.
 
     Attributes:
@@ -118,7 +120,7 @@ class Participation:
             communication whatever ``replaces`` says (an asynchronous client waiting for the
             server's state, or following it); never asleep.
         wakes: optional, for a module that knows its rounds ahead (a simulated timeline):
-            ``wakes(rank)`` for a rank idle in this round and not in :attr:`receives`, the
+            ``wakes(rank)`` for a rank idle in this round and not in ``receives``, the
             first later step whose round it trains in or receives in, or where the module
             stops stating rounds. Every round from this one up to that step must idle the rank,
             with ``replaces`` and this period; the module may communicate at their ends or not.
@@ -148,16 +150,19 @@ class Participation:
 class Communicator:
     """Base of the pipeline's building blocks.
 
-    A subclass sets :attr:`space` (``"grad"``: runs before the optimizer step on ``p.grad``;
-    ``"param"``: after it), gives a schedule (``H``, or its own :meth:`is_due`), sets itself up
-    per node in :meth:`setup` and does its work in :meth:`communicate`, a collective: every rank
-    calls it on the same steps, the ones where :meth:`is_due` holds. Optional:
-    :meth:`participation` (who trains in a round), :meth:`state_dict`/:meth:`load_state_dict`
-    (every tensor it keeps between steps, for checkpoints), :meth:`describe` (a label with its
-    settings: logs, and the check that a resumed run has the settings of the checkpoint).
-    Capabilities are class attributes: :attr:`supports_dropout`, :attr:`stable_payloads`,
-    :attr:`locates_payloads`, :attr:`coded_payloads`, :attr:`needs_step_seconds`,
-    :attr:`follows_availability`, :attr:`uniform_idle_calls`.
+    A subclass sets ``space`` (``"grad"``: runs before the optimizer step on ``p.grad``;
+    ``"param"``: after it), gives a schedule (``H``, or its own
+    [`is_due`][communicators.Communicator.is_due]), sets itself up per node in
+    [`setup`][communicators.Communicator.setup] and does its work in
+    [`communicate`][communicators.Communicator.communicate], a collective: every rank calls it on
+    the same steps, the ones where [`is_due`][communicators.Communicator.is_due] holds. Optional:
+    [`participation`][communicators.Communicator.participation] (who trains in a round),
+    [`state_dict`][communicators.Communicator.state_dict]/[`load_state_dict`][communicators.Communicator.load_state_dict]
+    (every tensor it keeps between steps, for checkpoints),
+    [`describe`][communicators.Communicator.describe] (a label with its settings: logs, and the
+    check that a resumed run has the settings of the checkpoint). Capabilities are class attributes:
+    ``supports_dropout``, ``stable_payloads``, ``locates_payloads``, ``coded_payloads``,
+    ``needs_step_seconds``, ``follows_availability``, ``uniform_idle_calls``.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -180,17 +185,17 @@ class Communicator:
     #: ``"grad"``: runs before the optimizer step on ``p.grad``; ``"param"``: after it.
     space: ClassVar[str] = "param"
     #: Whether each payload holds the same entries every round, so per-payload quantization
-    #: error feedback applies to it (see :mod:`communicators.quantize`). ``False`` unless a
+    #: error feedback applies to it (see ``communicators.quantize``). ``False`` unless a
     #: module says so: error feedback on payloads whose entries change would add residuals
     #: to the wrong entries, so it is refused.
     stable_payloads: ClassVar[bool] = False
     #: Whether each all-reduce says which parameter entries its payload holds
-    #: (``entries=``, :class:`~exogym.core.comm.entries.Entries`): then error feedback keeps
+    #: (``entries=``, ``Entries``): then error feedback keeps
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
     #: Whether the module needs every node's step seconds before the run: it follows a simulated
-    #: timeline (the asynchronous ones, :mod:`exogym.core.timeline`) or asks a handle's
-    #: ``is_completed()`` (:mod:`exogym.core.comm.handles`). With ``compute="flops"`` the run
+    #: timeline (the asynchronous ones, ``exogym.core.timeline``) or asks a handle's
+    #: ``is_completed()`` (``exogym.core.comm.handles``). With ``compute="flops"`` the run
     #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
     #: Whether the module follows the network's availability trace itself, in its simulated
@@ -200,10 +205,10 @@ class Communicator:
     #: Whether the module codes its payloads into bytes itself (values and indices packed into
     #: one buffer, values already at a chosen precision): a wire transform that acts on float
     #: payloads would pass them through unchanged, so a quantizing wire refuses the module
-    #: rather than do nothing (see :mod:`communicators.quantize`).
+    #: rather than do nothing (see ``communicators.quantize``).
     coded_payloads: ClassVar[bool] = False
     #: Whether the module can run a round with nodes missing (fault injection, see
-    #: :mod:`exogym.runtime.faults`): its collectives are ``sum``/``mean`` all-reduces, which
+    #: ``exogym.runtime.faults``): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
     #: ``comm.present()``. ``False`` makes ``fit(faults=...)`` with dropouts refuse the strategy.
     supports_dropout: ClassVar[bool] = False
@@ -211,7 +216,7 @@ class Communicator:
     #: makes the same calls as every other such node: they follow from the rounds' statements
     #: and the module's settings, not from the node's rank (no group drawn per rank, no state
     #: of its own sent). A worker then runs one of its dormant nodes and makes its calls for
-    #: the others (:mod:`exogym.runtime.dormant`).
+    #: the others (``exogym.runtime.dormant``).
     uniform_idle_calls: ClassVar[bool] = False
 
     def __init__(self, H: int = 1) -> None:
@@ -225,7 +230,8 @@ class Communicator:
         self.ctx = ctx
 
     def _init_node(self, ctx: NodeContext) -> None:
-        """Alias of :meth:`setup` (the spelling of earlier examples); calls ``setup``."""
+        """Alias of [`setup`][communicators.Communicator.setup] (the spelling of earlier examples);
+        calls ``setup``."""
         self.setup(ctx)
 
     def is_due(self, step: int) -> bool:
@@ -248,7 +254,7 @@ class Communicator:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what [`state_dict`][communicators.Communicator.state_dict] returned."""
         if state:
             raise ValueError(f"{type(self).__name__} has no state but got keys {sorted(state)}")
 
@@ -270,16 +276,16 @@ class Communicator:
 
     # -- what the pipeline runs (not for subclasses to override) -----------------------------
     def bind(self, ctx: NodeContext) -> None:
-        """Set the module up on a node: :meth:`setup`, or a subclass's own ``_init_node``
-        where it defines that spelling instead (see :mod:`exogym.compat`)."""
+        """Set the module up on a node: [`setup`][communicators.Communicator.setup], or a subclass's
+        own ``_init_node`` where it defines that spelling instead (see ``exogym.compat``)."""
         if type(self)._init_node is not Communicator._init_node:
             self._init_node(ctx)
         else:
             self.setup(ctx)
 
     def leaves(self) -> list[Communicator]:
-        """The modules that communicate: this one (a :class:`~exogym.core.pipeline.Pipeline`
-        lists its modules', a :class:`Wrapper` its inner module's)."""
+        """The modules that communicate: this one (a [`Pipeline`][communicators.Pipeline]
+        lists its modules', a [`Wrapper`][communicators.Wrapper] its inner module's)."""
         return [self]
 
     def run(self, space: str, step: int) -> None:
@@ -291,8 +297,9 @@ class Communicator:
 class Wrapper(Communicator):
     """A communicator around another one (``inner``), forwarding its schedule, space,
     participation, capabilities, state and description. A subclass overrides what it changes,
-    e.g. :meth:`wrap_comm` to transform what ``inner`` sends, or :meth:`communicate` to act
-    around ``inner.communicate`` (call ``super().communicate(step)``).
+    e.g. [`wrap_comm`][communicators.Wrapper.wrap_comm] to transform what ``inner`` sends, or
+    [`communicate`][communicators.Communicator.communicate] to act around ``inner.communicate``
+    (call ``super().communicate(step)``).
 
     Args:
         inner: the wrapped communicator.
@@ -391,7 +398,7 @@ class Wrapper(Communicator):
 
 def supports_dropout(module: Communicator) -> bool:
     """``module.supports_dropout``, also where a module defines it as a method (the spelling
-    of earlier examples; see :mod:`exogym.compat`)."""
+    of earlier examples; see ``exogym.compat``)."""
     value = module.supports_dropout
     return bool(value() if callable(value) else value)
 

@@ -7,9 +7,9 @@
     parameter-space modules due at this step (averaging, DiLoCo), in order
 
 A module decides from its own schedule (``H``) whether this step communicates, and keeps its
-own state (``state_dict``/``load_state_dict``). :class:`Pipeline` is itself a ``Communicator``,
-so pipelines nest. The :class:`~exogym.core.communicator.Communicator` base lives in
-:mod:`exogym.core.communicator` and is re-exported here.
+own state (``state_dict``/``load_state_dict``). [`Pipeline`][communicators.Pipeline] is itself a
+``Communicator``, so pipelines nest. The [`Communicator`][communicators.Communicator] base lives in
+``exogym.core.communicator`` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from exogym.core.wire import Wire, WireComm
 
 
 class Pipeline(Communicator):
-    """An ordered list of communicators, itself a :class:`Communicator` (pipelines nest).
+    """An ordered list of communicators, itself a [`Communicator`][communicators.Communicator]
+    (pipelines nest).
 
     Its participation statement combines its modules' by one rule: the parameter-space modules
     that declare one must agree on the period; a node trains in the round if every one of them
@@ -105,7 +106,7 @@ class Pipeline(Communicator):
         return Participation(stated[0].period, trains, all(p.replaces for p in stated), receives - trains)
 
     def finish(self) -> None:
-        """Every module's :meth:`~Communicator.finish`, in order. Collective."""
+        """Every module's [`finish`][communicators.Communicator.finish], in order. Collective."""
         for m in self.modules:
             m.finish()
 
@@ -181,14 +182,14 @@ class CommunicateOptimizeStrategy(Strategy):
 
     Gradients are clipped (``max_norm``) after the gradient-space modules, i.e. on what the
     optimizer will apply; a subclass whose modules transform gradients into something else
-    (DeMo's signs) sets :attr:`clip_before_communication` to clip the raw local gradients.
+    (DeMo's signs) sets ``clip_before_communication`` to clip the raw local gradients.
 
     Args:
-        communication_modules: the :class:`Communicator` modules, in order.
+        communication_modules: the [`Communicator`][communicators.Communicator] modules, in order.
         optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm, inner_optim, lr, warmup_steps:
-            as for :class:`~exogym.core.strategy.Strategy`.
+            as for [`Strategy`][exogym.strategy.Strategy].
         wire: a transform of every payload the modules send (e.g.
-            :class:`communicators.quantize.Int8`), or ``None``.
+            [`communicators.quantize.Int8`][communicators.Int8]), or ``None``.
     """
 
     def __init__(
@@ -274,14 +275,14 @@ class CommunicateOptimizeStrategy(Strategy):
         super().step()
 
     def finish(self) -> None:
-        """Every module's :meth:`~Communicator.finish` (the asynchronous servers apply the
-        updates still in flight). Collective."""
+        """Every module's [`finish`][communicators.Communicator.finish] (the asynchronous servers
+        apply the updates still in flight). Collective."""
         if self.wire_comm is not None:
             self.wire_comm.begin_phase()
         self.pipeline.finish()
 
     def run_summary(self) -> dict[str, Any]:
-        """The modules' :meth:`~Communicator.summary`, merged."""
+        """The modules' [`summary`][communicators.Communicator.summary], merged."""
         return self.pipeline.summary()
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Outer-momentum restarts (Topollai et al. 2026, arXiv 2605.28585) reset the outer optimizer's
 momentum of a DiLoCo-family method every N outer steps: the stale momentum is discarded while
-the parameters keep the progress made. In general form, :func:`restart_every` clears an
+the parameters keep the progress made. In general form, ``restart_every`` clears an
 optimizer's per-parameter state before its steps ``N+1, 2N+1, ...``, so each of those steps
 starts as the first step did: SGD's momentum buffer restarts from the step's gradient (the
 zero buffer of the paper, after one update), an Adam-family optimizer's moments and step count

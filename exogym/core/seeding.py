@@ -29,7 +29,8 @@ def derive_seed(*parts: int) -> int:
 
 
 def generator(*parts: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with :func:`derive_seed` of ``parts``."""
+    """A CPU ``torch.Generator`` seeded with [`derive_seed`][exogym.core.seeding.derive_seed] of
+    ``parts``."""
     return torch.Generator().manual_seed(derive_seed(*parts))
 
 

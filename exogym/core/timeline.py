@@ -7,9 +7,9 @@ arrives, received after the transfer). What a node receives therefore depends on
 times only. With modelled compute (a number of seconds per step, times each node's
 ``compute_slowdown``) neither a step's duration nor a transfer's depends on the values being
 trained, so the timing can be simulated first, alone, as a discrete-event simulation (a heap of
-timed events, no tensors): :class:`Simulation`. Its result, a :class:`Timeline`, is the same on
+timed events, no tensors): ``Simulation``. Its result, a ``Timeline``, is the same on
 every rank, in every layout and in every run, and the values then follow it in simulated-time
-order (:mod:`communicators.server`).
+order (``communicators.server``).
 
 The run's step counter counts *ticks*: tick ``k`` is the ``k``-th distinct simulated instant at
 which some node starts a training step. At a tick the nodes starting a step train (the others sit
@@ -21,7 +21,7 @@ received by the server (by ascending rank), pulls served (by ascending rank), pu
 steps started. A run of ``max_steps`` ticks then *drains*: the pushes of segments whose last step
 was taken are still received and applied; nothing else happens.
 
-A simulation that runs out of events before its last tick is a deadlock: :class:`DeadlockError`
+A simulation that runs out of events before its last tick is a deadlock: ``DeadlockError``
 names the nodes and what each waits for.
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 #: would leave them a few 1e-18 s apart and split one tick into several.
 TIME_DIGITS = 9
 
-#: Event kinds in their order at one simulated instant (a :class:`Simulation` may declare more).
+#: Event kinds in their order at one simulated instant (a ``Simulation`` may declare more).
 KINDS = ("capture", "receive", "serve", "deliver", "start")
 
 
@@ -61,7 +61,7 @@ class Event:
 
     Attributes:
         time: its simulated second.
-        kind: one of its simulation's :attr:`Simulation.kinds` (:data:`KINDS` by default).
+        kind: one of its simulation's ``Simulation.kinds`` (``KINDS`` by default).
         rank: the node it concerns.
         segment: the node's push it concerns (its count of pushes before it), else ``0``.
         staleness: for ``receive``: server versions applied between the version the node
@@ -100,7 +100,7 @@ class Timeline:
         holders: the nodes that hold a replica of the server through the run (apply every
             update and send its state to the nodes served from them, as a ``serve``'s
             ``source``); ``None``: every node.
-        following: per tick, where only :attr:`holders` hold the server, the nodes that take
+        following: per tick, where only ``holders`` hold the server, the nodes that take
             part in the communication after it: the holders and the nodes its events name (as
             their node or source). The others take no part in it and may sleep through it.
         records: an algorithm's further records, by name (e.g. HALoS's updates between its
@@ -123,7 +123,7 @@ class Timeline:
     @property
     def final_holder(self) -> int:
         """The node that sends the server's final state to the others (the first of
-        :attr:`holders`), or ``-1`` where every node holds the server."""
+        ``holders``), or ``-1`` where every node holds the server."""
         return -1 if not self.holders else min(self.holders)
 
     def summary(self) -> dict[str, object]:
@@ -146,7 +146,7 @@ class Timeline:
 
 
 def format_summary(summary: dict[str, object]) -> str:
-    """A strategy's :meth:`~exogym.core.strategy.Strategy.run_summary` in one line for logs:
+    """A strategy's [`run_summary`][exogym.strategy.Strategy.run_summary] in one line for logs:
     ``key=value`` pairs, floats (also in lists) to 4 significant digits."""
 
     def text(v: object) -> str:
@@ -160,13 +160,13 @@ def format_summary(summary: dict[str, object]) -> str:
 
 
 class Simulation:
-    """The timing of an asynchronous algorithm: subclasses schedule events in :meth:`begin` and
-    react to them in :meth:`on_start`, :meth:`on_capture`, :meth:`on_receive`, :meth:`on_serve`
-    and :meth:`on_deliver` (each may :meth:`schedule` more, and may return the event with what
+    """The timing of an asynchronous algorithm: subclasses schedule events in ``begin`` and
+    react to them in ``on_start``, ``on_capture``, ``on_receive``, ``on_serve``
+    and ``on_deliver`` (each may ``schedule`` more, and may return the event with what
     it found, e.g. a receipt's staleness, which the timeline then keeps).
 
     A subclass with events of its own (e.g. between two servers) lists every kind in
-    :attr:`kinds`, in their order at one instant, and handles kind ``k`` in ``on_k``; ``start``
+    ``kinds``, in their order at one instant, and handles kind ``k`` in ``on_k``; ``start``
     stays the last kind (steps start after everything else at their instant).
 
     Args:
@@ -198,8 +198,8 @@ class Simulation:
 
     def schedule(self, time: float, kind: str, rank: int, segment: int = 0, source: int = -1, data: tuple = ()) -> None:
         """Make event ``kind`` of node ``rank`` happen at simulated second ``time`` (``segment``,
-        ``source`` and ``data`` as in :class:`Event`). Events at one instant run in the order of
-        :attr:`kinds`, then by ``rank``, then in the order they were scheduled."""
+        ``source`` and ``data`` as in ``Event``). Events at one instant run in the order of
+        ``kinds``, then by ``rank``, then in the order they were scheduled."""
         self._seq += 1
         time = round(time, TIME_DIGITS)
         ev = Event(time, kind, rank, segment, source=source, data=data)
@@ -219,7 +219,7 @@ class Simulation:
         self.timeline.updates.append((time, rank, staleness))
 
     def record(self, name: str, *values: object) -> None:
-        """Append ``values`` to the timeline's record ``name`` (see :attr:`Timeline.records`)."""
+        """Append ``values`` to the timeline's record ``name`` (see ``Timeline.records``)."""
         self.timeline.records.setdefault(name, []).append(values)
 
     def touch(self, time: float) -> None:

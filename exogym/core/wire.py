@@ -1,7 +1,7 @@
 """Wire transforms: change what goes on the wire for every module of a pipeline at once.
 
 ``CommunicateOptimizeStrategy([...], wire=Int8(error_feedback=True))`` hands every module a
-communication object that transforms its payloads (:mod:`communicators.quantize` has the
+communication object that transforms its payloads (``communicators.quantize`` has the
 quantizing ones). The modules do not know: a transform reaches every algorithm, the ones still
 to be written included, without a line in them.
 """
@@ -15,8 +15,8 @@ from exogym.core.comm.wrapper import CommWrapper
 
 
 class WireComm(CommWrapper):
-    """The communication object a :class:`Wire` makes for one node: a
-    :class:`~exogym.core.comm.wrapper.CommWrapper` with state (e.g. error-feedback residuals)
+    """The communication object a ``Wire`` makes for one node: a
+    ``CommWrapper`` with state (e.g. error-feedback residuals)
     and a notion of a communication phase."""
 
     def begin_phase(self) -> None:
@@ -28,12 +28,12 @@ class WireComm(CommWrapper):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what ``state_dict`` returned."""
 
 
 class Wire:
     """A description of a wire transform (configuration only: it is pickled into every node,
-    where :meth:`wrap` makes the node's own :class:`WireComm`)."""
+    where ``wrap`` makes the node's own ``WireComm``)."""
 
     def wrap(self, comm: Comm) -> WireComm:
         """The node's communication object around ``comm``."""

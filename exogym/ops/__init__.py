@@ -1,12 +1,12 @@
 """Custom ops of the ``exogym`` library and the path that serves them.
 
-Each op family lives in its own module (:mod:`exogym.ops.sparse`, :mod:`exogym.ops.dct`) with three things side by
-side: the typed wrapper over ``torch.ops.exogym.<op>``, its fake (meta) implementation for
+Each op family lives in its own module (``exogym.ops.sparse``, ``exogym.ops.dct``) with three things
+side by side: the typed wrapper over ``torch.ops.exogym.<op>``, its fake (meta) implementation for
 ``torch.compile``, and a pure-torch reference. The reference is the test oracle, the benchmark
 baseline and the fallback where the compiled extension ``exogym._C`` is not available.
 
 Set ``EXOGYM_FORCE_REFERENCE=1`` to use the references even when the extension is built.
-:func:`backend` says which path is in use and why.
+[`backend`][exogym.ops.backend] says which path is in use and why.
 """
 
 from __future__ import annotations

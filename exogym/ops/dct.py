@@ -77,7 +77,8 @@ def _blocks(x2d: torch.Tensor, cr: int, cc: int) -> torch.Tensor:
 
 
 def dct_encode_reference(x: torch.Tensor, chunk: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch reference of :func:`dct_encode` (einsum DCT, a stable sort for the top-k)."""
+    """Pure-torch reference of [`dct_encode`][exogym.ops.dct_encode] (einsum DCT, a stable sort for
+    the top-k)."""
     cr, cc = chunk_shape(x.shape, chunk)
     rows, cols = as_2d_shape(x.shape)
     k = min(topk, cr * cc)
@@ -95,7 +96,8 @@ def dct_encode_reference(x: torch.Tensor, chunk: int, topk: int) -> tuple[torch.
 def dct_decode_reference(
     indices: torch.Tensor, values: torch.Tensor, shape: tuple[int, ...], chunk: int, sign: bool = False
 ) -> torch.Tensor:
-    """Pure-torch reference of :func:`dct_decode` (``scatter_reduce`` mean, einsum inverse DCT)."""
+    """Pure-torch reference of [`dct_decode`][exogym.ops.dct_decode] (``scatter_reduce`` mean,
+    einsum inverse DCT)."""
     cr, cc = chunk_shape(shape, chunk)
     rows, cols = as_2d_shape(shape)
     r, nchunks, _ = indices.shape

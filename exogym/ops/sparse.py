@@ -1,8 +1,9 @@
 """Sparse index ops: shared-seed index selection, gather into one buffer, scatter back.
 
 SPARTA-style sparse averaging needs every rank to pick the same parameter indices without ever
-sending them. :func:`select_indices` derives them from ``(seed, step, tensor_id)`` with a
-counter-based hash (no torch RNG state), identically on every rank and on CPU and CUDA.
+sending them. [`select_indices`][exogym.ops.select_indices] derives them from
+``(seed, step, tensor_id)`` with a counter-based hash (no torch RNG state), identically on every
+rank and on CPU and CUDA.
 
 Selection is *stratified*: the ``n`` positions are cut into ``k`` strata
 ``[j*n//k, (j+1)*n//k)`` and one index is drawn from each, so exactly ``k`` distinct indices come
@@ -62,7 +63,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def select_indices_reference(
     n: int, k: int, seed: int, step: int, tensor_id: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Pure-torch reference of :func:`select_indices` (same contract, same result)."""
+    """Pure-torch reference of [`select_indices`][exogym.ops.select_indices] (same contract, same
+    result)."""
     _check_select(n, k)
     j = torch.arange(k, dtype=torch.int64, device=device)
     key = _stream_key(seed, step, tensor_id)
@@ -105,7 +107,7 @@ def _signed64(x: int) -> int:
 
 
 def sparse_gather_reference(srcs: Sequence[torch.Tensor], indices: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Pure-torch reference of :func:`sparse_gather`."""
+    """Pure-torch reference of [`sparse_gather`][exogym.ops.sparse_gather]."""
     return torch.cat([s.reshape(-1)[i] for s, i in zip(srcs, indices, strict=True)])
 
 
@@ -128,7 +130,8 @@ def sparse_scatter_reference_(
     values: torch.Tensor,
     scale: float = 1.0,
 ) -> None:
-    """Pure-torch reference of :func:`sparse_scatter_` (mutates ``dsts`` in place)."""
+    """Pure-torch reference of [`sparse_scatter_`][exogym.ops.sparse_scatter_] (mutates ``dsts`` in
+    place)."""
     total = sum(i.numel() for i in indices)
     if values.dim() != 1 or values.numel() != total:
         raise ValueError(
@@ -153,8 +156,8 @@ def sparse_scatter_(
 ) -> None:
     """In place: ``dsts[i].flatten()[indices[i]] = values[off_i : off_i + len_i] * scale``.
 
-    ``values`` is the 1-D buffer :func:`sparse_gather` produced (typically after an all-reduce
-    sum); ``scale = 1/K`` fuses the average. ``values`` must have exactly
+    ``values`` is the 1-D buffer [`sparse_gather`][exogym.ops.sparse_gather] produced (typically
+    after an all-reduce sum); ``scale = 1/K`` fuses the average. ``values`` must have exactly
     ``sum(len(indices[i]))`` elements and the destinations' dtype.
     """
     if not dsts:

@@ -7,7 +7,7 @@ Every rank owns one line ``flags[rank]`` of eight int64 words in shared memory::
     word 1: ((generation & 0xFFFF) << 48) | payload bytes
     words 2..4: the caller's own mismatch report: (other rank, its word 0, its word 1)
 
-:func:`shm_barrier` publishes this rank's words and waits until every rank's generation has
+``shm_barrier`` publishes this rank's words and waits until every rank's generation has
 reached ``gen``. Ranks at exactly ``gen`` must carry the same ``tag`` (the collective and its
 reduce op or root) and, when they name the same ``group``, the same ``size``: otherwise the
 barrier returns that rank, so a rank that all-reduces 10 floats while its peer all-gathers 20
@@ -29,7 +29,7 @@ import torch
 
 from exogym import ops as _ops
 
-#: Return values of :func:`shm_barrier` besides a mismatching rank (>= 0).
+#: Return values of ``shm_barrier`` besides a mismatching rank (>= 0).
 PASSED, TIMED_OUT = -1, -2
 WORDS = 8
 _SIZE_MASK = (1 << 48) - 1
@@ -41,7 +41,7 @@ def available() -> bool:
 
 
 def barrier_function() -> Callable[[torch.Tensor, int, int, int, int, int, float, int], int]:
-    """:func:`shm_barrier`'s implementation for CPU tensors, resolved once (the transport calls
+    """``shm_barrier``'s implementation for CPU tensors, resolved once (the transport calls
     it twice per collective, where a per-call lookup would show)."""
     if _ops.use_kernel("shm_barrier", torch.device("cpu")):
         return torch.ops.exogym.shm_barrier.default
@@ -54,7 +54,7 @@ def shm_barrier(
     """Publish ``(gen, tag, group, size)`` in ``flags[rank]`` and wait for every rank to reach
     ``gen``: spin for ``spin_us`` microseconds (lowest latency while each node has a core), then
     sleep until a peer arrives (a futex on Linux; nodes that outnumber the cores then do not take
-    each other's). Returns :data:`PASSED`, :data:`TIMED_OUT` after ``timeout_s`` seconds, or the
+    each other's). Returns ``PASSED``, ``TIMED_OUT`` after ``timeout_s`` seconds, or the
     rank whose tag (or size, within the same group) differs. The GIL is released while waiting."""
     return barrier_function()(flags, rank, gen, tag, group, size, timeout_s, spin_us)
 
@@ -62,7 +62,7 @@ def shm_barrier(
 def shm_barrier_reference(
     flags: torch.Tensor, rank: int, gen: int, tag: int, group: int, size: int, timeout_s: float, spin_us: int = 2000
 ) -> int:
-    """Pure-Python :func:`shm_barrier` (same contract, but it yields instead of sleeping);
+    """Pure-Python ``shm_barrier`` (same contract, but it yields instead of sleeping);
     correct only under x86 ordering."""
     f = flags.numpy()
     word0 = (gen << 32) | (tag << 16) | group

@@ -16,7 +16,7 @@ read and are replaced by the next write.
 Loading trusts nothing in the folder: every file is read with ``torch.load(weights_only=True)``
 (tensors and plain containers; a pickle that would run code is refused), and before any node
 starts, each node file's SHA-256 is checked against the one ``meta.pt`` recorded
-(:func:`verify`), so a truncated or modified file is named instead of loaded, with the fix.
+(``verify``), so a truncated or modified file is named instead of loaded, with the fix.
 
 Faults while writing or reading: a write that fails (a full disk: ``ENOSPC``) raises an
 ``OSError`` naming the checkpoint, the file and the fix, and leaves the previous checkpoint and
@@ -24,8 +24,8 @@ Faults while writing or reading: a write that fails (a full disk: ``ENOSPC``) ra
 newest complete one is used, with a warning); a damaged ``meta.pt`` or node file is an error
 naming the file, never a silent fall-back to older state.
 
-A node's state (:mod:`exogym.runtime.node_state`): model, strategy (inner optimizer, LR scheduler, step,
-communicator state: DiLoCo's global copy and outer optimizer, error-feedback residuals, DeMo's
+A node's state (``exogym.runtime.node_state``): model, strategy (inner optimizer, LR scheduler,
+step, communicator state: DiLoCo's global copy and outer optimizer, error-feedback residuals, DeMo's
 delta, ...), torch RNG streams, data position (epoch, batches taken, sampler generator), ledger
 totals, metric totals and, on rank 0, the metric history. With the network's ``compute``
 model deterministic, a resumed run is bit-identical to one that never stopped.
@@ -238,8 +238,8 @@ def newest(root: str) -> str | None:
 
 def load_meta(folder: str) -> dict[str, Any]:
     """The fingerprint, step and file digests of a complete checkpoint folder, loaded safely
-    (:func:`load_safe`). Raises ``ValueError`` naming ``meta.pt`` when it is not what
-    :func:`finalize` writes."""
+    (``load_safe``). Raises ``ValueError`` naming ``meta.pt`` when it is not what
+    ``finalize`` writes."""
     path = os.path.join(folder, META)
     try:
         meta = load_safe(path)
@@ -332,7 +332,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what ``rng_state`` returned."""
     torch.set_rng_state(state["cpu"])
     if state["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)

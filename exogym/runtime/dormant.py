@@ -5,10 +5,10 @@ A client that no round samples (most of 1,000 FedAvg clients sampled 1% for a fe
 that no event of an asynchronous timeline names does the same thing from the first step to
 the last as every other such client: it sits every round out, receives what every idle node
 receives, and sends the same metric samples. Where the modules say that such a node's calls do
-not depend on its rank (:attr:`~exogym.core.communicator.Communicator.uniform_idle_calls`), a
+not depend on its rank (``uniform_idle_calls``), a
 worker builds and runs only the first of its dormant nodes, the *lead*, and its hub queues
 each call the lead makes once more for every other dormant node it hosts, the lead's *twins*
-(:meth:`~exogym.runtime.virtual.VirtualHub.mirror`): the collectives see every node's call as
+(``mirror``): the collectives see every node's call as
 before, and the twins cost neither a thread, a model copy nor a step of their own. The lead
 agrees on the steps per epoch for its twins too (their datasets are built for that only).
 
@@ -33,7 +33,7 @@ from exogym.runtime import schedule
 
 def dormant_nodes(strategy: Any, config: FitConfig) -> frozenset[int]:
     """The ranks that no round of the run lets train or take part in (every statement idles
-    them and none lists them among its :attr:`~exogym.core.communicator.Participation.receives`),
+    them and none lists them among its ``receives``),
     rank 0 aside (its node makes the run's rows), or ``frozenset()`` where the run or its
     strategy does not allow dormant nodes (module docstring). ``strategy`` as bound for the run
     (an asynchronous module states its ticks once it has the run's network). The same answer on

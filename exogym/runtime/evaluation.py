@@ -54,7 +54,7 @@ class Evaluator:
 
     def validate(self, metrics: MetricsBuffer) -> dict[str, Any] | None:
         """Validation of the local models (mean over nodes) and of the all-node average, and how
-        far the nodes' models have drifted apart (:meth:`divergence`): the row on rank 0,
+        far the nodes' models have drifted apart (``divergence``): the row on rank 0,
         ``None`` elsewhere. Collective."""
         local = self.evaluate(self.model)
         avg = self.average_model()

@@ -1,13 +1,13 @@
 """Fault injection: nodes that drop out of rounds, and stragglers whose speed varies per step.
 
-A :class:`Faults` object describes what goes wrong; ``Trainer.fit(faults=...)`` binds it to the
-run as a :class:`FaultPlan`. Everything is drawn from a seed every rank shares (counter-based:
+A [`Faults`][exogym.Faults] object describes what goes wrong; ``Trainer.fit(faults=...)`` binds it
+to the run as a ``FaultPlan``. Everything is drawn from a seed every rank shares (counter-based:
 ``(seed, round)`` for dropouts, ``(seed, rank, step)`` for slowdowns), so every rank knows
 without a message who is missing, a resumed run sees the same faults, and two runs with the
 same seeds see the same faults.
 
 **Dropouts.** A *round* is the period of the strategy's slowest communication: ``H`` steps for
-DiLoCo and FedAvg, one step for DDP and SPARTA (:func:`exogym.runtime.schedule.round_steps`). A node
+DiLoCo and FedAvg, one step for DDP and SPARTA (``exogym.runtime.schedule.round_steps``). A node
 dropped for a round
 
 - trains nothing in it: it draws no batches and its step time is not counted;
@@ -19,15 +19,15 @@ dropped for a round
   global copy and outer optimizer), which is what torchft's recovering replicas receive. The
   ledger charges a broadcast of those bytes from that survivor to the nodes that rejoin.
 
-Strategies whose communicators can leave a node out say so (:attr:`Communicator.supports_dropout
-<exogym.core.communicator.Communicator.supports_dropout>`): averaging (DDP, FedAvg, islands, client
-sampling), DiLoCo's exact outer step, SPARTA's random and sequential selectors. Others (DeMo, DCT
-or quantised payloads, which all-gather) are refused before the run starts.
+Strategies whose communicators can leave a node out say so (``Communicator.supports_dropout``):
+averaging (DDP, FedAvg, islands, client sampling), DiLoCo's exact outer step, SPARTA's random and
+sequential selectors. Others (DeMo, DCT or quantised payloads, which all-gather) are refused before
+the run starts.
 
 **Stragglers.** ``slowdown`` is a ``torch.distributions.Distribution``; every node draws a factor
 from it at every step, which multiplies that step's compute time (on top of the fixed
 ``Network(compute_slowdown=...)``). A step's collectives wait for their slowest participant
-(:mod:`exogym.clocks`), so the tail of the distribution shows in ``compute_time`` and
+(``exogym.clocks``), so the tail of the distribution shows in ``compute_time`` and
 ``sim_time``.
 """
 
@@ -86,7 +86,7 @@ def with_availability(
     faults: Faults | None, network: Any, num_nodes: int, round_steps: int, max_steps: int, strategy: Any = None
 ) -> Faults | None:
     """``faults`` with the rounds ``network``'s availability trace takes nodes away added to its
-    ``drop`` (:meth:`Network.drop_plan <exogym.core.comm.network.Network.drop_plan>`): the same
+    ``drop`` ([`Network.drop_plan`][exogym.Network.drop_plan]): the same
     plan ``Faults(drop=...)`` would give for those rounds. ``faults`` itself without a trace,
     when the trace takes no node away during the run, or for a ``strategy`` that follows the
     trace itself (``follows_availability``)."""
@@ -103,13 +103,13 @@ def with_availability(
 
 
 class FaultPlan:
-    """:class:`Faults` bound to a run: who is missing at each step, who rejoins, how slow each
-    node is. Every method depends only on shared values (seed, round, step, rank).
+    """[`Faults`][exogym.Faults] bound to a run: who is missing at each step, who rejoins, how slow
+    each node is. Every method depends only on shared values (seed, round, step, rank).
 
     Args:
         faults: the run's faults.
         num_nodes: K.
-        round_steps: steps per round (:func:`exogym.runtime.schedule.round_steps`).
+        round_steps: steps per round (``exogym.runtime.schedule.round_steps``).
         max_steps: the run's length.
         seed: the run's seed (used when ``faults.seed`` is ``None``).
     """

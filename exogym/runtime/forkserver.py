@@ -3,9 +3,9 @@
 Workers are forked from a server process that has imported torch, ``torch._dynamo`` (which every
 optimizer step imports) and ExoGym once: about 3.5 s of imports on a small machine, which
 would otherwise sit between the call to ``fit`` and the first training step. The first
-``Trainer(...)`` therefore starts the server (:func:`prestart`), so that its imports run on
-another core while your script goes on to ``fit``; ``exogym.prestart()`` starts it earlier, at
-the top of a script, so that they also run beside loading the data and building the model.
+``Trainer(...)`` therefore starts the server ([`prestart`][exogym.prestart]), so that its imports
+run on another core while your script goes on to ``fit``; ``exogym.prestart()`` starts it earlier,
+at the top of a script, so that they also run beside loading the data and building the model.
 ``fit`` uses that server, or starts one if there is none. Importing ``exogym`` starts nothing.
 
 The server is not started early where it would not be used or cannot be started cleanly:
@@ -17,7 +17,7 @@ exits, so that a script which never trains leaves nothing behind, and on Linux t
 it when the parent dies without exiting (``kill -TERM`` or ``-9`` before ``fit`` handles
 signals), even while it still imports torch.
 
-Standard library only: the server imports this module first (:data:`PRELOAD`), which ties its
+Standard library only: the server imports this module first (``PRELOAD``), which ties its
 life to its parent's before the seconds of torch's import.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 #: Modules the fork server imports once, so that worker processes start with them loaded. This
 #: module comes first: importing it is where the server ties its life to its parent's
-#: (:func:`_follow_parent`), before the seconds of torch's import.
+#: (``_follow_parent``), before the seconds of torch's import.
 PRELOAD = [
     "exogym.runtime.forkserver",
     "torch",
@@ -49,13 +49,13 @@ PRELOAD = [
     "communicators",
 ]
 
-#: ``EXOGYM_PRESTART=0`` (or ``false``, ``no``, ``off``): :func:`prestart` starts no server (nor
+#: ``EXOGYM_PRESTART=0`` (or ``false``, ``no``, ``off``): ``prestart`` starts no server (nor
 #: does ``Trainer(...)``); ``fit`` starts it.
 PRESTART_ENV = "EXOGYM_PRESTART"
-#: ``EXOGYM_START_METHOD=spawn|forkserver`` overrides :func:`start_method`.
+#: ``EXOGYM_START_METHOD=spawn|forkserver`` overrides ``start_method``.
 START_METHOD_ENV = "EXOGYM_START_METHOD"
 #: The variables ``torchrun`` sets that ExoGym needs: where all are set, this process is a
-#: launcher's rank (see :mod:`exogym.runtime.cluster`), which starts no worker processes.
+#: launcher's rank (see ``exogym.runtime.cluster``), which starts no worker processes.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 #: Set in the fork server's environment while it starts: the pid of the process that started it.
@@ -120,7 +120,7 @@ def exit_with_parent() -> None:
 def ensure_server() -> None:
     """Start the fork server unless it runs (returns at once; its imports go on in the
     background; one that died is started again). The server ignores Ctrl-C, ends with this
-    process and starts no server of its own. Call only when :func:`start_method` is
+    process and starts no server of its own. Call only when ``start_method`` is
     ``forkserver``."""
     context()
     if _running():  # no SIGINT-ignoring window: a Ctrl-C between two runs of a program is not lost
@@ -135,7 +135,7 @@ def ensure_server() -> None:
 
 def _running() -> bool:
     """Whether this process's fork server is alive (from ``/proc``; ``False`` where it cannot
-    tell, or for a server that died: :func:`ensure_server` then goes through multiprocessing,
+    tell, or for a server that died: ``ensure_server`` then goes through multiprocessing,
     which starts it again)."""
     pid = server_pid()
     if pid is None:

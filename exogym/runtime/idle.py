@@ -2,7 +2,7 @@
 round's result, and sleeping through the rounds it sits out.
 
 What is idle and what may be sat out comes from the node's
-:class:`~exogym.runtime.schedule.NodeSchedule`; this module adds what the loop itself needs:
+``NodeSchedule``; this module adds what the loop itself needs:
 where the loop's own collectives (metrics flush, validation, checkpoint, the end) bound a span,
 and the sleep that sits out the communications of many rounds at once while each round still
 gets the steps, charges and metric sample the loop would give it.
@@ -31,12 +31,12 @@ from exogym.runtime import schedule as S
 from exogym.runtime.meter import StepMeter
 
 #: Pending step samples are exchanged across nodes at least this often (in steps), times the
-#: number of whole multiples of it in the nodes a worker hosts (see :func:`flush_interval`).
+#: number of whole multiples of it in the nodes a worker hosts (see ``flush_interval``).
 _FLUSH_STEPS = 64
 
 #: What the pending step samples of a worker's nodes may take before a flush, where a longer
-#: interval is worth it (:func:`flush_interval`), and the bytes of one node's sample of a step
-#: (:class:`~exogym.metrics.MetricsBuffer` keeps twelve float64 numbers per pending step).
+#: interval is worth it (``flush_interval``), and the bytes of one node's sample of a step
+#: (``MetricsBuffer`` keeps twelve float64 numbers per pending step).
 _PENDING_BYTES = 128 * 2**20
 _SAMPLE_BYTES = 96
 
@@ -121,7 +121,7 @@ class IdleSteps:
         self.cfg, self.max_steps = cfg, max_steps
         self.strategy, self.comm, self.schedule, self.faults = strategy, comm, schedule, faults
         self.validates, self._rejoin = validates, rejoin
-        #: Steps between the loop's metrics flushes (:func:`flush_interval`).
+        #: Steps between the loop's metrics flushes (``flush_interval``).
         self.flush_every = flush_interval(cfg.log_interval, cfg.num_nodes, cfg.workers)
         #: The price of a round with no charge (the same network all run long), once worked out.
         self._uncharged: tuple | None = None
@@ -129,7 +129,7 @@ class IdleSteps:
     def idle_steps(self, step: int) -> int:
         """How many steps from ``step`` on the node sits out, within the run (``0``: it trains):
         its idle span, and the rounds after it at whose ends nothing concerns it
-        (:meth:`~exogym.runtime.schedule.NodeSchedule.quiet_through`; not where faults are
+        (``quiet_through``; not where faults are
         injected, whose rejoins follow the rounds, nor with a learning-rate schedule, whose
         rows give each round's rate)."""
         n = min(self.schedule.idle_steps(step), self.max_steps - step)
@@ -177,11 +177,11 @@ class IdleSteps:
         node sits out, and through every following round that it sits out whole and may sit out
         the end of, up to the loop's next own collective (a FedAvg client sleeps from one
         participation, or flush, to the next). The communications run in one sitting-out block
-        (:meth:`~exogym.core.comm.comm.NodeComm.sitting_out`: the absent calls of rounds alike
+        (``sitting_out``: the absent calls of rounds alike
         are made as one); each round still gets what the loop would give it: its quiet steps
         and LR schedule, its charges and modelled time in its own sample (the transport time of
         the calls is shared out evenly), recorded in ``meter`` (the span began at its last
-        :meth:`~exogym.runtime.meter.StepMeter.begin_step`)."""
+        ``begin_step``)."""
         _release_thread_buffers()
         ends = [step + n - 1]
         ends += self.schedule.idle_span_ends(step + n, self.next_sync(step), self.next_read(step))
@@ -203,7 +203,7 @@ class IdleSteps:
         end where a module is due; for a strategy of one plain module (no wrapper, no wire
         format), what that phase runs: the module's ``communicate`` where it is due, or at the
         steps its statement lists where it lists them
-        (:attr:`~exogym.core.communicator.Participation.due`: an asynchronous client asleep
+        (``due``: an asynchronous client asleep
         through a thousand ticks)."""
         strategy = self.strategy
         modules = strategy.pipeline.modules

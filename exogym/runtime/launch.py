@@ -1,11 +1,11 @@
 """Run a job on worker processes, wait for them, and tear everything down on the first failure.
 
 The processes of a run that returns stay, idle, for the next run of the program
-(:mod:`exogym.runtime.pool`); those of a run that does not return never outlive it:
+(``exogym.runtime.pool``); those of a run that does not return never outlive it:
 
 * a node that raises (while starting or training) sends its traceback to the parent, which
-  stops every other node and raises :class:`NodeFailedError` with the first failure's
-  exception and traceback;
+  stops every other node and raises [`NodeFailedError`][exogym.NodeFailedError] with the first
+  failure's exception and traceback;
 * Ctrl-C and ``kill -TERM`` of the parent run the same teardown (nodes ignore SIGINT, so the
   parent alone decides); SIGTERM is re-delivered to the parent afterwards;
 * when the parent dies without a teardown (``kill -9``), every node notices within a fraction
@@ -15,7 +15,7 @@ The processes of a run that returns stay, idle, for the next run of the program
 The job (model, strategy, datasets: the user's objects) travels with ``cloudpickle``, so
 closures, lambdas and classes defined in ``__main__``, ``python -c`` or a notebook work; their
 code keeps its file name, so that a node's traceback names the user's file and line
-(:mod:`exogym.runtime.pickling`). The
+(``exogym.runtime.pickling``). The
 worker re-imports the user's ``__main__`` script itself at its first job (as multiprocessing
 would, but inside the reported block, so a missing main guard or an import error comes back as
 the node's error); programs without a script file (stdin, ``-c``, notebooks) are not
@@ -83,7 +83,7 @@ def check_main_guard() -> None:
 
 
 def start_processes_server(wait: bool = True) -> float:
-    """Make sure the fork server runs (it imports :data:`~exogym.runtime.forkserver.PRELOAD`, a
+    """Make sure the fork server runs (it imports ``PRELOAD``, a
     few seconds; the first ``Trainer(...)`` usually started it already) before the first node
     process; return the seconds this call took (0 when nodes are spawned).
 
@@ -109,7 +109,7 @@ def _noop() -> None:
 
 
 def serialize_job(job: Any) -> bytes:
-    """``cloudpickle`` bytes of ``job`` (:func:`exogym.runtime.pickling.dumps`); raises
+    """``cloudpickle`` bytes of ``job`` (``exogym.runtime.pickling.dumps``); raises
     ``TypeError`` naming what cannot be sent."""
     try:
         return pickling.dumps(job)
@@ -138,7 +138,7 @@ def _main_spec() -> tuple[str, str] | None:
 @contextlib.contextmanager
 def _without_main_import() -> Iterator[None]:
     """While processes start, keep multiprocessing from re-importing ``__main__`` before the
-    node's code runs (the node does it inside its reported block: see :func:`_import_main`)."""
+    node's code runs (the node does it inside its reported block: see ``_import_main``)."""
     original = mp.spawn.get_preparation_data
 
     def prepare(name: str) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def _die_with_parent(alive: Any) -> None:
 
 
 def _serve(conn: Any, alive: Any) -> None:
-    """Process body of a worker (:mod:`exogym.runtime.pool`): run the jobs that come through
+    """Process body of a worker (``exogym.runtime.pool``): run the jobs that come through
     ``conn``, one run at a time, until a ``None`` job (or EOF: the parent is gone). A job that
     raises is reported, then the process ends (the parent replaces it); otherwise it stays for
     the next run. Exits without the interpreter's teardown (about 0.5 s of CPU with torch)."""
@@ -206,7 +206,7 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-#: The ``__main__`` this worker has imported (:func:`_main_spec`), once per process.
+#: The ``__main__`` this worker has imported (``_main_spec``), once per process.
 _imported_main: tuple[str, str] | None = None
 
 
@@ -319,15 +319,15 @@ def run_nodes(
     """Run ``fn(rank, job, *args)`` in ``num_nodes`` worker processes; return ``{rank: result}``.
 
     The processes are the idle workers of the previous run where there are some, else new ones
-    (:mod:`exogym.runtime.pool`); after a run that succeeds they stay for the next. ``placement``
+    (``exogym.runtime.pool``); after a run that succeeds they stay for the next. ``placement``
     says which simulated nodes each process hosts when the processes are workers that host
     several each (errors then name the node, ``node 17 of 100 (worker 1 of 2)``); by default
     each process is one node.
 
     ``fn`` and ``job`` travel with cloudpickle (the user's objects; a function or class of
     ``__main__`` by value); ``args`` with multiprocessing's pickler (shared-memory tensors are
-    shared, not copied). Raises :class:`NodeFailedError` when any node fails, after every
-    process of the run has been stopped; on Ctrl-C, ``KeyboardInterrupt`` after the same
+    shared, not copied). Raises [`NodeFailedError`][exogym.NodeFailedError] when any node fails,
+    after every process of the run has been stopped; on Ctrl-C, ``KeyboardInterrupt`` after the same
     teardown. A run's processes are reused only when it returns.
     """
     payload = serialize_job((fn, job))
@@ -367,7 +367,7 @@ def run_nodes(
 
 
 def _start_worker(alive_r: Any, index: int) -> pool.PooledProcess:
-    """A new worker process (:func:`_serve`), watching ``alive_r`` for the parent's death."""
+    """A new worker process (``_serve``), watching ``alive_r`` for the parent's death."""
     ctx = forkserver.context()
     mine, theirs = ctx.Pipe()
     process = ctx.Process(target=_serve, args=(theirs, alive_r), name=f"exogym-worker-{index}")

@@ -1,12 +1,12 @@
 """A node's measurements of its steps: each step's timings, ledger charges and peak memory
-become a :class:`~exogym.metrics.StepSample` in the run's :class:`~exogym.metrics.MetricsBuffer`,
+become a ``StepSample`` in the run's ``MetricsBuffer``,
 which the nodes flush together into train rows.
 
 Compute time is measured (wall time less the transport's) or modelled by the network
 (``Network(compute=...)``) and slowed where faults make the node a straggler; the peak memory is
 read only where a row ends, and at flushes by a node that trained since the last one.
 
-The meter also drives the node's own clock (:class:`~exogym.core.comm.handles.LocalClock`),
+The meter also drives the node's own clock (``LocalClock``),
 which times its non-blocking collectives: each step closes it with the step's compute and
 communication, and a step's stall on a handle is part of its communication time.
 """
@@ -74,7 +74,7 @@ class StepMeter:
         self._step = step
 
     def _compute_now(self) -> float:
-        """The running step's modelled compute seconds, as :meth:`add` will count them (a node
+        """The running step's modelled compute seconds, as ``add`` will count them (a node
         that does not train in it computes nothing). For a network whose compute is a number."""
         if not self.trains:
             return 0.0
@@ -92,7 +92,7 @@ class StepMeter:
         examples: float = 0.0,
         step_flops: float | None = None,
     ) -> None:
-        """Close the work begun at :meth:`begin_step` (its last step is ``step``, at learning rate
+        """Close the work begun at ``begin_step`` (its last step is ``step``, at learning rate
         ``lr``): the ledger records and transport seconds since then become a sample. A node
         that trained passes its summed loss, minibatches (``count``) and examples, and a
         training step's FLOPs (for a network that models compute from them); the others pass

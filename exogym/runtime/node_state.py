@@ -3,7 +3,7 @@
 A node's state: its model, strategy (inner optimizer, LR scheduler, step, communicator state,
 handles in flight), torch RNG streams, data position, training batches drawn, the FLOPs of a
 training step, ledger totals, its own simulated clock, metric totals and, on rank 0, the metric
-history. The files, folders and RNG streams themselves are :mod:`exogym.runtime.checkpoint`'s.
+history. The files, folders and RNG streams themselves are ``exogym.runtime.checkpoint``'s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Tensors kept inside other objects, e.g. a dataset a custom strategy holds, are n
 stay where they are.
 
 Tensors are moved in place (``t.data = moved``): every reference to them (the optimizer's
-parameters, a communicator's list of parameters, a :class:`~exogym.core.comm.flat.FlatBuffer`'s
+parameters, a communicator's list of parameters, a ``FlatBuffer``'s
 views) stays valid, and a view is re-made over its moved base, so it still shares its memory.
 """
 
@@ -45,7 +45,7 @@ def node_state(model: torch.nn.Module, strategy: Strategy) -> list[torch.Tensor]
 
 
 def move_state(tensors: list[torch.Tensor], to: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Give each tensor of :func:`node_state` the memory ``to`` makes of it (``to(t)`` returns a
+    """Give each tensor of ``node_state`` the memory ``to`` makes of it (``to(t)`` returns a
     copy of ``t``'s data, e.g. ``t.to(device)``), in place; views are re-made over their moved
     bases."""
     offsets = {id(t): t.storage_offset() for t in tensors if t._base is None}

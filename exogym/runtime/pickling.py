@@ -3,7 +3,7 @@
 ``cloudpickle`` sends functions and classes that a node cannot import (those of ``__main__``,
 ``python -c``, a notebook) by value, code objects included, and names every such code object's
 file ``"<dynamic-code>"``. A node's traceback through that code would then read
-``File "<dynamic-code>", line 19, in forward``, with no source line. :class:`Pickler` sends
+``File "<dynamic-code>", line 19, in forward``, with no source line. ``Pickler`` sends
 code objects as ``marshal`` bytes, the form a ``.pyc`` file holds them in: file name, line
 numbers and everything else as compiled, so the traceback names your script's file and line and
 shows the source line wherever that file can be read. A node runs the interpreter that pickled
@@ -34,7 +34,7 @@ class Pickler(cloudpickle.Pickler):
 
 
 def dumps(obj: Any) -> bytes:
-    """``obj`` pickled with :class:`Pickler` (read back with ``pickle.loads``)."""
+    """``obj`` pickled with ``Pickler`` (read back with ``pickle.loads``)."""
     with io.BytesIO() as f:
         Pickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
         return f.getvalue()

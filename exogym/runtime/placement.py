@@ -1,12 +1,12 @@
 """Which worker process hosts which virtual nodes.
 
-By default worker ``w`` hosts a contiguous block of ranks (:func:`block_of`). Where the strategy
+By default worker ``w`` hosts a contiguous block of ranks (``block_of``). Where the strategy
 samples the clients that train in each round from the shared seed (FedAvg with
 ``client_sampling``), the sampled clients of a round are known before the run starts, and a
 round takes as long as the worker with the most of them needs: with 10 of 1,000 clients
 sampled per round and two workers, one worker trains 6.2 of them on average where 5 would do.
-:func:`place_nodes` then spreads every round's sampled clients evenly over the workers
-(:meth:`Placement.balanced`), keeping the number of nodes per worker (their memory) as in the
+``place_nodes`` then spreads every round's sampled clients evenly over the workers
+(``Placement.balanced``), keeping the number of nodes per worker (their memory) as in the
 blocks. An asynchronous run's rounds are the ticks of its simulated timeline: the runtime asks
 the strategy as bound for the run (its timeline needs the run's network). Where a node runs
 never changes what it computes: its data, random stream and state belong to its rank (results
@@ -20,7 +20,7 @@ from typing import Any
 
 from exogym.runtime import schedule
 
-#: Rounds whose sampled clients :func:`place_nodes` balances (the first ones of the run).
+#: Rounds whose sampled clients ``place_nodes`` balances (the first ones of the run).
 PLANNED_ROUNDS = 1000
 #: The most sampled-node entries (summed over rounds) it reads before it stops planning.
 PLANNED_ENTRIES = 200_000
@@ -41,8 +41,8 @@ class Placement:
 
     Args:
         hosts: per worker, the ranks it hosts (any order).
-        dormant: the run's dormant nodes (:mod:`exogym.runtime.dormant`): on each worker the
-            first of them runs and makes the others' calls (:meth:`twins`).
+        dormant: the run's dormant nodes (``exogym.runtime.dormant``): on each worker the
+            first of them runs and makes the others' calls (``twins``).
     """
 
     def __init__(self, hosts: Sequence[Iterable[int]], dormant: Iterable[int] = ()) -> None:
@@ -70,19 +70,19 @@ class Placement:
 
     def twins(self, worker: int) -> dict[int, tuple[int, ...]]:
         """``{lead: its twins}`` on worker ``worker``: its first dormant node and the others it
-        hosts, whose calls the lead's are (:mod:`exogym.runtime.dormant`); ``{}`` where the
+        hosts, whose calls the lead's are (``exogym.runtime.dormant``); ``{}`` where the
         worker hosts fewer than two."""
         mine = [r for r in self.hosts[worker] if r in self.dormant]
         return {mine[0]: tuple(mine[1:])} if len(mine) > 1 else {}
 
     @classmethod
     def blocks(cls, num_nodes: int, workers: int) -> Placement:
-        """Contiguous blocks (:func:`block_of`)."""
+        """Contiguous blocks (``block_of``)."""
         return cls([block_of(num_nodes, workers, w) for w in range(workers)])
 
     @classmethod
     def balanced(cls, num_nodes: int, workers: int, rounds: Iterable[Sequence[int]]) -> Placement:
-        """As many nodes per worker as :meth:`blocks`, placed so that the nodes of each of
+        """As many nodes per worker as ``blocks``, placed so that the nodes of each of
         ``rounds`` (the nodes that train in it) spread evenly over the workers. Greedy, round by
         round: a node met for the first time goes to the worker with the fewest of the round's
         nodes so far (then the least work over the rounds so far, then the lowest index) that
@@ -150,8 +150,8 @@ class Placement:
 
 def place_nodes(strategy: Any, num_nodes: int, workers: int, seed: int, max_steps: int | None) -> Placement:
     """Where the ``num_nodes`` nodes of a run on ``workers`` workers go: balanced over the
-    sampled clients of the first :data:`PLANNED_ROUNDS` rounds where ``strategy`` tells them
-    (:func:`exogym.runtime.schedule.sampled_nodes`) and some but not all nodes train
+    sampled clients of the first ``PLANNED_ROUNDS`` rounds where ``strategy`` tells them
+    (``exogym.runtime.schedule.sampled_nodes``) and some but not all nodes train
     in a round; contiguous blocks otherwise. ``max_steps=None``: the run's length is not known
     yet (epochs of dataset factories), every planned round counts. The same on every machine of
     a run (it reads only the strategy's settings, the seed and the run length)."""

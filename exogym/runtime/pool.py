@@ -1,6 +1,6 @@
 """The worker processes kept between runs: successive ``fit`` calls of a program reuse them.
 
-A local run needs W worker processes (:func:`exogym.runtime.launch.run_nodes`). The first run
+A local run needs W worker processes (``exogym.runtime.launch.run_nodes``). The first run
 starts them; when it succeeds they stay alive, idle, each waiting on its pipe for the next
 run's job, with torch, ExoGym and the user's script already imported and warm. A later run
 takes them (starting more if it needs more), so a sweep, ``exogym compare`` or a user's loop
@@ -11,15 +11,16 @@ node uses is seeded by the run, so a run's results equal those of a run on fresh
 
 The processes of a run that fails (a node raises or dies), is interrupted (Ctrl-C, SIGTERM) or
 otherwise does not finish are stopped, never reused: the next run starts fresh ones. Idle
-workers end with the program: at exit (:func:`shutdown`, registered with ``atexit``), and, when
-the program dies without exiting (``kill -9``, or a signal whose default action ends it), within
-a fraction of a second, as every node process does (it watches a pipe whose only write end the
-program holds, and on Linux has ``PR_SET_PDEATHSIG``). :func:`shutdown` ends them earlier.
+workers end with the program: at exit ([`shutdown`][exogym.shutdown], registered with ``atexit``),
+and, when the program dies without exiting (``kill -9``, or a signal whose default action ends it),
+within a fraction of a second, as every node process does (it watches a pipe whose only write end
+the program holds, and on Linux has ``PR_SET_PDEATHSIG``). [`shutdown`][exogym.shutdown] ends them
+earlier.
 
-A *lane* (:func:`lane`) is one of several runs side by side in one program, each on a thread of
+A *lane* (``lane``) is one of several runs side by side in one program, each on a thread of
 its own (a sweep packing small runs onto the cores): inside it, the thread's ``fit`` calls take
 their workers from a pool of the lane's own, kept warm between the lane's runs, and give each
-worker one intra-op thread, so that the lanes share the cores. :meth:`WorkerPool.abort` stops a
+worker one intra-op thread, so that the lanes share the cores. ``WorkerPool.abort`` stops a
 lane's running workers from another thread (Ctrl-C in the thread that runs the lanes).
 
 Standard library only, so that ``exogym.shutdown()`` imports no torch.
@@ -63,7 +64,7 @@ class WorkerPool:
 
     Args:
         method: the start method the processes are started with.
-        parent: a lane's pool (:func:`lane`) borrows the program's pool's watch pipe (its
+        parent: a lane's pool (``lane``) borrows the program's pool's watch pipe (its
             workers die with the program as the program's do) and, once its own idle workers
             are taken, takes the program's idle ones before it starts any.
     """
@@ -73,7 +74,7 @@ class WorkerPool:
         self.idle: list[PooledProcess] = []
         #: The workers taken and neither given back nor discarded (a run in progress).
         self.busy: list[PooledProcess] = []
-        #: Called after :meth:`take` has the run's workers (a lane's hook, see :func:`lane`).
+        #: Called after ``take`` has the run's workers (a lane's hook, see ``lane``).
         self.started: Callable[[], None] | None = None
         self.parent = parent
         self._aborted = False
@@ -88,8 +89,8 @@ class WorkerPool:
     def take(self, n: int, start: Callable[[Any, int], PooledProcess]) -> list[PooledProcess]:
         """``n`` workers for a run: idle ones first (those that died meanwhile are dropped),
         then the parent's idle ones, then new ones from ``start(alive_r, index)``. The caller
-        owns them until it calls :meth:`give_back` or :meth:`discard`. Raises
-        ``KeyboardInterrupt`` once :meth:`abort` was called."""
+        owns them until it calls ``give_back`` or ``discard``. Raises
+        ``KeyboardInterrupt`` once ``abort`` was called."""
         taken = self._take_idle(n)
         if self.parent is not None and len(taken) < n:
             taken += self.parent._take_idle(n - len(taken))
@@ -110,7 +111,7 @@ class WorkerPool:
         return taken
 
     def _take_idle(self, n: int) -> list[PooledProcess]:
-        """Up to ``n`` live idle workers, out of :attr:`idle` (dead ones are stopped)."""
+        """Up to ``n`` live idle workers, out of ``idle`` (dead ones are stopped)."""
         with self._lock:
             alive = [w for w in self.idle if w.process.is_alive()]
             dead = [w for w in self.idle if w not in alive]
@@ -125,7 +126,7 @@ class WorkerPool:
     def give_back(self, workers: list[PooledProcess]) -> None:
         """Keep ``workers`` (of a run that finished) for the next run. Idle workers the run did
         not use are stopped: the pool holds the processes of the last run (none after
-        :meth:`abort`)."""
+        ``abort``)."""
         with self._lock:
             self._release(workers)
             if self._aborted:
@@ -147,7 +148,7 @@ class WorkerPool:
 
     def abort(self) -> None:
         """Stop the running run's workers (SIGTERM; the run's ``fit`` then raises and discards
-        them) and make every later :meth:`take` raise ``KeyboardInterrupt``. Callable from any
+        them) and make every later ``take`` raise ``KeyboardInterrupt``. Callable from any
         thread; never raises for a worker already gone."""
         with self._lock:
             self._aborted = True
@@ -173,15 +174,15 @@ class WorkerPool:
 _pool: WorkerPool | None = None
 #: The process that made ``_pool`` (a forked child does not own its parent's workers).
 _owner: int | None = None
-#: ``pool``: the calling thread's lane pool inside :func:`lane`.
+#: ``pool``: the calling thread's lane pool inside ``lane``.
 _local = threading.local()
 
 
 def current(method: str) -> WorkerPool:
     """The pool a ``fit`` on the calling thread takes its workers from: the thread's lane's
-    (:func:`lane`), else this process's pool for ``method``, made at the first call (and again
+    (``lane``), else this process's pool for ``method``, made at the first call (and again
     when the start method changed: the old pool's workers are stopped). Registers
-    :func:`shutdown` at exit."""
+    [`shutdown`][exogym.shutdown] at exit."""
     global _pool, _owner
     own = getattr(_local, "pool", None)
     if own is not None and own.method == method:
@@ -197,7 +198,7 @@ def current(method: str) -> WorkerPool:
 
 
 def lane_threads() -> int | None:
-    """The intra-op threads per worker of a ``fit`` on the calling thread: 1 inside :func:`lane`,
+    """The intra-op threads per worker of a ``fit`` on the calling thread: 1 inside ``lane``,
     ``None`` elsewhere (``fit`` then divides the cores among the run's workers)."""
     return 1 if getattr(_local, "pool", None) is not None else None
 
@@ -207,10 +208,10 @@ def lane(started: Callable[[], None] | None = None) -> Iterator[WorkerPool]:
     """Within the block, the calling thread's ``fit`` calls run as one lane of several side by
     side: on workers of a pool of the lane's own (yielded; idle ones of the program's pool are
     taken before any is started), kept between the lane's runs, each worker with one intra-op
-    thread (:func:`lane_threads`). ``started``: called on the lane's thread each time a run has
+    thread (``lane_threads``). ``started``: called on the lane's thread each time a run has
     its workers (its planning, in this process, is over). At the end of the block the lane's idle
     workers go to the program's pool, where the next ``fit`` finds them (they are stopped
-    instead after :meth:`WorkerPool.abort`). Lanes do not nest: raises ``RuntimeError`` inside
+    instead after ``WorkerPool.abort``). Lanes do not nest: raises ``RuntimeError`` inside
     another lane."""
     if getattr(_local, "pool", None) is not None:
         raise RuntimeError("this thread already runs a lane; lanes do not nest")

@@ -2,7 +2,7 @@
 
 A worker that hosts hundreds of virtual nodes gives each its own copy of the model.
 ``copy.deepcopy`` walks the module tree in Python: about 0.5 ms for the three-layer benchmark
-MLP, most of a virtual node's start-up. :class:`ModelReplicator` pickles the tree once with its
+MLP, most of a virtual node's start-up. ``ModelReplicator`` pickles the tree once with its
 tensors kept aside (the model reached the worker through ``cloudpickle``, so it pickles); a
 replica unpickles that snapshot (C speed) and copies the tensors as ``deepcopy`` does: a
 parameter becomes a new parameter of the same class holding a clone of its data (tied
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 class _Snapshot(pickling.Pickler):
     """Pickles a module tree, keeping its tensors aside (``tensors``; the pickle holds indices);
-    code sent by value keeps its file name, as in the job (:mod:`exogym.runtime.pickling`)."""
+    code sent by value keeps its file name, as in the job (``exogym.runtime.pickling``)."""
 
     def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -86,7 +86,7 @@ class Replicator:
         what: the object, in the log line that says it is deep-copied.
 
     The first replica is made at construction and checked against ``obj`` (no extra copy is
-    kept: :meth:`replica` hands it out first). Thread-safe: replicas may be made from several
+    kept: ``replica`` hands it out first). Thread-safe: replicas may be made from several
     threads at once.
     """
 
@@ -126,8 +126,8 @@ class Replicator:
 
 
 class ModelReplicator(Replicator):
-    """Independent copies of ``model`` (:class:`Replicator`), the first checked for what
-    training reads of it (:func:`_differs`)."""
+    """Independent copies of ``model`` (``Replicator``), the first checked for what
+    training reads of it (``_differs``)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__(model, _differs, "model")

@@ -1,18 +1,18 @@
 """Rounds, idle steps and sleeps, derived from the communicators' participation statements.
 
 A communicator that lets only some nodes train in a round says so in one statement
-(:meth:`~exogym.core.communicator.Communicator.participation`); its pipeline combines its
-modules' statements (:class:`~exogym.core.pipeline.Pipeline`). Everything the runtime does
+([`participation`][communicators.Communicator.participation]); its pipeline combines its
+modules' statements ([`Pipeline`][communicators.Pipeline]). Everything the runtime does
 with that is derived here, in one place:
 
-- the run's *round* (:func:`round_steps`): the longest period among the strategy's modules; the
+- the run's *round* (``round_steps``): the longest period among the strategy's modules; the
   unit of fault injection, of the progress bar and of node placement;
-- which nodes train in a round (:func:`sampled_nodes`), asked before the nodes exist, to place
-  them on workers (:mod:`exogym.runtime.placement`);
-- for one node (:class:`NodeSchedule`): the steps it is idle (:meth:`NodeSchedule.idle_steps`),
+- which nodes train in a round (``sampled_nodes``), asked before the nodes exist, to place
+  them on workers (``exogym.runtime.placement``);
+- for one node (``NodeSchedule``): the steps it is idle (``NodeSchedule.idle_steps``),
   whether it may sleep through a round's communication because a later one replaces what it
-  would receive (:meth:`NodeSchedule.overwritten_at`), and the plan of a sleep through many
-  rounds at once (:meth:`NodeSchedule.idle_span_ends`).
+  would receive (``NodeSchedule.overwritten_at``), and the plan of a sleep through many
+  rounds at once (``NodeSchedule.idle_span_ends``).
 
 Every answer depends only on shared values (the statements, step, rank, seed, run length), so
 every node derives the same schedule.
@@ -135,9 +135,9 @@ class NodeSchedule:
         return span
 
     def quiet_through(self, step: int, n: int, stop: int) -> int:
-        """The idle span of ``n`` steps from ``step`` (:meth:`idle_steps`), extended over the
+        """The idle span of ``n`` steps from ``step`` (``idle_steps``), extended over the
         rounds after it while the module does not communicate at the span's end for this node
-        (:meth:`~exogym.core.communicator.Communicator.is_due`) and the node is idle in the next
+        ([`is_due`][communicators.Communicator.is_due]) and the node is idle in the next
         round, before ``stop``: the node sits them out as one span, communicating at most at its
         last step (an asynchronous client between its transfers). Strategies of one module
         only (``n`` otherwise)."""
@@ -202,12 +202,12 @@ class NodeSchedule:
         return ends
 
     def _single_span_ends(self, step: int, stop: int, read_at: int) -> list[int]:
-        """:meth:`idle_span_ends` of a strategy of one module (the module that states the rounds,
+        """``idle_span_ends`` of a strategy of one module (the module that states the rounds,
         which communicates at most at each round's last step): each round's statement is asked
         once, and the next round's answers both whether this round's communication is replaced
-        and whether the node sleeps on (what :meth:`idle_steps` and :meth:`overwritten_at` say,
+        and whether the node sleeps on (what ``idle_steps`` and ``overwritten_at`` say,
         step by step, for one module); a statement that says when the node wakes
-        (:attr:`~exogym.core.communicator.Participation.wakes`) answers for all the rounds
+        (``wakes``) answers for all the rounds
         before at once. Asynchronous runs sleep through thousands of one-step rounds."""
         ends: list[int] = []
         if not self.can_sit_out:

@@ -1,25 +1,25 @@
 """Virtual nodes: many nodes in one worker process, with real collectives between them.
 
-A worker hosts some nodes of the world (:mod:`exogym.runtime.placement` says which). Each node runs the ordinary
-:class:`~exogym.runtime.node.TrainNode` loop on a thread of its own, but only one thread runs at
+A worker hosts some nodes of the world (``exogym.runtime.placement`` says which). Each node runs the
+ordinary ``TrainNode`` loop on a thread of its own, but only one thread runs at
 a time: a node runs until its next collective, parks there and hands the turn to the next node
 of the worker. The last node to arrive combines the worker's contributions (reduced locally,
-then once across workers through the worker's :class:`~exogym.core.comm.transport.Transport`),
+then once across workers through the worker's ``Transport``),
 writes every node's result and hands the turn back to the first node. The worker therefore
 computes like a plain loop over its nodes, and strategies, communicators and ledgers run
-unchanged: each node still talks through its own :class:`~exogym.core.comm.comm.NodeComm`,
-whose transport is a :class:`VirtualTransport`.
+unchanged: each node still talks through its own ``NodeComm``,
+whose transport is a ``VirtualTransport``.
 
 Each node keeps its own torch random stream (swapped at every hand-over), so dropout and other
 random draws match those of a run with one process per node.
 
-A node may also *sit out* an all-reduce (:meth:`VirtualTransport.all_reduce_absent`: it
+A node may also *sit out* an all-reduce (``VirtualTransport.all_reduce_absent``: it
 contributes nothing and needs no result, e.g. a FedAvg client that is not sampled in this round
-nor the next) or only *contribute* to one (:meth:`VirtualTransport.all_reduce_contribute`: it
+nor the next) or only *contribute* to one (``VirtualTransport.all_reduce_contribute``: it
 needs no result, e.g. a node's metrics that rank 0 alone turns into rows): the call is queued
 and the node runs on without parking. Each node's calls form a queue; a collective runs when
 every node has one queued, and only the nodes that wait for its result get the turn back. A
-node that has :data:`MAX_QUEUED` calls queued waits for them, which bounds the memory they hold
+node that has ``MAX_QUEUED`` calls queued waits for them, which bounds the memory they hold
 and how far apart in the run the worker's nodes are. Nodes that sit rounds out therefore cost
 no hand-over per round, and a worker all of whose nodes sit a collective out still makes its
 transport calls.
@@ -49,7 +49,7 @@ from exogym.runtime.virtual_calls import Call, VirtualTransport
 logger = logging.getLogger(__name__)
 
 
-#: Calls a node may have queued (ones it does not wait for, see :meth:`VirtualHub.enqueue`).
+#: Calls a node may have queued (ones it does not wait for, see ``VirtualHub.enqueue``).
 MAX_QUEUED = 32
 
 #: Held while a hub swaps torch's random state, which is the process's: hubs that share a
@@ -110,7 +110,7 @@ class VirtualHub:
         #: How many of those queues are empty (a collective can run when none is).
         self._empty = self.n
         #: The nodes whose first queued call each collective handles, ascending: every node
-        #: but those *parked* on a run of absent all-reduces (:meth:`_park`).
+        #: but those *parked* on a run of absent all-reduces (``_park``).
         self._active: list[int] = list(range(self.n))
         #: Per node, the collective a parked node's run of absent calls ends before (0: not parked).
         self._parked_until = [0] * self.n
@@ -118,7 +118,7 @@ class VirtualHub:
         #: signature and group (what a collective checks them against).
         self._unpark_at: dict[int, list[int]] = {}
         self._parked: dict[tuple, set[int]] = {}
-        #: Per lead (local index), its twins' local indices (:mod:`exogym.runtime.dormant`): the
+        #: Per lead (local index), its twins' local indices (``exogym.runtime.dormant``): the
         #: lead's calls are queued for them too, and they run on no thread of their own.
         self.twins: dict[int, list[int]] = {
             placement.slot_of(lead): [placement.slot_of(r) for r in rest]
@@ -176,7 +176,7 @@ class VirtualHub:
 
     def run(self, fn: Callable[[int, VirtualTransport], Any]) -> dict[int, Any]:
         """Run ``fn(rank, transport)`` for every hosted node, one turn at a time; return
-        ``{rank: result}``. Raises :class:`VirtualNodeError` for the first node that raised."""
+        ``{rank: result}``. Raises ``VirtualNodeError`` for the first node that raised."""
         results: dict[int, Any] = {}
 
         def body(i: int) -> None:
@@ -235,10 +235,10 @@ class VirtualHub:
 
     def mirror(self, i: int, call: Call) -> None:
         """Queue ``call``, which node ``i`` is about to make, once more for each of its twins,
-        as the call each would make itself (:mod:`exogym.runtime.dormant`): the same collective
+        as the call each would make itself (``exogym.runtime.dormant``): the same collective
         with the same payload. A twin waits for nothing: where ``i`` waits, its twin only
         contributes (or, where ``i`` only receives, receives a result no one reads). Call it
-        before ``i``'s own :meth:`enqueue` or :meth:`collective`, which may run the collective."""
+        before ``i``'s own ``enqueue`` or ``collective``, which may run the collective."""
         twins = self.twins.get(i)
         if not twins:
             return
@@ -257,7 +257,7 @@ class VirtualHub:
     def enqueue(self, i: int, call: Call) -> None:
         """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
         or only contributes, ``call.detached``): the call is queued and the node runs on, unless
-        it has :data:`MAX_QUEUED` calls queued: then it waits for them, which bounds the memory
+        it has ``MAX_QUEUED`` calls queued: then it waits for them, which bounds the memory
         they hold and how far the worker's nodes drift apart. A contribution to an all-reduce is
         folded into the collective's running reduction at once (the worker holds one tensor per
         collective and group, not one per node: the final average of 500 nodes would hold 500
@@ -291,7 +291,7 @@ class VirtualHub:
 
     def _park(self, i: int, call: Call) -> None:
         """Node ``i``'s first queued call sits out the next ``call.repeat`` all-reduces and it
-        waits for none of them: the collectives leave it out (it is not in :attr:`_active`)
+        waits for none of them: the collectives leave it out (it is not in ``_active``)
         until the run's last, after which its call leaves the queue. A worker of hundreds of
         nodes, most of them asleep (an asynchronous run's clients), then handles only the few
         awake at each collective, not every node."""
@@ -322,7 +322,7 @@ class VirtualHub:
     def _fold(self, i: int, call: Call, index: int, times: int = 1) -> None:
         """Reduce ``call``'s tensor into the running result of collective ``index`` for its
         group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
-        are left out: :func:`reduce_rows_into` adds those in float32 at once. ``times``: the
+        are left out: ``reduce_rows_into`` adds those in float32 at once. ``times``: the
         contributions of that many nodes, each ``call``'s tensor (a lead's twins): a maximum or
         minimum is taken once, a sum adds the tensor times their number."""
         t = call.tensor
@@ -566,15 +566,15 @@ class VirtualHub:
 
 def _folds(call: Call) -> bool:
     """Whether ``call``'s tensor is reduced into its collective's running result when it is
-    queued (:meth:`VirtualHub._fold`): a contribution to an all-reduce, but not in half
-    precision (:func:`reduce_rows_into` adds those in float32 at once)."""
+    queued (``VirtualHub._fold``): a contribution to an all-reduce, but not in half
+    precision (``reduce_rows_into`` adds those in float32 at once)."""
     t = call.tensor
     half = t is not None and t.dtype in (torch.float16, torch.bfloat16)
     return call.detached and call.kind == "all_reduce" and t is not None and not half
 
 
 def _parks(call: Call) -> bool:
-    """Whether a node whose first queued call is ``call`` is parked (:meth:`VirtualHub._park`):
+    """Whether a node whose first queued call is ``call`` is parked (``VirtualHub._park``):
     it sits that run of all-reduces out and waits for none of them."""
     return call.absent and not call.waits
 

@@ -1,8 +1,8 @@
 """A virtual node's collective calls and its transport.
 
-Each call of a virtual node becomes a :class:`Call` queued at its worker's
-:class:`~exogym.runtime.virtual.VirtualHub`; :class:`VirtualTransport` is the
-:class:`~exogym.core.comm.transport.Transport` a virtual node's comm talks through.
+Each call of a virtual node becomes a ``Call`` queued at its worker's
+``VirtualHub``; ``VirtualTransport`` is the
+``Transport`` a virtual node's comm talks through.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class Call:
 
 
 class VirtualTransport(Transport):
-    """The :class:`~exogym.core.comm.transport.Transport` of one virtual node: every call parks
-    the node at its worker's :class:`VirtualHub` until the worker's nodes have all arrived."""
+    """The ``Transport`` of one virtual node: every call parks
+    the node at its worker's ``VirtualHub`` until the worker's nodes have all arrived."""
 
     payload_limit = None
 

@@ -1,9 +1,9 @@
 """Strategies: the ``Strategy`` base, the communicator pipeline, the presets, and the handle of a
 non-blocking collective.
 
-Presets are :class:`CommunicateOptimizeStrategy` pipelines of modules from the top-level
-``communicators`` package. Each name is imported when first used (importing this package does
-not import torch; see :mod:`exogym._lazy`).
+Presets are [`CommunicateOptimizeStrategy`][exogym.strategy.CommunicateOptimizeStrategy] pipelines
+of modules from the top-level ``communicators`` package. Each name is imported when first used
+(importing this package does not import torch; see ``exogym._lazy``).
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
     pseudo-gradient to a simulated server when its local steps are done, on its own clock; the
     server applies it at once with delayed Nesterov momentum and sends the node its parameters.
 
-    Pipeline: ``[AsyncDiLoCoCommunicator(H, ...)]`` (see :mod:`communicators.async_diloco`).
+    Pipeline: ``[AsyncDiLoCoCommunicator(H, ...)]`` (see ``communicators.async_diloco``).
     Needs modelled compute (``fit(..., network=Network(..., compute=<seconds per step>))``); node
     speeds come from the network's ``compute_slowdown``. The run's steps are ticks of the
-    simulated timeline (:mod:`exogym.core.timeline`); :meth:`run_summary` gives each node's steps
+    simulated timeline (``exogym.core.timeline``);
+    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
     and the updates' staleness.
 
     Args:

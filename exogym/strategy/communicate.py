@@ -1,6 +1,6 @@
 """Collectives for custom strategies, with ``torch.distributed``-like signatures.
 
-They go through the running node's :class:`~exogym.core.comm.comm.NodeComm`, so every call is charged
+They go through the running node's ``NodeComm``, so every call is charged
 to the byte ledger (at the dtype of the tensor passed: an int32 all-reduce is charged 4 bytes
 per element). Each is a collective: every rank must call it in the same order.
 """
@@ -26,7 +26,7 @@ def all_reduce(
 ) -> torch.Tensor | CollectiveHandle:
     """Reduce ``tensor`` in place over all nodes (``op``: a ``ReduceOp`` or ``'sum'|'mean'|'max'|'min'``).
     ``async_op=True``: start it and return a handle whose ``wait()`` writes the result into
-    ``tensor`` (:mod:`exogym.core.comm.handles`)."""
+    ``tensor`` (``exogym.core.comm.handles``)."""
     name = op if isinstance(op, str) else _OPS.get(op)
     if name is None:
         raise ValueError(f"unsupported reduce op {op!r}; use SUM, MAX, MIN or PRODUCT")

@@ -1,5 +1,5 @@
 """Legacy import path of the original exo gym (``exogym.strategy.communicate_optimize_strategy``);
-see :mod:`exogym.compat`."""
+see ``exogym.compat``."""
 
 from exogym.compat import CommunicationModule
 from exogym.core.pipeline import CommunicateOptimizeStrategy

@@ -18,10 +18,11 @@ class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
     merged fragments as they arrive. Nodes the network's availability trace takes away skip
     their steps and pull the model when they return; training never stops for them.
 
-    Pipeline: ``[DecoupledDiLoCoCommunicator(H, ...)]`` (see :mod:`communicators.decoupled_diloco`).
+    Pipeline: ``[DecoupledDiLoCoCommunicator(H, ...)]`` (see ``communicators.decoupled_diloco``).
     Needs modelled compute; node speeds come from ``compute_slowdown``, absences from
-    ``Network(availability=...)``. :meth:`run_summary` gives each node's steps and utilisation,
-    the contributions' staleness and the merges.
+    ``Network(availability=...)``.
+    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
+    and utilisation, the contributions' staleness and the merges.
 
     Args:
         H: steps between two sends of one fragment (default 100).

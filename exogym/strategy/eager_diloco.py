@@ -17,7 +17,7 @@ class EagerDiLoCoStrategy(CommunicateOptimizeStrategy):
     """DiLoCo with eager updates (Kale et al. 2025): every ``H`` steps each node sends its
     pseudo-gradient to an all-reduce that overlaps the next ``H`` steps, and steps its outer
     optimizer at once on its own fresh share plus the other nodes' shares of the previous
-    round's mean (see :mod:`communicators.eager`). The nodes' models differ by their own last
+    round's mean (see ``communicators.eager``). The nodes' models differ by their own last
     shares: ``fit`` returns their average.
 
     Pipeline: ``[EagerDiLoCoCommunicator(H, outer)]``.
@@ -25,7 +25,7 @@ class EagerDiLoCoStrategy(CommunicateOptimizeStrategy):
     Args:
         H: inner steps between outer steps (default 100).
         outer_optim, outer_lr, outer_momentum, nesterov: the outer optimizer, as for
-            :class:`~exogym.strategy.diloco.DiLoCoStrategy` (``'sgd'``: Nesterov SGD, lr 0.7,
+            [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy] (``'sgd'``: Nesterov SGD, lr 0.7,
             momentum 0.9; ``'sgd_normalized'`` is refused).
         inner_lr: alias of ``lr``.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,

@@ -16,9 +16,11 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
     drawn from the shared seed.
 
     Pipeline: ``[FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)]`` (see
-    :mod:`communicators.fedbuff`). Needs modelled compute (``fit(..., network=Network(...,
-    compute=<seconds per step>))``). The run's steps are ticks of the simulated timeline (:mod:`exogym.core.timeline`);
-    :meth:`run_summary` gives each client's steps and the updates' staleness.
+    ``communicators.fedbuff``). Needs modelled compute (``fit(..., network=Network(...,
+    compute=<seconds per step>))``). The run's steps are ticks of the simulated timeline
+    (``exogym.core.timeline``);
+    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each client's
+    steps and the updates' staleness.
 
     Args:
         local_steps: a client's steps per participation (default 10).

@@ -16,11 +16,13 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
     pushes its progress to the global parameter server (GPS), whose parameters it merges back
     with weight ``merge_weight`` when they arrive.
 
-    Pipeline: ``[HALoSCommunicator(H, ...)]`` (see :mod:`communicators.halos`). Regions come from
+    Pipeline: ``[HALoSCommunicator(H, ...)]`` (see ``communicators.halos``). Regions come from
     the network's world (``fit(..., network="two-datacenters")``, ``Network.regions``); on a
     homogeneous network every node is in one region. Needs modelled compute; node speeds come
-    from ``compute_slowdown``. :meth:`run_summary` gives each node's steps and utilisation, the
-    staleness of the workers' and the LPSs' updates, and the bytes moved between the servers.
+    from ``compute_slowdown``.
+    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
+    and utilisation, the staleness of the workers' and the LPSs' updates, and the bytes moved
+    between the servers.
 
     Args:
         H: local steps per segment (the fastest node's, with ``dylu``; default 50).

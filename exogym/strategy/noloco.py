@@ -15,7 +15,7 @@ class NoLoCoStrategy(CommunicateOptimizeStrategy):
     """NoLoCo (Kolehmainen et al. 2025): no all-reduce over the world; every ``H`` steps each node
     averages with one peer drawn from the shared seed (a random perfect matching per round) and
     takes a momentum outer step whose extra term pulls its outer weights towards its peer's (see
-    :mod:`communicators.noloco`). The nodes' models are not made equal: ``fit`` returns their
+    ``communicators.noloco``). The nodes' models are not made equal: ``fit`` returns their
     average.
 
     Pipeline: ``[NoLoCoCommunicator(H, outer_lr, outer_momentum, gamma)]``.

@@ -1,4 +1,5 @@
-"""``exogym.strategy.optim.OptimSpec``: the import path of the original exo gym (see :mod:`exogym.core.optim`)."""
+"""``exogym.strategy.optim.OptimSpec``: the import path of the original exo gym (see
+``exogym.core.optim``)."""
 
 from exogym.core.optim import OPTIMIZERS, OptimSpec
 

@@ -66,7 +66,7 @@ class SPARTAStrategy(CommunicateOptimizeStrategy):
     Args:
         p_sparta: fraction of parameters averaged per step (default 0.005).
         sparsification_mode: ``random`` (default), ``sequential``, ``partitioned``, ``blockwise``
-            or ``topk`` (see :mod:`communicators.sparse`). ``compression_method`` is an alias.
+            or ``topk`` (see ``communicators.sparse``). ``compression_method`` is an alias.
         quantization_bits: 8 (int8 with per-chunk scales), 16 (fp16), or 32/``None`` (none).
         sparta_interval: average every this many steps (default 1).
         async_sparta_delay: apply each round's average this many rounds later (default 0: at
@@ -98,7 +98,8 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
     """SPARTA every step plus a DiLoCo outer step every ``H`` steps.
 
     Pipeline: ``[SparseCommunicator(p_sparta, mode), DiLoCoCommunicator(H, outer)]``. Arguments as
-    for :class:`SPARTAStrategy` and :class:`~exogym.strategy.diloco.DiLoCoStrategy`.
+    for [`SPARTAStrategy`][exogym.strategy.SPARTAStrategy] and
+    [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy].
     """
 
     def __init__(

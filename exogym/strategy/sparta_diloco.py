@@ -1,4 +1,5 @@
-"""Legacy import path of the original exo gym (``exogym.strategy.sparta_diloco``); see :mod:`exogym.compat`."""
+"""Legacy import path of the original exo gym (``exogym.strategy.sparta_diloco``); see
+``exogym.compat``."""
 
 from exogym.strategy.sparta import SPARTADiLoCoStrategy
 

@@ -18,7 +18,7 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
     """Streaming DiLoCo (Douillard et al. 2025): the model in ``num_fragments`` fragments, each
     synchronised every ``H`` steps at staggered offsets, its outer update applied
     ``overlap_steps`` later and merged with the local values by ``alpha`` (see
-    :mod:`communicators.streaming`).
+    ``communicators.streaming``).
 
     Pipeline: ``[StreamingDiLoCoCommunicator(...)]``, wrapped in ``QuantizeCommunicator`` when
     ``quantize`` is given.
@@ -31,7 +31,7 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
             clock (needs modelled compute).
         alpha: share of the local values kept when an update is applied (default 0.0).
         outer_optim, outer_lr, outer_momentum, nesterov: the outer optimizer, as for
-            :class:`~exogym.strategy.diloco.DiLoCoStrategy` (``'sgd'``: Nesterov SGD, lr 0.7,
+            [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy] (``'sgd'``: Nesterov SGD, lr 0.7,
             momentum 0.9).
         quantize: send the pseudo-gradients as ``'int8'``, ``'fp8'``, ``'fp16'`` or ``'bf16'`` (``None``: float32).
         inner_lr: alias of ``lr``.

@@ -1,5 +1,5 @@
 """Built-in tasks for ``exogym compare`` and your own scripts: a model factory, the train and
-validation datasets, and an inner learning rate that suits them (:func:`load`).
+validation datasets, and an inner learning rate that suits them ([`load`][exogym.tasks.load]).
 
 ``digits`` and ``chars`` need no download (scikit-learn's bundled digits; the Python standard
 library's source as text). ``mnist``, ``cifar10`` and ``shakespeare`` download their data once
@@ -50,7 +50,7 @@ class Task:
     """A model factory, train and validation datasets, and the inner learning rate that suits them.
 
     Attributes:
-        name: the task's name (one of :data:`TASKS` for a built-in task).
+        name: the task's name (one of [`TASKS`][exogym.tasks.TASKS] for a built-in task).
         make_model: builds a fresh model whose ``forward(batch)`` returns a scalar loss.
         train: the training set (``Trainer``'s ``train_dataset``).
         val: the validation set (``Trainer``'s ``val_dataset``).
@@ -69,16 +69,19 @@ TASKS = ("digits", "chars", "mnist", "cifar10", "shakespeare")
 
 
 def load(name: str, data_dir: str = "data") -> Task:
-    """The built-in task ``name`` (one of :data:`TASKS`), its data loaded.
+    """The built-in task ``name`` (one of [`TASKS`][exogym.tasks.TASKS]), its data loaded.
 
     * ``digits``: scikit-learn's bundled 8x8 digits (1,438 train, 359 val, 10 classes) and a
-      64-256-256-10 :class:`MLPClassifier`; needs scikit-learn (the ``[examples]`` extra).
+      64-256-256-10 [`MLPClassifier`][exogym.tasks.MLPClassifier]; needs scikit-learn (the
+      ``[examples]`` extra).
     * ``chars``: the Python standard library's source as bytes, windows of 64, and a
-      :class:`CharGPT`.
+      [`CharGPT`][exogym.tasks.CharGPT].
     * ``mnist``: MNIST, downloaded into ``<data_dir>/mnist``, and a 784-256-10
-      :class:`MLPClassifier`.
-    * ``cifar10``: CIFAR-10, downloaded into ``data_dir``, and a :class:`SmallCNN`.
-    * ``shakespeare``: tiny Shakespeare, downloaded into ``data_dir``, and a :class:`CharGPT`.
+      [`MLPClassifier`][exogym.tasks.MLPClassifier].
+    * ``cifar10``: CIFAR-10, downloaded into ``data_dir``, and a
+      [`SmallCNN`][exogym.tasks.SmallCNN].
+    * ``shakespeare``: tiny Shakespeare, downloaded into ``data_dir``, and a
+      [`CharGPT`][exogym.tasks.CharGPT].
 
     Every task's learning rate is ``1e-3``.
 
@@ -88,7 +91,8 @@ def load(name: str, data_dir: str = "data") -> Task:
             nothing from it).
 
     Raises:
-        ValueError: ``name`` is not a built-in task (the message lists :data:`TASKS`).
+        ValueError: ``name`` is not a built-in task (the message lists
+            [`TASKS`][exogym.tasks.TASKS]).
         ImportError: ``digits`` without scikit-learn.
     """
     from exogym.tasks.cifar10 import cifar10_datasets
@@ -116,7 +120,7 @@ def load(name: str, data_dir: str = "data") -> Task:
     raise ValueError(f"unknown task {name!r}; choose from {TASKS}")
 
 
-#: ``load_task`` is :func:`load` (one of the alias spellings listed in :mod:`exogym.compat`).
+#: ``load_task`` is ``load`` (one of the alias spellings listed in ``exogym.compat``).
 load_task = load
 
 __all__ = [

@@ -68,10 +68,10 @@ def _fetch(data_dir: str) -> None:
 
 
 def cifar10_datasets(data_dir: str, download: bool = True) -> tuple[CIFAR10, CIFAR10]:
-    """(train, val) :class:`CIFAR10` datasets (50,000 and 10,000 images).
+    """(train, val) ``CIFAR10`` datasets (50,000 and 10,000 images).
 
     Read from ``<data_dir>/cifar-10-batches-py/``; when that is missing, unpacked from
-    ``<data_dir>/cifar-10-python.tar.gz``, which is downloaded from :data:`URL` first if it is
+    ``<data_dir>/cifar-10-python.tar.gz``, which is downloaded from ``URL`` first if it is
     missing too and ``download`` is true (else ``FileNotFoundError``).
     """
     folder = os.path.join(data_dir, FOLDER)

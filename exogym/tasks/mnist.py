@@ -39,7 +39,7 @@ def read_idx(path: str) -> np.ndarray:
 def mnist_datasets(data_dir: str, download: bool = True) -> tuple[TensorDataset, TensorDataset]:
     """(train, val) ``TensorDataset`` s of ``(x [784] float32 in [0, 1], y int64)``.
 
-    Files are read from ``data_dir``; missing ones are downloaded from :data:`MIRROR` when
+    Files are read from ``data_dir``; missing ones are downloaded from ``MIRROR`` when
     ``download`` is true, else ``FileNotFoundError`` is raised.
     """
     out = []

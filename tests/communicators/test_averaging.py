@@ -154,7 +154,7 @@ def _reference_sleep(rank, k, island, frac, seed, h, max_steps, step, stop, read
     "island,frac,h,max_steps", [(None, 0.1, 3, 90), (5, 0.4, 2, 41), (None, 0.5, 1, 30), (4, 1.0, 2, 20)]
 )
 def test_planned_sleep_of_a_sampled_client_follows_the_draws(island, frac, h, max_steps) -> None:
-    """The runtime's plan of a sleep (:meth:`NodeSchedule.idle_span_ends`, derived from the
+    """The runtime's plan of a sleep (``NodeSchedule.idle_span_ends``, derived from the
     module's participation statement) equals the rounds a client may sleep through by the
     definition (not sampled in a round nor in the next, which ends before the run and before
     validation reads it), for every rank, start step, stop and validation step, for the module

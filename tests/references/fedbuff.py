@@ -28,7 +28,7 @@ one client is drawn among those not in flight; the server serves it the model at
 after every receipt there and any server step they triggered. Clients drawn after the last
 tick never start a step, so draws made during the drain change nothing.
 
-Client draws (the rule ExoGym's preset uses): :func:`draw_client`, draw ``i`` (counted from 0
+Client draws (the rule ExoGym's preset uses): ``draw_client``, draw ``i`` (counted from 0
 over the whole run) picks uniformly among the free clients in ascending order with a generator
 seeded by ``(seed, i)``.
 """

@@ -5,11 +5,11 @@ from ``time`` (simulated seconds) on, node ``node`` is present (``available`` tr
 ``true``, ``yes``) or absent (``0``, ``false``, ``no``) until the node's next row. Before a
 node's first row, and for a node without rows, the node is present.
 
-The trace drives the dropout machinery of :mod:`exogym.runtime.faults`: at the start of a run
+The trace drives the dropout machinery of ``exogym.runtime.faults``: at the start of a run
 it becomes the ``{round: nodes}`` plan that ``Faults(drop=...)`` takes, by this rule:
 
 * step ``k`` (0-based) occupies simulated seconds ``[k s, (k + 1) s)``, where ``s`` is
-  :attr:`Availability.step_seconds`, or the network's ``compute`` seconds per step when that
+  ``Availability.step_seconds``, or the network's ``compute`` seconds per step when that
   is not given;
 * round ``r`` (``L`` steps: the strategy's slowest communication period) occupies the seconds
   of its steps, ``[r L s, min((r + 1) L, steps) s)``;
@@ -85,7 +85,7 @@ class Availability:
 
     Args:
         trace: a CSV file with the columns ``time,node,available``, or its rows as dicts
-            (see :mod:`exogym.core.comm.availability` for the format and the rule that turns it
+            (see ``exogym.core.comm.availability`` for the format and the rule that turns it
             into rounds).
         step_seconds: the simulated seconds one training step is taken to last when the trace's
             times are mapped to rounds (> 0); ``None``: the network's ``compute`` seconds per

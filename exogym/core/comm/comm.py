@@ -1,26 +1,26 @@
 """The per-node communication object every strategy and communicator talks through.
 
-:class:`NodeComm` offers all_reduce, all_gather, broadcast and barrier over the world or over a
+``NodeComm`` offers all_reduce, all_gather, broadcast and barrier over the world or over a
 partition of it (islands), charges each *logical* collective to the node's
-:class:`~exogym.core.comm.ledger.Ledger`, and is the one place that stages MPS tensors through the CPU
+``Ledger``, and is the one place that stages MPS tensors through the CPU
 (gloo cannot read MPS memory).
 
 Partial participation is part of the protocol: a node may take part in an all-reduce
-contributing only (:meth:`NodeComm.all_reduce_contribute`), receiving only
-(:meth:`NodeComm.all_reduce_receive`), or neither (:meth:`NodeComm.all_reduce_absent`). Two
+contributing only (``NodeComm.all_reduce_contribute``), receiving only
+(``NodeComm.all_reduce_receive``), or neither (``NodeComm.all_reduce_absent``). Two
 modes change what the collectives do, both set by the runtime, never by a communicator:
 
-- *missing* nodes (:meth:`NodeComm.leaving_out`): fault injection drops nodes from a round;
-- *sitting out* (:meth:`NodeComm.sitting_out`): the node's state will be replaced before anyone
+- *missing* nodes (``NodeComm.leaving_out``): fault injection drops nodes from a round;
+- *sitting out* (``NodeComm.sitting_out``): the node's state will be replaced before anyone
   reads it, so its all-reduces become absent calls while its charges still count.
 
-All methods but :meth:`NodeComm.charge` and :meth:`NodeComm.present` are collectives: every
+All methods but ``NodeComm.charge`` and ``NodeComm.present`` are collectives: every
 rank must call them in the same order with the same ``groups`` partition, or the run deadlocks
 (the launcher then tears it down).
 
 ``all_reduce``, ``all_gather`` and ``broadcast`` take ``async_op=True``: the collective starts
-and returns a :class:`~exogym.core.comm.handles.CollectiveHandle` whose result arrives at a
-simulated time (:mod:`exogym.core.comm.handles`).
+and returns a [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose result arrives at a
+simulated time (``exogym.core.comm.handles``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from exogym.core.comm.protocol import Comm
 from exogym.core.comm.sitout import SitOut
 from exogym.core.comm.transport import Transport
 
-#: The reduce operations of :meth:`NodeComm.all_reduce`.
+#: The reduce operations of ``NodeComm.all_reduce``.
 ALL_REDUCE_OPS = ("sum", "mean", "max", "min", "product")
 
 
@@ -100,11 +100,11 @@ class NodeComm:
         self.ledger = ledger if ledger is not None else Ledger()
         #: Wall seconds spent inside the transport (the simulator's own communication cost).
         self.transport_seconds = 0.0
-        #: Ranks missing from the current step (fault injection; see :meth:`leaving_out`).
+        #: Ranks missing from the current step (fault injection; see ``leaving_out``).
         self.missing: frozenset[int] = frozenset()
         self._everyone = world_list(world_size)  # the members when groups is None (read only, shared)
         self._sitout: SitOut | None = None
-        #: The node's own simulated clock, which times its handles (:mod:`exogym.core.comm.handles`).
+        #: The node's own simulated clock, which times its handles (``exogym.core.comm.handles``).
         self.clock = LocalClock()
 
     # -- modes (set by the runtime) ---------------------------------------------------------
@@ -113,7 +113,7 @@ class NodeComm:
         ``sum`` or ``mean`` all-reduce takes their share as zeros, ``mean`` divides by the
         present members, and only present members are charged (an all-reduce among them). A
         missing rank still calls every collective, so the calls line up; what it receives is
-        not meaningful (it rejoins afterwards, see :mod:`exogym.runtime.faults`). Other
+        not meaningful (it rejoins afterwards, see ``exogym.runtime.faults``). Other
         collectives raise while a rank is missing. The node loop wraps the strategy's step in
         this; its own measurement collectives run outside."""
         if not missing and not self.missing:
@@ -136,7 +136,7 @@ class NodeComm:
         ones are made as one absent call with a repeat count when the block ends; other
         collectives run as usual (after the pending absent calls). Charges count as usual.
         For the runtime only, where the node's state will be replaced before anything reads it
-        (see :mod:`exogym.runtime.schedule`)."""
+        (see ``exogym.runtime.schedule``)."""
         if self._sitout is not None:
             raise RuntimeError("sitting_out blocks do not nest")
         self._sitout = SitOut()
@@ -148,19 +148,19 @@ class NodeComm:
 
     @property
     def is_sitting_out(self) -> bool:
-        """Whether a :meth:`sitting_out` block is open."""
+        """Whether a ``sitting_out`` block is open."""
         return self._sitout is not None
 
     # -- bookkeeping ------------------------------------------------------------------------
     def present(self, groups: Groups | None = None) -> list[int]:
-        """The members of this rank's group that are not :attr:`missing`. Not a collective."""
+        """The members of this rank's group that are not ``missing``. Not a collective."""
         _, members = self._my_group(groups)
         if not self.missing:
             return list(members)
         return [r for r in members if r not in self.missing]
 
     def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
-        """``(bytes, tag)``: ``tensor``'s own bytes and ``tag`` (see :class:`Comm`)."""
+        """``(bytes, tag)``: ``tensor``'s own bytes and ``tag`` (see ``Comm``)."""
         return nbytes(tensor), tag
 
     def _refuse_missing(self, what: str) -> None:
@@ -232,10 +232,10 @@ class NodeComm:
         ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``; ``groups`` is a partition of
         the ranks, the same on every rank (groups may carry tensors of different sizes). Charged
         as one all_reduce of ``tensor``'s bytes over this rank's group. ``entries`` (where the
-        values come from, see :class:`~exogym.core.comm.entries.Entries`) is for wire
+        values come from, see ``Entries``) is for wire
         transforms; the node's own comm moves the values as they are. ``async_op=True``: start
         it on ``tensor``'s values at the call and return a
-        :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` writes the result
+        [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose ``wait()`` writes the result
         into ``tensor``. Collective.
         """
         if async_op:
@@ -278,9 +278,9 @@ class NodeComm:
 
         For a node whose share is ``op``'s identity (zeros for a sum) and whose result would be
         overwritten before anything reads it. ``like`` gives the payload's dtype and size (it
-        is neither read nor written); the peers call :meth:`all_reduce` (or this) with the same
+        is neither read nor written); the peers call ``all_reduce`` (or this) with the same
         ``op`` and ``groups``. Nothing is charged: charge what the algorithm sends with
-        :meth:`charge`. Virtual nodes queue the call (once, whatever ``repeat``) and run on at
+        ``charge``. Virtual nodes queue the call (once, whatever ``repeat``) and run on at
         once; other transports reduce the identity. Collective.
         """
         _check_identity_op(op, "all_reduce_absent")
@@ -303,7 +303,7 @@ class NodeComm:
         """Contribute ``tensor`` to an all-reduce whose result this node does not need.
 
         For a node that only sends its share of a measurement (e.g. metrics that rank 0 alone
-        turns into rows): the peers call :meth:`all_reduce` (or this) with the same ``op`` and
+        turns into rows): the peers call ``all_reduce`` (or this) with the same ``op`` and
         ``groups``. The caller hands ``tensor`` over: it must not write to it afterwards, and its
         contents after the call are undefined (virtual nodes queue it and run on at once; the
         reduction reads it later; other transports reduce it in place). Nothing is charged.
@@ -325,7 +325,7 @@ class NodeComm:
         For a node whose share is the identity and that needs the result, e.g. a FedAvg client
         that was not sampled receiving the participants' sum: it need not write zeros anywhere.
         ``like`` gives the payload's dtype and size (it is neither read nor written); the peers
-        call :meth:`all_reduce` (or this) with the same ``op`` and ``groups``. The result is
+        call ``all_reduce`` (or this) with the same ``op`` and ``groups``. The result is
         valid until this node's next collective and may be shared with other nodes: read it,
         do not change it (virtual nodes of a worker that receive the same result share one
         tensor). Nothing is charged. Collective.
@@ -351,7 +351,7 @@ class NodeComm:
 
         Charged as one all_gather of ``tensor``'s bytes over this rank's group. ``async_op=True``:
         start it on ``tensor``'s values at the call and return a
-        :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()`` returns the gathered
+        [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose ``wait()`` returns the gathered
         tensor. Collective.
         """
         if async_op:
@@ -371,7 +371,7 @@ class NodeComm:
         """Contribute ``tensor`` to an all-gather whose result this node does not need.
 
         For a node that only sends its share of a measurement (e.g. its metric events, which
-        rank 0 alone turns into rows): the peers call :meth:`all_gather` (or this) with the same
+        rank 0 alone turns into rows): the peers call ``all_gather`` (or this) with the same
         ``groups`` and sizes. The caller hands ``tensor`` over: it must not write to it
         afterwards (virtual nodes queue it and run on at once; the gather reads it later).
         Nothing is charged. Collective.
@@ -386,8 +386,9 @@ class NodeComm:
         self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
     ) -> torch.Tensor | CollectiveHandle:
         """Overwrite ``tensor`` in place with rank ``src``'s and return it. ``async_op=True``: start
-        it at the call and return a :class:`~exogym.core.comm.handles.CollectiveHandle` whose ``wait()``
-        writes rank ``src``'s values (as they were at the start) into ``tensor``. Collective."""
+        it at the call and return a [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose
+        ``wait()`` writes rank ``src``'s values (as they were at the start) into ``tensor``.
+        Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
         if async_op:
@@ -407,13 +408,13 @@ class NodeComm:
             self.transport.barrier()
 
     def _flush_sitout(self) -> None:
-        """Make the pending absent calls of a :meth:`sitting_out` block before another
+        """Make the pending absent calls of a ``sitting_out`` block before another
         collective (the order of collectives is every rank's)."""
         if self._sitout is not None:
             self._sitout.flush_calls(self._absent)
 
 
-#: What :meth:`NodeComm.leaving_out` returns when no rank is missing.
+#: What ``NodeComm.leaving_out`` returns when no rank is missing.
 _NOTHING_MISSING = contextlib.nullcontext()
 
 

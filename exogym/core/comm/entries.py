@@ -18,7 +18,8 @@ import torch
 @dataclass(frozen=True)
 class Entries:
     """A payload's values, located: the payload is the concatenation over ``i`` of
-    ``tensors[i].flatten()[indices[i]]`` (the layout of :func:`exogym.ops.sparse_gather`).
+    ``tensors[i].flatten()[indices[i]]`` (the layout of
+    [`exogym.ops.sparse_gather`][exogym.ops.sparse_gather]).
 
     Attributes:
         tensors: the tensors the values come from (e.g. the parameters of one dtype).

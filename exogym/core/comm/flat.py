@@ -21,7 +21,7 @@ class FlatBuffer:
 
     Args:
         like: the tensors whose shapes define the layout (all one dtype and device).
-        lazy: allocate the buffer at its first use rather than now. With :meth:`release`, for
+        lazy: allocate the buffer at its first use rather than now. With ``release``, for
             a node that communicates now and then (a FedAvg client sampled in few rounds): its
             buffer then costs memory only while it communicates, not a model's worth for the
             whole run.
@@ -35,8 +35,8 @@ class FlatBuffer:
         self.numel = sum(self.numels)
         #: A stand-in with the buffer's dtype, size and device that holds one element (a
         #: zero-stride view): for calls that read only those, e.g.
-        #: :meth:`~exogym.core.comm.comm.NodeComm.all_reduce_absent`. It moves with the node's
-        #: state (:mod:`exogym.runtime.offload`), so the buffer is made where the state is.
+        #: ``all_reduce_absent``. It moves with the node's
+        #: state (``exogym.runtime.offload``), so the buffer is made where the state is.
         self.like = torch.zeros(1, dtype=like[0].dtype, device=like[0].device).expand(self.numel)
         self._buffer: torch.Tensor | None = None
         self._views: list[torch.Tensor] | None = None
@@ -57,13 +57,13 @@ class FlatBuffer:
 
     @property
     def buffer(self) -> torch.Tensor:
-        """The flat buffer (made on first use after :meth:`release`; its contents are then
+        """The flat buffer (made on first use after ``release``; its contents are then
         undefined)."""
         return self._allocate() if self._buffer is None else self._buffer
 
     @property
     def views(self) -> list[torch.Tensor]:
-        """One view of :attr:`buffer` per tensor of the layout, flattened."""
+        """One view of ``buffer`` per tensor of the layout, flattened."""
         if self._views is None:
             self._allocate()
         assert self._views is not None
@@ -102,9 +102,9 @@ class FlatBuffer:
     @torch.no_grad()
     def unpack_divided(self, source: torch.Tensor, tensors: Sequence[torch.Tensor], divisor: float) -> None:
         """Write ``source / divisor`` into ``tensors`` in place; ``source`` is laid out as this
-        buffer (e.g. a collective's result) and is only read. :attr:`like` itself holds no
+        buffer (e.g. a collective's result) and is only read. ``like`` itself holds no
         values (what a receive sat out returns, see
-        :meth:`~exogym.core.comm.comm.NodeComm.sitting_out`): nothing is written."""
+        ``sitting_out``): nothing is written."""
         if source is self.like:
             return
         for piece, t in zip(torch.split(source, self.numels), tensors, strict=True):
@@ -130,8 +130,8 @@ class Bucket:
 
 
 def dtype_buckets(tensors: Sequence[torch.Tensor], lazy: bool = False) -> list[Bucket]:
-    """One :class:`Bucket` per (dtype, device) of ``tensors``, in first-seen order (``lazy``:
-    see :class:`FlatBuffer`)."""
+    """One ``Bucket`` per (dtype, device) of ``tensors``, in first-seen order (``lazy``:
+    see ``FlatBuffer``)."""
     return [
         Bucket(idx, [tensors[i] for i in idx], FlatBuffer([tensors[i] for i in idx], lazy))
         for idx in group_by_dtype(tensors)

@@ -67,7 +67,7 @@ _tuples: OrderedDict[tuple[int, frozenset[int]], tuple[list[int], tuple[int, ...
 
 def members_tuple(members: list[int], missing: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """``members`` less ``missing`` as a tuple, shared between calls with the same list (the
-    lists of :func:`partition_index` are); read only."""
+    lists of ``partition_index`` are); read only."""
     key = (id(members), missing)
     hit = _tuples.get(key)
     if hit is not None and hit[0] is members:

@@ -1,42 +1,46 @@
 """Non-blocking collectives: handles that deliver a collective's result at a simulated time.
 
 ``handle = comm.all_reduce(t, async_op=True)`` (also ``all_gather`` and ``broadcast``, the
-``torch.distributed`` convention) starts a collective and returns a :class:`CollectiveHandle`:
+``torch.distributed`` convention) starts a collective and returns a
+[`CollectiveHandle`][exogym.strategy.CollectiveHandle]:
 
 * **data**: what ``t`` holds at the call is sent. The collective runs at once on a copy (every
   member starts it at the same point of its sequence of collectives, so the result is
-  deterministic); ``t`` keeps the node's own values until :meth:`CollectiveHandle.wait`, which
-  writes the result into it (overwriting whatever the node wrote there since) and returns it
-  (for ``all_gather``, the gathered tensor). Unlike ``torch.distributed``, the node may go on
-  reading and changing ``t`` in between.
+  deterministic); ``t`` keeps the node's own values until
+  [`CollectiveHandle.wait`][exogym.strategy.CollectiveHandle.wait], which writes the result into it
+  (overwriting whatever the node wrote there since) and returns it (for ``all_gather``, the gathered
+  tensor). Unlike ``torch.distributed``, the node may go on reading and changing ``t`` in between.
 * **bytes**: charged once, when it starts, to the step it starts in (as the blocking call).
 * **time**: the transfer starts on the node's clock when its step's compute ends and lasts the
-  collective's modelled seconds (:meth:`exogym.core.comm.network.Network.record_seconds`: the
-  formula that prices a blocking one, on the links its members use, at that simulated second
-  for a world's traces). :meth:`CollectiveHandle.is_completed` is true once the node's clock
-  has reached that time; :meth:`CollectiveHandle.wait` advances the clock to it where the clock
-  is still behind, and that stall is the waiting step's communication time. A started
-  collective is not a meeting: the node does not wait for its peers to start it. Transfers in
-  flight together do not share bandwidth: each is priced as if alone on its links.
+  collective's modelled seconds
+  ([`exogym.core.comm.network.Network.record_seconds`][exogym.Network.record_seconds]: the formula
+  that prices a blocking one, on the links its members use, at that simulated second for a world's
+  traces). [`CollectiveHandle.is_completed`][exogym.strategy.CollectiveHandle.is_completed] is true
+  once the node's clock has reached that time;
+  [`CollectiveHandle.wait`][exogym.strategy.CollectiveHandle.wait] advances the clock to it where
+  the clock is still behind, and that stall is the waiting step's communication time. A started
+  collective is not a meeting: the node does not wait for its peers to start it. Transfers in flight
+  together do not share bandwidth: each is priced as if alone on its links.
 
-The clock handles read is the node's own (:class:`LocalClock`): its compute (modelled, times
+The clock handles read is the node's own (``LocalClock``): its compute (modelled, times
 its speed factor and straggler slowdown) and its communication, stalls included; it leaves out
 the time the node waits for slower peers in blocking collectives, which only the clocks
-replayed for the rows know (:mod:`exogym.clocks`). Where every node computes at the same speed
+replayed for the rows know (``exogym.clocks``). Where every node computes at the same speed
 the two agree. Within a step, handles start and are waited for after the step's compute, in the
 order the calls are made; the step's blocking collectives count after them.
 
-:meth:`CollectiveHandle.is_completed` answers before the step's compute is measured, so it
-needs modelled compute (``Network(compute=<seconds per step>)``, or ``"flops"`` turned into
-seconds before the run by a module with ``needs_step_seconds``): with measured compute it
-raises ``RuntimeError``. :meth:`CollectiveHandle.wait` works with any compute model.
+[`CollectiveHandle.is_completed`][exogym.strategy.CollectiveHandle.is_completed] answers before the
+step's compute is measured, so it needs modelled compute (``Network(compute=<seconds per step>)``,
+or ``"flops"`` turned into seconds before the run by a module with ``needs_step_seconds``): with
+measured compute it raises ``RuntimeError``.
+[`CollectiveHandle.wait`][exogym.strategy.CollectiveHandle.wait] works with any compute model.
 
 A handle still in flight when the run ends is waited for then: its result lands in its tensor,
 and the run's simulated time does not include it (no step needed it). A handle saved in a
-checkpoint (:meth:`CollectiveHandle.state_dict`, by the module that holds it) comes back with
-:meth:`LocalClock.resume`: its result and arrival time, bit for bit. A node that rejoins after
-a fault (:func:`exogym.runtime.faults.rejoin`) drops its own handles in flight
-(:meth:`LocalClock.abandon`) and resumes those of the node whose state it loads.
+checkpoint ([`CollectiveHandle.state_dict`][exogym.strategy.CollectiveHandle.state_dict], by the
+module that holds it) comes back with ``LocalClock.resume``: its result and arrival time, bit for
+bit. A node that rejoins after a fault (``exogym.runtime.faults.rejoin``) drops its own handles in
+flight (``LocalClock.abandon``) and resumes those of the node whose state it loads.
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ class CollectiveHandle:
     Made by the collectives, not by hand. Attributes: ``kind`` (``"all_reduce"``,
     ``"all_gather"`` or ``"broadcast"``), ``arrival`` (the simulated second the result arrives
     on this node's clock; ``None`` until the step that started it has closed or
-    :meth:`is_completed` resolves it) and ``records`` (its ledger records).
+    [`is_completed`][exogym.strategy.CollectiveHandle.is_completed] resolves it) and ``records``
+    (its ledger records).
     """
 
     def __init__(
@@ -91,8 +96,9 @@ class CollectiveHandle:
         self._waited = False
 
     def is_completed(self) -> bool:
-        """Whether the result has arrived by now on the node's clock (true after :meth:`wait`).
-        ``RuntimeError`` where the node's compute is not modelled (see the module docstring)."""
+        """Whether the result has arrived by now on the node's clock (true after
+        [`wait`][exogym.strategy.CollectiveHandle.wait]). ``RuntimeError`` where the node's compute
+        is not modelled (see the module docstring)."""
         return self._waited or self._clock.has_arrived(self)
 
     def wait(self) -> torch.Tensor:
@@ -114,7 +120,7 @@ class CollectiveHandle:
         """The handle's kind, result and arrival, for a checkpoint (taken between steps, when
         the arrival is known: tensors and numbers only) or a node that rejoins during a step
         (then with its ledger records instead of the arrival). Restore it with
-        :meth:`LocalClock.resume`. ``RuntimeError`` for a handle already waited for (there is
+        ``LocalClock.resume``. ``RuntimeError`` for a handle already waited for (there is
         nothing in flight to keep)."""
         if self._waited:
             raise RuntimeError("only a handle in flight can be saved: this one was waited for")
@@ -128,8 +134,8 @@ class LocalClock:
     """A node's own simulated clock, as the node sees it while it runs (see the module
     docstring): the seconds at the end of its last step, and the handles in flight.
 
-    The node loop drives it: :meth:`attach` (the network and the running step's modelled
-    compute), :meth:`close_step` after each step, :meth:`finish` at the end of the run.
+    The node loop drives it: ``attach`` (the network and the running step's modelled
+    compute), ``close_step`` after each step, ``finish`` at the end of the run.
     """
 
     def __init__(self) -> None:
@@ -184,7 +190,7 @@ class LocalClock:
 
     def close_idle_steps(self, comms: list[float]) -> None:
         """End steps without compute, one per entry of ``comms`` (their blocking collectives'
-        seconds), as :meth:`close_step` would one by one: a node asleep through many rounds."""
+        seconds), as ``close_step`` would one by one: a node asleep through many rounds."""
         if self._events:
             for comm in comms:
                 self.close_step(0.0, comm)
@@ -224,10 +230,11 @@ class LocalClock:
         self._compute_now = None
 
     def resume(self, state: dict[str, Any], target: torch.Tensor | None = None) -> CollectiveHandle:
-        """A handle saved with :meth:`CollectiveHandle.state_dict`, in flight again; ``target``:
-        the tensor its :meth:`~CollectiveHandle.wait` writes the result into (``None``: wait
-        returns the saved result itself). One saved during its step starts in this node's
-        running step."""
+        """A handle saved with
+        [`CollectiveHandle.state_dict`][exogym.strategy.CollectiveHandle.state_dict], in flight
+        again; ``target``: the tensor its [`wait`][exogym.strategy.CollectiveHandle.wait] writes the
+        result into (``None``: wait returns the saved result itself). One saved during its step
+        starts in this node's running step."""
         handle = CollectiveHandle(self, str(state["kind"]), state["result"], target, list(state.get("records", [])))
         if state["arrival"] is None:
             self.started(handle)
@@ -248,7 +255,7 @@ class LocalClock:
         return {"seconds": self.seconds}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Continue from :meth:`state_dict`."""
+        """Continue from ``state_dict``."""
         self.seconds = float(state["seconds"])
 
 

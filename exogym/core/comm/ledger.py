@@ -53,7 +53,7 @@ class CollectiveRecord:
     """One logical collective as seen by one node.
 
     Attributes:
-        kind: one of :data:`KINDS`.
+        kind: one of ``KINDS``.
         group_size: number of nodes taking part (the island, the sampled clients, or the world).
         payload: bytes of this node's input (for all_gather: its own contribution).
         sent: bytes this node puts on the network, per the module table.
@@ -67,7 +67,7 @@ class CollectiveRecord:
             a few pointers whatever the group's size; a network of regions prices the
             collective on the links these ranks use.
         blocking: ``False`` for a collective started with ``async_op=True``: the step does not
-            wait for it (its handle's wait does, :mod:`exogym.core.comm.handles`), and it is no
+            wait for it (its handle's wait does, ``exogym.core.comm.handles``), and it is no
             meeting of its members.
     """
 
@@ -86,7 +86,7 @@ class CollectiveRecord:
 class Ledger:
     """Records of one node: the current step's list plus cumulative totals.
 
-    The training loop calls :meth:`end_step` once per step; per-step records are then dropped,
+    The training loop calls ``end_step`` once per step; per-step records are then dropped,
     so memory does not grow with the run length.
     """
 
@@ -95,9 +95,9 @@ class Ledger:
     total_received: float = 0.0
     total_payload: int = 0
     total_collectives: int = 0
-    #: Records made now overlap this many steps of compute (see :meth:`overlapping`).
+    #: Records made now overlap this many steps of compute (see ``overlapping``).
     overlap_steps: int = 0
-    #: Whether records made now block their step (see :meth:`nonblocking`).
+    #: Whether records made now block their step (see ``nonblocking``).
     blocking: bool = True
 
     @contextlib.contextmanager
@@ -113,7 +113,7 @@ class Ledger:
     @contextlib.contextmanager
     def nonblocking(self) -> Iterator[None]:
         """Within the block, records carry ``blocking=False``: the collectives of a handle
-        (:mod:`exogym.core.comm.handles`), which the step does not wait for."""
+        (``exogym.core.comm.handles``), which the step does not wait for."""
         previous, self.blocking = self.blocking, False
         try:
             yield

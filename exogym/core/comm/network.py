@@ -30,16 +30,17 @@ A node's compute time per training step comes from the network's ``compute`` mod
 
 A step a node sits out (a client not sampled in a round) costs no compute in any model.
 
-A network may describe a whole world instead of one link (:meth:`Network.regions`,
-:meth:`Network.preset`): regions joined by links of their own, per-node access links, per-node
-compute speeds. Its collectives are then priced on the links their participants use (see
-:mod:`exogym.core.comm.world`); :meth:`Network.collective_seconds` prices one collective for
-given participants.
+A network may describe a whole world instead of one link
+([`Network.regions`][exogym.Network.regions], [`Network.preset`][exogym.Network.preset]): regions
+joined by links of their own, per-node access links, per-node compute speeds. Its collectives are
+then priced on the links their participants use (see ``exogym.core.comm.world``);
+[`Network.collective_seconds`][exogym.Network.collective_seconds] prices one collective for given
+participants.
 
 Node speed is one concept, ``compute_slowdown``: the factor a node's compute time is multiplied
 by. It is a list (node ``r`` takes entry ``r % len``) or a ``torch.distributions.Distribution``
-drawn once per node from the run's seed (:meth:`Network.for_run`); ``Faults(slowdown=...)``
-draws a further factor per node and step (:mod:`exogym.runtime.faults`).
+drawn once per node from the run's seed ([`Network.for_run`][exogym.Network.for_run]);
+``Faults(slowdown=...)`` draws a further factor per node and step (``exogym.runtime.faults``).
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ _SPEED_STREAM = 0x5EED
 @dataclass(frozen=True)
 class Network:
     """A simulated network. ``Network(bandwidth, latency)`` is homogeneous: every link has
-    ``bandwidth`` bits/s and ``latency`` seconds. :meth:`regions` and :meth:`preset` describe
-    worlds with regions, access links and node speeds.
+    ``bandwidth`` bits/s and ``latency`` seconds. [`regions`][exogym.Network.regions] and
+    [`preset`][exogym.Network.preset] describe worlds with regions, access links and node speeds.
 
     Attributes:
         bandwidth: bits per second per link (> 0); for a world, its slowest hop's (captions).
@@ -79,16 +80,17 @@ class Network:
         compute_slowdown: node speeds, as factors multiplying compute time: a sequence (node
             ``r`` uses ``compute_slowdown[r % len]``; ``()`` means all 1), or a
             ``torch.distributions.Distribution`` of positive scalars drawn once per node from
-            the run's seed (see :meth:`for_run`).
+            the run's seed (see [`for_run`][exogym.Network.for_run]).
         compute: how a training step's compute time is obtained: ``"flops"`` (default),
             seconds per step (a number >= 0), or ``"measured"`` (see the module docstring).
         flops_per_second: the sustained throughput of one node's device for ``compute="flops"``
             (default 1e13, i.e. 10 TFLOP/s: a recent GPU at a realistic utilisation).
         world: the regions, links and access links collectives are priced on
-            (:class:`~exogym.core.comm.world.World`); ``None``: the homogeneous network.
-        availability: when each node is present (:class:`~exogym.core.comm.availability.Availability`,
+            (``World``); ``None``: the homogeneous network.
+        availability: when each node is present ([`Availability`][exogym.Availability],
             or its trace: a CSV path or rows ``time,node,available``), turned into the rounds
-            nodes drop out of at the start of a run (:meth:`drop_plan`); ``None``: always present.
+            nodes drop out of at the start of a run ([`drop_plan`][exogym.Network.drop_plan]);
+            ``None``: always present.
     """
 
     bandwidth: float
@@ -154,11 +156,11 @@ class Network:
         ``intra`` joins two nodes of one region, ``inter`` two nodes of different regions;
         ``links`` names the link of a pair of regions (either order; ``(r, r)`` for inside
         ``r``) and overrides them: a region-to-region matrix for more than two regions.
-        ``access``: one :class:`Link` for every node, or one per node: a node's own connection,
-        which bounds every hop into or out of it whatever the backbone. ``traces``: a CSV file
-        (or its rows) of bandwidths over simulated seconds, per node or per pair of regions
-        (:mod:`exogym.core.comm.traces`). ``availability``: when each node is present
-        (:class:`~exogym.core.comm.availability.Availability`). The other arguments are the
+        ``access``: one [`Link`][exogym.Link] for every node, or one per node: a node's own
+        connection, which bounds every hop into or out of it whatever the backbone. ``traces``: a
+        CSV file (or its rows) of bandwidths over simulated seconds, per node or per pair of regions
+        (``exogym.core.comm.traces``). ``availability``: when each node is present
+        ([`Availability`][exogym.Availability]). The other arguments are the
         homogeneous network's. ``ValueError`` names a pair of regions without a link.
         """
         world = build_world(dict(regions), intra, inter, dict(links or {}), access, traces)
@@ -170,8 +172,8 @@ class Network:
 
     @classmethod
     def preset(cls, name: str, num_nodes: int | None = None, seed: int = 0) -> Network:
-        """A named network: the homogeneous :data:`PRESETS`, or a world for ``num_nodes`` nodes
-        (:data:`WORLD_PRESETS`: ``two-datacenters``, ``volunteers``) whose random parts come
+        """A named network: the homogeneous ``PRESETS``, or a world for ``num_nodes`` nodes
+        (``WORLD_PRESETS``: ``two-datacenters``, ``volunteers``) whose random parts come
         from ``seed``."""
         if name in PRESETS:
             return PRESETS[name]
@@ -205,9 +207,9 @@ class Network:
 
     def drop_plan(self, num_nodes: int, round_steps: int, max_steps: int) -> dict[int, list[int]]:
         """``{round: nodes}`` (what ``Faults(drop=...)`` takes): the rounds of ``round_steps``
-        steps each node is absent from by :attr:`availability`, a step lasting its
+        steps each node is absent from by ``availability``, a step lasting its
         ``step_seconds`` or else this network's ``compute`` seconds (the rule:
-        :mod:`exogym.core.comm.availability`); ``{}`` without availability."""
+        ``exogym.core.comm.availability``); ``{}`` without availability."""
         a = self.availability
         if a is None:
             return {}
@@ -248,8 +250,9 @@ class Network:
 
     def collective_time(self, kind: str, group_size: int, payload: int) -> float:
         """Seconds one collective takes (see the module table). On a world, the homogeneous
-        formula at its slowest hop's bandwidth and latency: :meth:`collective_seconds` prices
-        on the links the participants use."""
+        formula at its slowest hop's bandwidth and latency:
+        [`collective_seconds`][exogym.Network.collective_seconds] prices on the links the
+        participants use."""
         n, a, bits = group_size, self.latency, 8.0 * payload
         if n <= 1:
             return 0.0
@@ -299,7 +302,7 @@ class Network:
         ``k * compute`` (``compute``: this step's compute seconds, taken as the next steps' too);
         only what exceeds it is waited for; a collective started with ``async_op=True``
         (``blocking=False``) costs the step nothing: its handle's wait stalls the step that
-        waits (:mod:`exogym.core.comm.handles`). ``at``: the simulated second the step's
+        waits (``exogym.core.comm.handles``). ``at``: the simulated second the step's
         collectives start (a world's traces price them on the bandwidths then)."""
         blocking = overlapped = 0.0
         budget = 0.0
@@ -326,14 +329,14 @@ class Network:
         return self.world.changes if self.world is not None else ()
 
     def records_times(self, records: Sequence[CollectiveRecord], compute: float = 0.0) -> list[float]:
-        """:meth:`records_time` of ``records`` starting in each epoch of the traces
-        (:attr:`trace_changes`; one value without traces)."""
+        """[`records_time`][exogym.Network.records_time] of ``records`` starting in each epoch of
+        the traces ([`trace_changes`][exogym.Network.trace_changes]; one value without traces)."""
         starts = (-math.inf, *self.trace_changes)
         return [self.records_time(records, compute, at) for at in starts]
 
     def slowdown(self, rank: int) -> float:
         """The compute factor of node ``rank``. ``RuntimeError`` while the speeds are a
-        distribution not drawn yet (:meth:`for_run` draws them)."""
+        distribution not drawn yet ([`for_run`][exogym.Network.for_run] draws them)."""
         if isinstance(self.compute_slowdown, Distribution):
             raise RuntimeError(
                 f"network {self.name!r}: compute_slowdown is a distribution; draw it with for_run(num_nodes, seed)"
@@ -359,11 +362,11 @@ def resolve_network(
     num_nodes: int | None = None,
     seed: int = 0,
 ) -> Network:
-    """A :class:`Network` from a preset name (:data:`PRESETS`, or :data:`WORLD_PRESETS` with
-    ``num_nodes``), the path of a world file (:mod:`exogym.core.comm.world_file`), an instance,
+    """A [`Network`][exogym.Network] from a preset name (``PRESETS``, or ``WORLD_PRESETS`` with
+    ``num_nodes``), the path of a world file (``exogym.core.comm.world_file``), an instance,
     or ``None`` (``ethernet``); ``compute`` (when given, not ``None``) replaces
     its compute model. With ``num_nodes``, made ready for a run of that many nodes from ``seed``
-    (:meth:`Network.for_run`)."""
+    ([`Network.for_run`][exogym.Network.for_run])."""
     if network is None:
         net = PRESETS["ethernet"]
     elif isinstance(network, Network):

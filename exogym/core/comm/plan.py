@@ -9,7 +9,7 @@
     plan.close()                       # in the parent, after the run
 
 The parent serves the rendezvous store on a loopback port the OS picks (no guessing, no retry
-loop; nothing of a local run listens beyond 127.0.0.1, see :mod:`~exogym.core.comm.rendezvous`) and,
+loop; nothing of a local run listens beyond 127.0.0.1, see ``rendezvous``) and,
 for shared memory, creates the segment; the nodes only connect. Every node also joins a
 ``torch.distributed`` process group (gloo, or nccl for GPU nodes), so raw ``torch.distributed``
 calls in user code keep working whatever the transport.
@@ -95,7 +95,7 @@ class TransportPlan:
         kind: ``'shm'``, ``'gloo'`` or ``'nccl'``.
         world_size: the number of nodes.
         store_port: the parent's rendezvous store (loopback); 0 for an outside launcher's
-            process group (:meth:`for_launcher`).
+            process group (``for_launcher``).
         timeout_s: seconds any node waits in one collective before raising.
         slot: bytes per shared-memory slot (``kind == 'shm'``), else 0.
         segment: the shared-memory segment (``kind == 'shm'``), else ``None``.
@@ -120,7 +120,7 @@ class TransportPlan:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         slot_mb: float = DEFAULT_SLOT_MB,
     ) -> TransportPlan:
-        """Resolve ``kind`` (see :func:`resolve_kind`), start the store and, for shared memory,
+        """Resolve ``kind`` (see ``resolve_kind``), start the store and, for shared memory,
         create a segment whose slots hold ``min(payload_hint, slot_mb MiB)`` bytes (at least
         64 KiB) after checking that ``/dev/shm`` has room. Raises ``ValueError``/``RuntimeError``
         before any node starts."""

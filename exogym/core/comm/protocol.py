@@ -1,7 +1,7 @@
 """``Comm``: the protocol every communication object implements.
 
-The node's own :class:`~exogym.core.comm.comm.NodeComm` and every
-:class:`~exogym.core.comm.wrapper.CommWrapper` around it implement it; strategies and
+The node's own ``NodeComm`` and every
+``CommWrapper`` around it implement it; strategies and
 communicators talk only through it.
 """
 
@@ -21,9 +21,9 @@ from exogym.core.comm.ledger import Ledger
 class Comm(Protocol):
     """The collectives a strategy or communicator may call, with accounting.
 
-    :class:`NodeComm` is the node's own; :class:`~exogym.core.comm.wrapper.CommWrapper`
-    (e.g. :class:`communicators.quantize.QuantizedComm`) implements the same protocol around
-    another one. Every method but :meth:`charge` and :meth:`present` is a collective: every
+    ``NodeComm`` is the node's own; ``CommWrapper``
+    (e.g. ``communicators.quantize.QuantizedComm``) implements the same protocol around
+    another one. Every method but ``charge`` and ``present`` is a collective: every
     rank must call it, in the same order.
     """
 
@@ -51,7 +51,7 @@ class Comm(Protocol):
     ) -> torch.Tensor | CollectiveHandle:
         """Reduce ``tensor`` in place within this rank's group; return it. ``entries``: where
         its values live in parameter space, for wire transforms that keep state per entry.
-        ``async_op=True``: return a handle instead (:mod:`exogym.core.comm.handles`)."""
+        ``async_op=True``: return a handle instead (``exogym.core.comm.handles``)."""
         ...
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
@@ -108,11 +108,11 @@ class Comm(Protocol):
 
     def present(self, groups: Groups | None = None) -> list[int]:
         """The members of this rank's group taking part now (all of them unless faults drop
-        nodes, see :mod:`exogym.runtime.faults`). Not a collective."""
+        nodes, see ``exogym.runtime.faults``). Not a collective."""
         ...
 
     def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
-        """``(bytes, tag)`` that :meth:`all_reduce` charges for ``tensor`` (a transform of the
+        """``(bytes, tag)`` that ``all_reduce`` charges for ``tensor`` (a transform of the
         wire, such as quantization, sends less), for a caller that charges itself. Not a
         collective."""
         ...

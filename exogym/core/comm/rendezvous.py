@@ -2,10 +2,10 @@
 an outside launcher (``torchrun``) set up through ``env://``.
 
 A local run is one machine talking to itself, so nothing of it listens beyond loopback: the
-parent's store serves a socket bound to 127.0.0.1 (:func:`serve_store`), and the nodes' gloo
-pairs bind the loopback interface (:func:`loopback_gloo`). Under torchrun the launcher's store
+parent's store serves a socket bound to 127.0.0.1 (``serve_store``), and the nodes' gloo
+pairs bind the loopback interface (``loopback_gloo``). Under torchrun the launcher's store
 and the group's addresses are the user's choice and are left as they are.
-:class:`~exogym.core.comm.plan.TransportPlan` uses these, and :mod:`exogym.runtime.cluster`
+``TransportPlan`` uses these, and ``exogym.runtime.cluster``
 joins a launcher's group before a run.
 """
 
@@ -57,7 +57,7 @@ def serve_store() -> dist.TCPStore:
 
 
 def connect_store(port: int) -> dist.TCPStore:
-    """A client of the store :func:`serve_store` started in the parent."""
+    """A client of the store ``serve_store`` started in the parent."""
     return dist.TCPStore(LOOPBACK, port, is_master=False, timeout=_STORE_TIMEOUT)
 
 

@@ -2,7 +2,7 @@
 
 gloo on loopback costs milliseconds per collective whatever the size, so a simulation that
 talks every step is latency-bound. Here the parent creates one shared-memory segment before the
-nodes start (:class:`exogym.core.comm.plan.TransportPlan`)::
+nodes start (``exogym.core.comm.plan.TransportPlan``)::
 
     [ flags: one 64-byte line per rank ][ slots: K x slot bytes ][ result: slot bytes ]
 
@@ -16,7 +16,7 @@ piece, each node writes its part into its own slot, meets the others at a barrie
 * all_gather: everyone copies the members' slots; a second barrier frees them;
 * broadcast: everyone copies the source's slot; a second barrier.
 
-The barrier (:func:`exogym.ops.sync.shm_barrier`) publishes with release and waits with acquire
+The barrier (``exogym.ops.sync.shm_barrier``) publishes with release and waits with acquire
 atomics, so the protocol holds on any CPU; every barrier carries the collective's tag and size
 and has a deadline, so mismatched or missing peers raise instead of hanging or returning
 garbage.
@@ -96,12 +96,12 @@ def check_room(nbytes: int, path: str = "/dev/shm") -> None:
 
 
 class ShmTransport(Transport):
-    """A :class:`~exogym.core.comm.transport.Transport` over the parent's shared segment.
+    """A ``Transport`` over the parent's shared segment.
 
     Args:
-        segment: the tensor :func:`create_segment` made in the parent.
+        segment: the tensor ``create_segment`` made in the parent.
         rank, world_size: this node and the number of nodes.
-        slot: bytes per slot (as passed to :func:`create_segment`).
+        slot: bytes per slot (as passed to ``create_segment``).
         timeout_s: how long a barrier waits for its peers before raising.
     """
 
@@ -236,7 +236,7 @@ class ShmTransport(Transport):
 
     def close(self) -> None:
         """Leave the process group the node joined beside this transport (see
-        :meth:`~exogym.core.comm.plan.TransportPlan.connect`); the segment itself is freed when
+        ``connect``); the segment itself is freed when
         the last process drops it."""
         if dist.is_initialized():
             dist.destroy_process_group()

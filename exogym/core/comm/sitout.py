@@ -1,6 +1,6 @@
 """What a node sitting rounds out owes the others: absent calls and charges, coalesced.
 
-:meth:`exogym.core.comm.comm.NodeComm.sitting_out` collects here the all-reduces a node sits
+``exogym.core.comm.comm.NodeComm.sitting_out`` collects here the all-reduces a node sits
 out and the charges its communicators make meanwhile. Consecutive identical absent calls become
 one call with a repeat count (virtual nodes queue it once, however many rounds it stands for),
 consecutive identical charges one ledger record with a count: a FedAvg client that sleeps

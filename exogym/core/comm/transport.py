@@ -1,15 +1,15 @@
 """Transports: how the simulator physically moves tensors between nodes.
 
-A :class:`Transport` implements the raw collectives; :class:`exogym.core.comm.comm.NodeComm` adds
+A ``Transport`` implements the raw collectives; ``exogym.core.comm.comm.NodeComm`` adds
 the group partition, accounting and device staging on top. Two implementations exist:
-:class:`TorchDistTransport` over the default ``torch.distributed`` process group (gloo on CPU,
+``TorchDistTransport`` over the default ``torch.distributed`` process group (gloo on CPU,
 nccl with one GPU per node; the same code runs on a real cluster) and
-:class:`exogym.core.comm.shm.ShmTransport` over shared memory on one machine. Both are made by a
-:class:`exogym.core.comm.plan.TransportPlan`, never by hand.
+``exogym.core.comm.shm.ShmTransport`` over shared memory on one machine. Both are made by a
+``exogym.core.comm.plan.TransportPlan``, never by hand.
 
 Every wait has a deadline (``collective_timeout``): a collective that a peer never joins, or joins
-with another operation or size, raises :class:`CollectiveTimeoutError` or
-:class:`CollectiveMismatchError` naming the operations and ranks involved.
+with another operation or size, raises ``CollectiveTimeoutError`` or
+``CollectiveMismatchError`` naming the operations and ranks involved.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ class Transport:
     Collective: every rank must call each method in the same order, with the same sizes within a
     group. Tensors are contiguous and on the transport's device.
 
-    A transport implements :meth:`all_reduce`, :meth:`all_gather`, :meth:`broadcast` and
-    :meth:`barrier`. The partial-participation calls (:meth:`all_reduce_absent`,
-    :meth:`all_reduce_contribute`, :meth:`all_reduce_receive`, :meth:`all_gather_contribute`)
-    have defaults here made of :meth:`all_reduce` and :meth:`all_gather`; a transport overrides
+    A transport implements ``all_reduce``, ``all_gather``, ``broadcast`` and
+    ``barrier``. The partial-participation calls (``all_reduce_absent``,
+    ``all_reduce_contribute``, ``all_reduce_receive``, ``all_gather_contribute``)
+    have defaults here made of ``all_reduce`` and ``all_gather``; a transport overrides
     them where it can do less work (virtual nodes queue a call they need no result from and run
     on).
     """
@@ -71,7 +71,7 @@ class Transport:
     payload_limit: int | None = None
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        """Reduce ``tensor`` in place with ``op`` (:data:`REDUCE_OPS`) over the world or ``members``."""
+        """Reduce ``tensor`` in place with ``op`` (``REDUCE_OPS``) over the world or ``members``."""
         raise NotImplementedError
 
     def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
@@ -130,7 +130,7 @@ def reduce_rows(parts: torch.Tensor, op: str) -> torch.Tensor:
 
 
 def reduce_rows_into(parts: torch.Tensor | Sequence[torch.Tensor], op: str, out: torch.Tensor) -> None:
-    """:func:`reduce_rows` of ``parts`` (a 2-D tensor or a list of equal-shaped rows) written into
+    """``reduce_rows`` of ``parts`` (a 2-D tensor or a list of equal-shaped rows) written into
     ``out``, with no temporary for float sums (large all-reduces are bound by memory traffic):
     ``((p0 + p1) + p2) + ...``, the same order on every rank."""
     if op not in REDUCE_OPS:
@@ -166,7 +166,7 @@ def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
 
 
 class TorchDistTransport(Transport):
-    """A :class:`Transport` over the default ``torch.distributed`` process group.
+    """A ``Transport`` over the default ``torch.distributed`` process group.
 
     Grouped collectives pad every rank's payload to the largest one and gather world-wide, so
     groups may carry different sizes (e.g. each island's own index union) without a process
@@ -176,7 +176,7 @@ class TorchDistTransport(Transport):
     Args:
         store: the run's rendezvous store (for error reports), or ``None``.
         timeout_s: the deadline the process group was created with (for messages).
-        owns_group: :meth:`close` destroys the process group (``False`` when someone else,
+        owns_group: ``close`` destroys the process group (``False`` when someone else,
             e.g. ``torchrun``'s script, owns it).
     """
 

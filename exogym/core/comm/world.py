@@ -1,7 +1,7 @@
 """A simulated world's topology, and what one collective costs on it.
 
-A :class:`World` puts every node in a region, joins every pair of regions (and each region with
-itself) by a :class:`~exogym.core.comm.links.Link`, and may give every node an access link (a
+A ``World`` puts every node in a region, joins every pair of regions (and each region with
+itself) by a [`Link`][exogym.Link], and may give every node an access link (a
 home connection). A message from node ``i`` to node ``j`` crosses a *hop*:
 
 * latency: ``a(i, j) = link(R_i, R_j).latency (+ access_i.latency + access_j.latency)``;
@@ -26,7 +26,7 @@ barrier          the broadcast's rounds with no bytes
 ===============  ==========================================================
 
 On a world of one region without access links every hop is the same link and these are the
-homogeneous formulas of :mod:`exogym.core.comm.network`. A charge whose participants are not
+homogeneous formulas of ``exogym.core.comm.network``. A charge whose participants are not
 known (a communicator that charges by group size alone) is priced as ``n`` nodes whose every
 hop is the world's slowest one. With bandwidth traces, a collective is priced on the bandwidths
 in force at the simulated second it starts.
@@ -88,7 +88,7 @@ class World:
         links: ``links[p][q]``: the link between regions ``p`` and ``q`` (symmetric; ``[p][p]``
             joins two nodes of region ``p``, ``None`` for a region of one node).
         access: every node's access link, or ``()`` for none.
-        traces: bandwidths over simulated time (:mod:`exogym.core.comm.traces`), or ``()``.
+        traces: bandwidths over simulated time (``exogym.core.comm.traces``), or ``()``.
     """
 
     region_names: tuple[str, ...]
@@ -286,7 +286,7 @@ def build_world(
     access: Link | Sequence[Link] | None,
     traces: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | None = None,
 ) -> World:
-    """A :class:`World` from region members and links (see ``Network.regions``); ``ValueError``
+    """A ``World`` from region members and links (see ``Network.regions``); ``ValueError``
     naming what is missing or inconsistent."""
     if not regions:
         raise ValueError("regions must name at least one region and its nodes")

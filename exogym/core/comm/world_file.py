@@ -1,7 +1,7 @@
-"""World files: a :class:`~exogym.core.comm.network.Network` of regions described in JSON or TOML.
+"""World files: a [`Network`][exogym.Network] of regions described in JSON or TOML.
 
 The schema (every key but ``regions`` optional; a link is ``{"bandwidth": ..., "latency": ...}``
-with numbers in bits/s and seconds or strings with units, see :mod:`exogym.core.comm.links`)::
+with numbers in bits/s and seconds or strings with units, see ``exogym.core.comm.links``)::
 
     {
       "name": "two-datacenters",
@@ -17,12 +17,12 @@ with numbers in bits/s and seconds or strings with units, see :mod:`exogym.core.
     }
 
 ``access`` is one link for every node or a list of one per node; ``traces`` a CSV file (relative
-to the world file) or a list of rows (:mod:`exogym.core.comm.traces`); ``availability`` a CSV file
+to the world file) or a list of rows (``exogym.core.comm.traces``); ``availability`` a CSV file
 (relative to the world file), a list of rows, or ``{"trace": ..., "step_seconds": ...}``
-(:mod:`exogym.core.comm.availability`); ``compute_slowdown`` a list of
+(``exogym.core.comm.availability``); ``compute_slowdown`` a list of
 factors or ``{"distribution": "LogNormal", "args": [0.0, 0.5]}`` (any class of
 ``torch.distributions``, drawn once per node from the run's seed); ``compute`` and
-``flops_per_second`` as in :class:`~exogym.core.comm.network.Network`.
+``flops_per_second`` as in [`Network`][exogym.Network].
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _availability(spec: Any, source: str) -> Availability | None:
 
 
 def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
-    """The :class:`~exogym.core.comm.network.Network` a world file's contents describe
+    """The [`Network`][exogym.Network] a world file's contents describe
     (``source`` names it in errors)."""
     from exogym.core.comm.network import Network
 
@@ -135,7 +135,7 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
 
 
 def load_world(path: str | os.PathLike[str]) -> Any:
-    """The :class:`~exogym.core.comm.network.Network` a ``.json`` or ``.toml`` world file describes
+    """The [`Network`][exogym.Network] a ``.json`` or ``.toml`` world file describes
     (TOML with Python 3.11 or later)."""
     path = os.fspath(path)
     return world_from_dict(read_world_file(path), path)

@@ -1,12 +1,12 @@
-"""``CommWrapper``: a :class:`~exogym.core.comm.comm.Comm` around another one.
+"""``CommWrapper``: a ``Comm`` around another one.
 
 Every call goes to ``base`` unchanged; a subclass overrides the calls it transforms (e.g.
-:class:`communicators.quantize.QuantizedComm` quantizes float payloads). The runtime's modes
+``communicators.quantize.QuantizedComm`` quantizes float payloads). The runtime's modes
 (missing nodes, sitting out) live on the node's own comm at the bottom, so a wrapper sees them
 through ``base``.
 
 ``async_op=True`` is handled here once for every wrapper: the wrapper's own blocking call runs
-on a copy of the payload inside :func:`~exogym.core.comm.handles.start`, so a transform of the
+on a copy of the payload inside ``start``, so a transform of the
 wire reaches non-blocking collectives too.
 """
 
@@ -25,7 +25,7 @@ from exogym.core.comm.ledger import Ledger
 
 
 class CommWrapper:
-    """Forwards the whole :class:`~exogym.core.comm.comm.Comm` protocol to ``base``.
+    """Forwards the whole ``Comm`` protocol to ``base``.
 
     Args:
         base: the wrapped communication object (the node's own, or another wrapper).
@@ -76,7 +76,7 @@ class CommWrapper:
         self, kind: str, tensor: torch.Tensor, run: Callable[[torch.Tensor], Any], in_place: bool = True
     ) -> CollectiveHandle:
         """A handle for ``run`` (this wrapper's blocking ``kind`` call) on a copy of ``tensor``
-        (see :func:`~exogym.core.comm.handles.start`): what an override of a collective returns
+        (see ``start``): what an override of a collective returns
         for ``async_op=True``."""
         return start(self.clock, self.ledger, kind, tensor, run, in_place)
 
