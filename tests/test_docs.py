@@ -1,11 +1,14 @@
 """The docs site builds without warnings, and its runnable code runs as written.
 
-The site is built with MkDocs (``mkdocs.yml``, the ``[docs]`` extra) in strict mode: a broken
-link, a link to a missing heading, a missing reference, or a docstring the API reference cannot
-read fails the build. A python block of a docs page is runnable when it builds a strategy on its own (it
-defines ``strategy`` or a ``Strategy`` subclass and uses no ``trainer``), the same convention as
-the README's blocks (``tests/test_readme.py``). A tutorial whose blocks make one script together
-says so (:data:`ONE_SCRIPT`) and is run whole by its own test.
+The site is built with Zensical (``mkdocs.yml``, the ``[docs]`` extra) in strict mode, after
+``docs/generate.py`` has written the pages kept beside the benchmarks: a broken link, a link to a
+missing heading, a cross-reference of a docstring to nothing, or a docstring the API reference
+cannot read fails the build. A docstring's cross-reference renders as a link, and no page shows
+a Sphinx role (the convention: ``docs/internals/contributing.md``). A python block of a docs page
+is runnable when it builds a strategy on its own (it defines ``strategy`` or a ``Strategy``
+subclass and uses no ``trainer``), the same convention as the README's blocks
+(``tests/test_readme.py``). A tutorial whose blocks make one script together says so
+(``ONE_SCRIPT``) and is run whole by its own test.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import importlib
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zlib
+from html.parser import HTMLParser
 
 import pytest
 
@@ -36,28 +41,108 @@ API_PACKAGES = [
 ]
 
 
+#: What the site is built from: its config, its pages, the packages the API reference reads and
+#: the benchmarks' notes that ``docs/generate.py`` copies. Zensical writes the site inside the
+#: folder of its config, so the tests build a copy of these.
+SITE_SOURCES = ["mkdocs.yml", "docs", "exogym", "communicators", "benchmarks/README.md", "benchmarks/fidelity"]
+#: A Sphinx role (``class``, ``meth``, ... between colons, before the name in backticks): the
+#: docstrings cross-reference in Markdown instead, and a role would reach the page as text.
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj|const):")
+
+
+def _copy_site_sources(project: str) -> None:
+    for name in SITE_SOURCES:
+        src, dst = os.path.join(ROOT, name), os.path.join(project, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.so", "site", ".cache"))
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> str:
     """The docs site, built once in strict mode (the build's output is the failure message)."""
-    pytest.importorskip("mkdocs", reason="the docs need the [docs] extra: pip install -e .[docs]")
+    pytest.importorskip("zensical", reason="the docs need the [docs] extra: pip install -e .[docs]")
     pytest.importorskip("mkdocstrings", reason="the docs need the [docs] extra: pip install -e .[docs]")
-    path = str(tmp_path_factory.mktemp("docs") / "site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": ROOT}
-    out = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", path],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return path
+    project = str(tmp_path_factory.mktemp("docs") / "project")
+    _copy_site_sources(project)
+    env = {**os.environ, "NO_COLOR": "1"}
+    for command in (["docs/generate.py"], ["-m", "zensical", "build", "--strict"]):
+        out = subprocess.run(
+            [sys.executable, *command], cwd=project, capture_output=True, text=True, env=env, timeout=110
+        )
+        log = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+        assert out.returncode == 0, log[-6000:]
+    # Strict mode stops on broken links and cross-references; what griffe cannot read in a
+    # docstring it only prints.
+    unread = [line for line in log.splitlines() if line.startswith(("griffe:", "mkdocstrings:"))]
+    assert not unread, "\n".join(unread)
+    return os.path.join(project, "site")
 
 
 def test_the_docs_site_builds_in_strict_mode(site) -> None:
     for page in ("index.html", "api/communicators/index.html", "benchmarks/fidelity/report/index.html"):
         assert os.path.exists(os.path.join(site, page)), page
+    assert os.path.exists(os.path.join(site, "benchmarks", "fidelity", "diloco", "val_loss_vs_step.png"))
+
+
+class _Text(HTMLParser):
+    """The text a reader sees of an HTML page (scripts and styles left out), and its links."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.links: list[str] = []
+        self._hidden = 0
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self._hidden += tag in ("script", "style")
+        if tag == "a":
+            self.links.append(dict(attrs).get("href") or "")
+
+    def handle_endtag(self, tag) -> None:
+        self._hidden -= tag in ("script", "style")
+
+    def handle_data(self, data) -> None:
+        if not self._hidden:
+            self.text.append(data)
+
+
+def _read(site: str, page: str) -> _Text:
+    parsed = _Text()
+    with open(os.path.join(site, page), encoding="utf-8") as f:
+        parsed.feed(f.read())
+    return parsed
+
+
+def test_a_cross_reference_of_a_docstring_is_a_link_to_its_target(site) -> None:
+    """``Trainer``'s docstring names ``fit`` (on its own page) and ``Strategy.run_summary`` (on
+    the strategy page): both are links to the target's heading."""
+    links = _read(site, "api/exogym/index.html").links
+    assert "./#exogym.Trainer.fit" in links
+    assert "../strategy/#exogym.strategy.Strategy.run_summary" in links
+
+
+def test_no_page_of_the_site_shows_a_sphinx_role(site) -> None:
+    shown = {}
+    for path in sorted(glob.glob(os.path.join(site, "**", "*.html"), recursive=True)):
+        found = SPHINX_ROLE.findall("".join(_read(site, os.path.relpath(path, site)).text))
+        if found:
+            shown[os.path.relpath(path, site)] = len(found)
+    assert not shown, f"raw Sphinx roles on the built pages: {shown}"
+
+
+def test_no_docstring_or_comment_uses_a_sphinx_role() -> None:
+    """The sources follow the docstring convention of ``docs/internals/contributing.md``."""
+    found = []
+    for folder in ("exogym", "communicators", "benchmarks", "tests", "docs"):
+        for path in sorted(glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)):
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if SPHINX_ROLE.search(line):
+                        found.append(f"{os.path.relpath(path, ROOT)}:{number}")
+    assert not found, f"Sphinx roles (write [`name`][full.path] or `name`): {found}"
 
 
 def _public(package: str) -> list[str]:
