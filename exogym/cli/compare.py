@@ -47,18 +47,20 @@ same in two runs with the same arguments (with a deterministic compute model); `
 is the nodes' mean (``utilisation.csv`` has each node's); ``staleness`` and ``staleness_max``
 are an asynchronous strategy's updates' mean and largest staleness (server versions applied
 between a node's pull and its push; empty for the others). With a target loss, each row also
-has :data:`exogym.cli.target.TARGET_COLUMNS`: the simulated seconds, steps and MB per node at
+has ``exogym.cli.target.TARGET_COLUMNS``: the simulated seconds, steps and MB per node at
 which the average model first reached it (empty: never)."""
 
 
 @dataclass
 class Comparison:
-    """What :func:`compare` produced.
+    """What [`compare`][exogym.cli.compare.compare] produced.
 
     Attributes:
-        out_dir: the folder this comparison wrote, ``<out_dir>/version_N`` of :func:`compare`'s
-            ``out_dir`` (``<out_dir>/latest`` names the newest).
-        summary: one row per strategy that finished (:data:`SUMMARY_COLUMNS`), in run order.
+        out_dir: the folder this comparison wrote, ``<out_dir>/version_N`` of
+            [`compare`][exogym.cli.compare.compare]'s ``out_dir`` (``<out_dir>/latest`` names the
+            newest).
+        summary: one row per strategy that finished
+            ([`SUMMARY_COLUMNS`][exogym.cli.compare.SUMMARY_COLUMNS]), in run order.
         failures: strategy name -> the exception that stopped it (the others still ran).
         startup_time: seconds spent once before the first run (task data, the process server
             with torch imported); not part of any strategy's ``wall_time``.
@@ -95,7 +97,7 @@ def settings_caption(
 ) -> str:
     """The run's settings in one line (plot captions, logs). ``lr`` and ``H`` are those the presets
     were built with; ``None`` (strategies of the caller's own, which carry their own) leaves them out.
-    ``compute_source`` (:func:`compute_source`) says where the compute model came from."""
+    ``compute_source`` (``compute_source``) says where the compute model came from."""
     presets = "" if lr is None or H is None else f"inner lr {lr:g}, H={H}, "
     return (
         f"{task}: {nodes} nodes x {steps} steps, batch {batch_size}/node, {presets}seed {seed}; "
@@ -142,38 +144,41 @@ def compare(
 ) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<strategy>/metrics.csv``, ``summary.csv`` and the plots of
-    :func:`exogym.cli.plots.plot_comparison` into a new folder, ``<out_dir>/version_N`` (N one
+    ``exogym.cli.plots.plot_comparison`` into a new folder, ``<out_dir>/version_N`` (N one
     more than the highest there), and point ``<out_dir>/latest`` at it: a comparison never
     overwrites another's files. ``summary.csv`` and the plots are each written atomically.
 
-    Under ``torchrun`` each run joins the launcher's processes (see :mod:`exogym.runtime.cluster`)
+    Under ``torchrun`` each run joins the launcher's processes (see ``exogym.runtime.cluster``)
     and rank 0 writes the files and returns the summary (other ranks: an empty summary).
 
-    A strategy that fails is logged with its traceback and kept in :attr:`Comparison.failures`,
+    A strategy that fails is logged with its traceback and kept in ``Comparison.failures``,
     and the others still run (with ``raise_on_failure=True`` its exception propagates at once);
     the summary and plots cover those that finished. Ctrl-C also writes them, then raises
-    :class:`ComparisonInterrupted` (a ``KeyboardInterrupt``) whose message says where they are.
+    [`ComparisonInterrupted`][exogym.cli.compare.ComparisonInterrupted] (a ``KeyboardInterrupt``)
+    whose message says where they are.
 
     Args:
-        task: a built-in task's name (loaded from ``data_dir``) or a loaded :class:`~exogym.tasks.Task`.
-        strategies: preset names (:data:`exogym.strategy.registry.PRESETS`, built with ``lr`` and
+        task: a built-in task's name (loaded from ``data_dir``) or a loaded
+            [`Task`][exogym.tasks.Task].
+        strategies: preset names (``exogym.strategy.registry.PRESETS``, built with ``lr`` and
             ``H``), or ``{label: Strategy}`` to compare strategies of your own.
         lr: the inner learning rate (``None``: the task's); must be > 0.
-        compute: the compute model of the simulated time (:class:`exogym.core.comm.network.Network`):
-            ``"flops"`` and a number of seconds per step make the table identical run to run;
-            ``"measured"`` times this machine; ``None`` (default): the network's own (a world
-            file's ``compute`` where it sets one, otherwise ``"flops"``). The caption says when a
-            world file's setting holds or is replaced.
+        compute: the compute model of the simulated time
+            ([`exogym.core.comm.network.Network`][exogym.Network]): ``"flops"`` and a number of
+            seconds per step make the table identical run to run; ``"measured"`` times this machine;
+            ``None`` (default): the network's own (a world file's ``compute`` where it sets one,
+            otherwise ``"flops"``). The caption says when a world file's setting holds or is
+            replaced.
         workers: processes hosting the ``nodes`` (default: ``fit``'s, one per core).
         partition: how the task's training set is split over the nodes (a
-            :class:`~exogym.partition.Partition` for ``nodes`` nodes, see
-            :func:`exogym.partition.partition`); ``None``: IID shards of the shared dataset.
-            Its label histogram is plotted to ``label_histogram.png``.
+            [`Partition`][exogym.partition.Partition] for ``nodes`` nodes, see
+            [`exogym.partition.partition`][exogym.partition.partition]); ``None``: IID shards of the
+            shared dataset. Its label histogram is plotted to ``label_histogram.png``.
         raise_on_failure: re-raise the first failing strategy's exception (after writing the
             results of those that finished) instead of going on with the others.
         target_loss: a validation loss; each summary row then says at which simulated seconds,
             steps and MB per node the average model first reached it
-            (:func:`exogym.cli.target.time_to_target`; empty when never), and the loss plots
+            (``exogym.cli.target.time_to_target``; empty when never), and the loss plots
             mark it with a horizontal line.
         flops_per_second: a node's throughput for ``compute="flops"`` (``None``: the network's).
     """

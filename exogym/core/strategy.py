@@ -1,7 +1,7 @@
 """The ``Strategy`` base class: inner optimizer, LR schedule, clipping and the step counter.
 
 A strategy is constructed in the user's process (configuration only), pickled into every node,
-and bound there: the node calls :meth:`Strategy._attach` and then :meth:`Strategy._init_node`,
+and bound there: the node calls ``Strategy._attach`` and then ``Strategy._init_node``,
 which builds the optimizer over that node's model copy. Custom strategies subclass it::
 
     class MyStrategy(Strategy):
@@ -10,8 +10,9 @@ which builds the optimizer over that node's model copy. Custom strategies subcla
             self.update_parameters()       # clip (max_norm) and the inner optimizer's step
             super().step()                 # LR schedule + step counter
 
-The strategy owns the node's step counter (:attr:`Strategy.local_step`): ``super().step()``
-advances it, and the runtime advances it over steps a node sits out (:meth:`Strategy.skip_steps`).
+The strategy owns the node's step counter (``Strategy.local_step``): ``super().step()``
+advances it, and the runtime advances it over steps a node sits out
+([`Strategy.skip_steps`][exogym.strategy.Strategy.skip_steps]).
 
 Every rank runs the same code; there is no master rank.
 """
@@ -28,13 +29,14 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from exogym.core.comm.comm import Comm
 from exogym.core.comm.flat import Bucket, dtype_buckets
 from exogym.core.optim import OptimSpec
+from exogym.core.params import ModelParameters
 from exogym.core.schedule import build_scheduler, check_scheduler
 
 #: The inner optimizer when none is given.
 DEFAULT_OPTIM = OptimSpec(torch.optim.AdamW, lr=1e-3)
 
 
-#: The keywords every strategy passes to :class:`Strategy` (presets take them as ``**strategy_kwargs``).
+#: The keywords every strategy passes to ``Strategy`` (presets take them as ``**strategy_kwargs``).
 STRATEGY_KEYWORDS = (
     "optim_spec",
     "lr_scheduler",
@@ -48,8 +50,8 @@ STRATEGY_KEYWORDS = (
 
 def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
     """Raise ``TypeError`` naming ``owner``'s class (what the user typed), not a base class, for a
-    keyword that neither ``owner``'s constructor nor :class:`Strategy` takes, with the closest
-    valid spelling (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
+    keyword that neither ``owner``'s constructor nor [`Strategy`][exogym.strategy.Strategy] takes,
+    with the closest valid spelling (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
     unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
     if not unknown:
         return
@@ -82,7 +84,7 @@ class Strategy(ABC):
         TypeError: for unknown or conflicting keywords.
     """
 
-    #: The run's network, given by :meth:`_attach` (``None`` until then or where none is given).
+    #: The run's network, given by ``_attach`` (``None`` until then or where none is given).
     network: Any = None
 
     def __init__(
@@ -124,8 +126,8 @@ class Strategy(ABC):
         self.local_step = 0
 
     #: The strategy's communicator pipeline where it has one
-    #: (:class:`~exogym.core.pipeline.CommunicateOptimizeStrategy`); the runtime reads the
-    #: modules' participation statements from it (:mod:`exogym.runtime.schedule`).
+    #: (``CommunicateOptimizeStrategy``); the runtime reads the
+    #: modules' participation statements from it (``exogym.runtime.schedule``).
     pipeline: Any = None
 
     # -- binding inside a node --------------------------------------------------------------
@@ -133,7 +135,7 @@ class Strategy(ABC):
         """Give the strategy its node's communication object, run length, shared seed, the
         number of steps per epoch and the run's network (``None``: none given).
 
-        Called by the node before :meth:`_init_node`; every argument is the same on every rank.
+        Called by the node before ``_init_node``; every argument is the same on every rank.
         """
         self.comm = comm
         self.max_steps = max_steps
@@ -150,7 +152,8 @@ class Strategy(ABC):
         self.rank = rank
         self.num_nodes = num_nodes
         self.local_step = 0
-        self.optim = self.optim_spec.build(model.parameters())
+        # the model's parameters, with the model: an optimizer may treat them by role (MuonAdamW)
+        self.optim = self.optim_spec.build(ModelParameters(model))
         self._buckets: list[Bucket] | None = None  # communicate_gradients/models' flat buffers
         self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
 
@@ -172,7 +175,7 @@ class Strategy(ABC):
     @abstractmethod
     def step(self) -> None:
         """Communicate and update the model; subclasses end with ``super().step()``, which
-        advances the LR schedule and :attr:`local_step`."""
+        advances the LR schedule and ``local_step``."""
         if self.scheduler is not None:
             self.scheduler.step()
         self.local_step += 1
@@ -180,13 +183,14 @@ class Strategy(ABC):
     @property
     def needs_step_seconds(self) -> bool:
         """Whether the strategy follows a simulated timeline that needs every node's step
-        seconds before the run (see :attr:`exogym.core.communicator.Communicator.needs_step_seconds`)."""
+        seconds before the run (see
+        ``exogym.core.communicator.Communicator.needs_step_seconds``)."""
         return False
 
     @property
     def follows_availability(self) -> bool:
         """Whether the strategy follows the network's availability trace in its own timeline
-        (see :attr:`exogym.core.communicator.Communicator.follows_availability`)."""
+        (see ``exogym.core.communicator.Communicator.follows_availability``)."""
         return False
 
     def finish(self) -> None:
@@ -229,7 +233,7 @@ class Strategy(ABC):
 
     def communicate_models(self) -> None:
         """Replace the parameters by their mean over all nodes (in place), charged like
-        :meth:`communicate_gradients`. Collective."""
+        [`communicate_gradients`][exogym.strategy.Strategy.communicate_gradients]. Collective."""
         self._average(grads=False)
 
     def update_parameters(self) -> None:
@@ -265,7 +269,8 @@ class Strategy(ABC):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (after :meth:`_init_node`)."""
+        """Restore what [`state_dict`][exogym.strategy.Strategy.state_dict] returned (after
+        ``_init_node``)."""
         self.optim.load_state_dict(state["optim"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
