@@ -1,33 +1,109 @@
-"""``MuonAdamW``: Muon for the matrices, AdamW for every other parameter, as one optimizer.
+"""``MuonAdamW``: Muon for the hidden matrices, AdamW for every other parameter, as one optimizer.
 
 ``torch.optim.Muon`` (Jordan et al. 2024) orthogonalizes the momentum of a 2-D parameter with
-Newton-Schulz iterations and takes only 2-D parameters. Muon's users, MuLoCo (Therien et al.
-2025, arXiv 2505.23725) among them, give every other parameter (biases, norms' gains) to AdamW.
-:class:`MuonAdamW` does that split inside one ``torch.optim.Optimizer``, so an ``OptimSpec`` can
-name it (``OptimSpec(MuonAdamW, lr=0.02)`` or ``OptimSpec.from_string("muon")``) wherever an
-inner optimizer goes. Its ``param_groups`` are the two optimizers' own groups, so a learning-rate
-scheduler scales both.
+Newton-Schulz iterations and takes only 2-D parameters. Muon is meant for the hidden layers'
+matrices: its users, MuLoCo (Therien et al. 2025, arXiv 2505.23725) among them, give the
+embeddings, the output head and every parameter that is not a matrix (biases, norms' gains) to
+AdamW. [`MuonAdamW`][exogym.strategy.MuonAdamW] does that split inside one ``torch.optim.Optimizer``, so an
+``OptimSpec`` can name it (``OptimSpec(MuonAdamW, lr=0.02)`` or ``OptimSpec.from_string("muon")``)
+wherever an inner optimizer goes. Its ``param_groups`` are the two optimizers' own groups, so a
+learning-rate scheduler scales both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from exogym.core.params import ModelParameters
+
+#: The values of ``muon_params`` that name a rule (any other value is a collection of names).
+MUON_RULES = ("hidden", "matrices")
+
+
+def check_muon_params(muon_params: Any) -> None:
+    """Raise ``ValueError``/``TypeError`` naming ``muon_params`` unless it is ``"hidden"``,
+    ``"matrices"`` or a collection (set, tuple, list) of parameter names."""
+    if isinstance(muon_params, str):
+        if muon_params not in MUON_RULES:
+            raise ValueError(
+                f"muon_params must be 'hidden' (every matrix but the embeddings and the output head), 'matrices' "
+                f"(every parameter with two dimensions) or a set of parameter names, got {muon_params!r}"
+            )
+    elif not isinstance(muon_params, Collection) or not all(isinstance(n, str) for n in muon_params):
+        raise TypeError(
+            f"muon_params must be 'hidden', 'matrices' or a set of parameter names (as model.named_parameters() "
+            f"gives them, e.g. {{'fc1.weight'}}), got {muon_params!r}"
+        )
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Parameter | None:
+    """The weight of ``model``'s last ``torch.nn.Linear`` in ``model.modules()`` order (an
+    embedding's weight where the head is tied to it), or ``None`` without one."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return linears[-1].weight if linears else None
+
+
+def muon_parameters(model: torch.nn.Module, muon_params: str | Collection[str]) -> list[torch.nn.Parameter]:
+    """The parameters of ``model`` that Muon takes, in the model's order.
+
+    ``"hidden"``: every parameter with exactly two dimensions but the embeddings (the weight of
+    every ``torch.nn.Embedding``) and the output head (``output_head``); ``"matrices"``:
+    every parameter with exactly two dimensions; a collection of names: the parameters of those
+    names (as ``model.named_parameters(remove_duplicate=False)`` gives them: a tied parameter by
+    any of its names).
+
+    Raises:
+        ValueError: a name the model has no parameter of, or of a parameter that does not have
+            exactly two dimensions (``torch.optim.Muon`` takes no other).
+    """
+    check_muon_params(muon_params)
+    params = list(model.parameters())
+    if muon_params == "matrices":
+        return [p for p in params if p.ndim == 2]
+    if muon_params == "hidden":
+        adamw = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        head = output_head(model)
+        if head is not None:
+            adamw.add(id(head))
+        return [p for p in params if p.ndim == 2 and id(p) not in adamw]
+    named = dict(model.named_parameters(remove_duplicate=False))
+    matrices = sorted(n for n, p in named.items() if p.ndim == 2)
+    for name in sorted(muon_params):
+        if name not in named:
+            raise ValueError(f"muon_params names {name!r}, a parameter the model lacks; its matrices: {matrices}")
+        if named[name].ndim != 2:
+            raise ValueError(
+                f"muon_params names {name!r}, of {named[name].ndim} dimension(s); torch.optim.Muon takes only "
+                f"parameters with two: {matrices}"
+            )
+    chosen = {id(named[n]) for n in muon_params}
+    return [p for p in params if id(p) in chosen]
+
 
 class MuonAdamW(torch.optim.Optimizer):
-    """``torch.optim.Muon`` over the parameters with exactly two dimensions, ``torch.optim.AdamW``
-    over the others (1-D biases and gains, 0-D scalars, convolution kernels of 3 or more
-    dimensions); one optimizer to the outside.
+    """``torch.optim.Muon`` over the hidden layers' matrices, ``torch.optim.AdamW`` over the
+    others (the embeddings, the output head, 1-D biases and gains, 0-D scalars, convolution
+    kernels of 3 or more dimensions); one optimizer to the outside.
+
+    Which parameters Muon takes is ``muon_params`` (``exogym.core.muon.muon_parameters``). The default,
+    ``"hidden"``, is Muon's convention and MuLoCo's: every parameter with exactly two dimensions
+    except the weights of the ``torch.nn.Embedding`` modules and the output head, the weight of
+    the last ``torch.nn.Linear`` in ``model.modules()`` order (a head tied to an embedding is that
+    embedding's weight: AdamW's too). A model whose last ``Linear`` is not its head names its
+    Muon parameters instead. It needs the model: a strategy builds its inner optimizer over the
+    model's ``ModelParameters``; by hand, pass the model itself (``MuonAdamW(model)``).
 
     ``param_groups`` holds Muon's group (if any 2-D parameter) then AdamW's (if any other); each
     group's ``lr`` is that optimizer's and a scheduler scales both. ``state_dict`` holds both
     optimizers' state dicts. Needs a torch with ``torch.optim.Muon`` (tested with torch 2.13).
 
     Args:
-        params: the parameters (an iterable of tensors; parameter-group dicts are not taken).
+        params: the model (``torch.nn.Module``, or its ``ModelParameters`` as a strategy gives
+            it), or with ``muon_params="matrices"`` an iterable of its parameters
+            (parameter-group dicts are not taken).
         lr: Muon's learning rate (default 0.02, the original Muon's; torch's is 1e-3).
         momentum: Muon's momentum (default 0.95).
         nesterov: Muon's Nesterov momentum (default True).
@@ -39,6 +115,14 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_betas: AdamW's betas (default ``(0.9, 0.999)``).
         adamw_eps: AdamW's epsilon (default 1e-8).
         adamw_weight_decay: AdamW's weight decay (default 0.01).
+        muon_params: the parameters Muon takes: ``"hidden"`` (default), ``"matrices"`` (every
+            parameter with two dimensions, the embeddings and the head included), or a set of
+            parameter names (as ``model.named_parameters()`` gives them), each a matrix.
+
+    Raises:
+        TypeError: ``params`` is an iterable of parameters while ``muon_params`` needs the
+            model, or a bad ``muon_params``.
+        ValueError: ``muon_params`` names a parameter the model lacks or that is not a matrix.
 
     ``state`` is a view of both optimizers' per-parameter state (Muon's ``momentum_buffer``,
     AdamW's ``exp_avg``, ``exp_avg_sq`` and ``step``), as ExoGym's modules and device moves read
@@ -47,7 +131,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params: Iterable[torch.Tensor],
+        params: torch.nn.Module | ModelParameters | Iterable[torch.Tensor],
         lr: float = 0.02,
         momentum: float = 0.95,
         nesterov: bool = True,
@@ -58,17 +142,31 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_betas: tuple[float, float] = (0.9, 0.999),
         adamw_eps: float = 1e-8,
         adamw_weight_decay: float = 0.01,
+        muon_params: str | Collection[str] = "hidden",
     ) -> None:
         muon_cls = getattr(torch.optim, "Muon", None)
         if muon_cls is None:
             raise RuntimeError(
                 f"MuonAdamW needs torch.optim.Muon, which torch {torch.__version__} lacks; install a torch that has it"
             )
-        params = list(params)
-        if any(isinstance(p, dict) for p in params):
-            raise TypeError("MuonAdamW takes a plain iterable of parameters, not parameter-group dicts")
-        matrices = [p for p in params if p.ndim == 2]
-        others = [p for p in params if p.ndim != 2]
+        check_muon_params(muon_params)
+        model = params.model if isinstance(params, ModelParameters) else params
+        if isinstance(model, torch.nn.Module):
+            params, chosen = list(model.parameters()), muon_parameters(model, muon_params)
+        else:
+            params = list(params)
+            if any(isinstance(p, dict) for p in params):
+                raise TypeError("MuonAdamW takes a model or a plain iterable of parameters, not parameter-group dicts")
+            if muon_params != "matrices":
+                raise TypeError(
+                    f"MuonAdamW(muon_params={muon_params!r}) reads the model to find the embeddings and the output "
+                    "head (or the parameters named): pass the model, MuonAdamW(model, ...), not its parameters; or "
+                    "muon_params='matrices' to give Muon every parameter with two dimensions"
+                )
+            chosen = [p for p in params if p.ndim == 2]
+        muon_ids = {id(p) for p in chosen}
+        matrices = [p for p in params if id(p) in muon_ids]
+        others = [p for p in params if id(p) not in muon_ids]
         self.muon = (
             muon_cls(
                 matrices,
@@ -114,7 +212,8 @@ class MuonAdamW(torch.optim.Optimizer):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        """Restore what :meth:`state_dict` returned (the same parameters, split the same way)."""
+        """Restore what [`state_dict`][exogym.strategy.MuonAdamW.state_dict] returned (the same
+        parameters, split the same way)."""
         for name, opt in (("muon", self.muon), ("adamw", self.adamw)):
             if (opt is None) != (state_dict.get(name) is None):
                 raise ValueError(f"MuonAdamW state dict: {name!r} does not match this optimizer's parameters")
