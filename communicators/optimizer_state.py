@@ -1,6 +1,6 @@
 """Average one of the inner optimizer's state tensors (e.g. Adam's moments) over the nodes.
 
-With :class:`~communicators.averaging.AveragingCommunicator` on the parameters this composes
+With [`AveragingCommunicator`][communicators.AveragingCommunicator] on the parameters this composes
 Local Adam (every state on one period) and DES-LOC (each on its own period, Iacob et al. 2025,
 arXiv 2505.22549).
 """
@@ -19,8 +19,11 @@ class OptimizerStateAveraging(Communicator):
     """Every ``H`` steps (after the optimizer step) replace the inner optimizer's state tensor
     ``name`` of every parameter by its mean over the nodes: one all-reduce per dtype, through a
     flat buffer. The tensors are read from the optimizer at each round
-    (:meth:`~exogym.core.communicator.NodeContext.optimizer_state`), so a checkpoint loaded or a
+    ([`optimizer_state`][communicators.NodeContext.optimizer_state]), so a checkpoint loaded or a
     node rejoining in between is taken into account.
+
+    Not at the run's last step: the optimizer's state after its last step is never read again
+    by the run (its parameters are final), so averaging it would send bytes that buy nothing.
 
     Args:
         name: the state's name, e.g. ``"exp_avg"`` or ``"exp_avg_sq"`` (Adam, AdamW).
@@ -45,6 +48,12 @@ class OptimizerStateAveraging(Communicator):
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         self._layout: list[tuple[list[int], FlatBuffer]] | None = None
+
+    def is_due(self, step: int) -> bool:
+        """Every ``H`` steps, except the run's last (``ctx.max_steps - 1``; a module not yet set
+        up on a node knows no run: every ``H`` steps)."""
+        ctx = getattr(self, "ctx", None)
+        return super().is_due(step) and (ctx is None or step != ctx.max_steps - 1)
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:

@@ -15,7 +15,9 @@ from exogym.core.strategy import check_strategy_kwargs
 class DESLOCStrategy(CommunicateOptimizeStrategy):
     """DES-LOC (Iacob et al. 2025, arXiv 2505.22549): every node runs Adam locally; the parameters
     are averaged every ``Kx`` steps, Adam's first moment every ``Ku`` steps and its second moment
-    every ``Kv`` steps (each after the optimizer step). ``Kx = Ku = Kv`` is Local Adam.
+    every ``Kv`` steps (each after the optimizer step). ``Kx = Ku = Kv`` is Local Adam. The
+    moments are not averaged after the run's last step, where no step reads them; the
+    parameters are, when ``Kx`` divides the run's length.
 
     Pipeline: ``[AveragingCommunicator(Kx, target="params"), OptimizerStateAveraging("exp_avg",
     Ku), OptimizerStateAveraging("exp_avg_sq", Kv)]``.

@@ -1,6 +1,7 @@
 """DES-LOC against a plain-PyTorch reference written from the paper's update rule (Iacob et al.
 2025, arXiv 2505.22549): local Adam, parameters averaged every Kx steps, the first moment every
-Ku and the second every Kv; its bytes, dropped nodes, and the optimizer-state access it uses."""
+Ku and the second every Kv; its bytes (no moment is averaged after the run's last step, where
+nothing reads it), dropped nodes, and the optimizer-state access it uses."""
 
 from __future__ import annotations
 
@@ -102,20 +103,48 @@ def test_with_a_node_dropped_the_survivors_average_among_themselves_and_it_rejoi
     assert not torch.allclose(ref[0][0], desloc_reference(ds, k, STEPS, 2, 3, 6)[0][0])
 
 
+def rounds(steps: int, kx: int, ku: int, kv: int) -> int:
+    """All-reduces of a run of ``steps`` steps: the parameters after every step ``s`` with
+    ``(s + 1) % Kx == 0``, the last step included; each moment likewise on its period, but not
+    after the last step (``s < steps - 1``): ``steps // Kx + (steps - 1) // Ku + (steps - 1) // Kv``."""
+    return steps // kx + (steps - 1) // ku + (steps - 1) // kv
+
+
 @pytest.mark.parametrize("k", [2, 4])
-def test_bytes_are_the_sum_of_the_three_periods_all_reduces(k: int) -> None:
+def test_bytes_are_the_sum_of_the_three_periods_all_reduces_without_the_moments_after_the_last_step(k: int) -> None:
     kx, ku, kv = 2, 3, 6
     out = _run(k, kx, ku, kv, regression_data(k * 8 * STEPS))
     param_bytes = sum(4 * p.numel() for p in TinyNet().parameters())  # each moment has the same bytes
-    rounds = STEPS // kx + STEPS // ku + STEPS // kv  # 6 + 4 + 2
+    assert rounds(STEPS, kx, ku, kv) == 6 + 3 + 1  # 12 steps: the moments' 4th and 2nd averages would follow step 11
+    rounds_ = rounds(STEPS, kx, ku, kv)
     ring = 2 * (k - 1) / k
     for o in out:
         records = [r for step in o["records"] for r in step]
         assert {(r.kind, r.group_size, r.payload) for r in records} == {("all_reduce", k, param_bytes)}
         assert sorted({r.tag for r in records}) == ["average_exp_avg", "average_exp_avg_sq", "average_params"]
-        assert sum(r.sent for r in records) == pytest.approx(ring * param_bytes * rounds)
+        assert sum(r.sent for r in records) == pytest.approx(ring * param_bytes * rounds_)
     after_step_5 = [r.tag for r in out[0]["records"][5]]  # 6 is a multiple of all three periods
     assert after_step_5 == ["average_params", "average_exp_avg", "average_exp_avg_sq"]
+    assert [r.tag for r in out[0]["records"][STEPS - 1]] == ["average_params"]  # so is 12, the last
+
+
+def test_the_last_step_averages_the_parameters_and_no_moment_and_every_node_ends_as_the_reference_s() -> None:
+    """Local Adam (Kx = Ku = Kv = 4) over 12 steps: after the last step only the parameters
+    are averaged (every node ends with the same ones, the reference's, whose moments are averaged
+    there too: nothing reads them after, so the parameters are the same); after steps 3 and 7 all
+    three are."""
+    k, ds = 2, regression_data(2 * 8 * STEPS)
+    out = _run(k, 4, 4, 4, ds)
+    ref = desloc_reference(ds, k, STEPS, 4, 4, 4)
+    tags = [[r.tag for r in step] for step in out[0]["records"]]
+    both = ["average_params", "average_exp_avg", "average_exp_avg_sq"]
+    assert [t for t in tags if t] == [both, both, ["average_params"]] and tags[STEPS - 1] == ["average_params"]
+    for r in range(k):
+        for a, b, c in zip(out[r]["params"], ref[r], out[0]["params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            assert torch.equal(a, c)
+    moments = [o["strategy"].optim.state[o["strategy"].model.fc1.weight]["exp_avg"] for o in out]
+    assert not torch.equal(*moments)  # the last moments stay each node's own
 
 
 def test_virtual_nodes_end_as_nodes_on_their_own_threads() -> None:
@@ -142,7 +171,7 @@ def test_an_optimizer_without_the_state_fails_naming_the_state_it_holds() -> Non
     with pytest.raises(
         ValueError, match=r"SGD holds no state 'exp_avg' for a parameter \(its state tensors: momentum_buf"
     ):
-        train_ranks(2, make, 2)
+        train_ranks(2, make, 4)  # its first round, after step 1 (not the last)
 
 
 def test_optimizer_state_gives_the_optimizer_s_own_tensors_in_parameter_order() -> None:
