@@ -8,34 +8,39 @@ modules keep one name per concept and accept the older spellings only through th
 =================================================  =============================================
 legacy path                                        canonical
 =================================================  =============================================
-``exogym.strategy.strategy.Strategy``              :class:`exogym.core.strategy.Strategy`
-``exogym.strategy.strategy.SimpleReduceStrategy``  :class:`exogym.strategy.SimpleReduceStrategy`
-``exogym.strategy.sparta_diloco``                  :class:`exogym.strategy.SPARTADiLoCoStrategy`
-``exogym.strategy.communicate_optimize_strategy``  :class:`exogym.strategy.CommunicateOptimizeStrategy`,
-                                                   :class:`CommunicationModule` (below)
-``exogym.trainer.LocalTrainer``                    :class:`exogym.Trainer`
-``exogym.tasks.load_task``                         :func:`exogym.tasks.load`
+``exogym.strategy.strategy.Strategy``              ``exogym.core.strategy.Strategy``
+``exogym.strategy.strategy.SimpleReduceStrategy``  ``exogym.strategy.SimpleReduceStrategy``
+``exogym.strategy.sparta_diloco``                  ``exogym.strategy.SPARTADiLoCoStrategy``
+``exogym.strategy.communicate_optimize_strategy``  ``exogym.strategy.CommunicateOptimizeStrategy``,
+                                                   ``CommunicationModule`` (below)
+``exogym.trainer.LocalTrainer``                    ``exogym.Trainer``
+``exogym.tasks.load_task``                         ``exogym.tasks.load``
 =================================================  =============================================
 
-**Strategy keywords** (:data:`STRATEGY_KEYWORDS`, applied by :func:`legacy_keywords` to every
+**Strategy keywords** (``STRATEGY_KEYWORDS``, applied by ``legacy_keywords`` to every
 preset): ``inner_optim_spec`` is ``optim_spec``; ``outer_optim_spec`` is ``outer_optim``.
 The original exo gym's spellings ``inner_optim`` (``optim_spec``), ``inner_lr`` (``lr``),
 ``compression_method`` (``sparsification_mode``) and ``sparsification_rate`` (``p``) are taken
 by the constructors themselves and listed in ``docs/algorithms/index.md``.
 
-**fit** (:func:`legacy_fit_order`, :func:`resolve_fit_legacy`): the positional order
+**fit** (``legacy_fit_order``, ``resolve_fit_legacy``): the positional order
 ``fit(num_epochs, strategy, num_nodes, max_steps)``; ``save_dir`` (where checkpoints go:
 ``checkpoint_dir``); ``checkpoint_interval`` without a folder writes to ``./checkpoints``, the
 original's default ``save_dir``; ``correlation_interval`` (the model correlation is logged with
 every validation, so it sets ``val_interval`` when that is not given); ``wandb_project`` (a
-:class:`~exogym.logger.WandbLogger` for that project, named ``run_name``).
+[`WandbLogger`][exogym.logger.WandbLogger] for that project, named ``run_name``).
 ``Trainer(start_port=...)`` is accepted and ignored: ExoGym finds its own ports.
 
-**Communicators**: ``_init_node(ctx)`` is :meth:`~exogym.core.communicator.Communicator.setup`
-(a subclass may define either; :meth:`Communicator.bind` calls the one it defines);
-``supports_dropout`` defined as a method is read as the capability it returns
-(:func:`exogym.core.communicator.supports_dropout`); ``QuantizeCommunicator(inner, fmt)`` is
-the :class:`~communicators.quantize.Quantize` wire transform applied to one module.
+**Optimizers**: ``OptimSpec.build(model)`` builds over the model's parameters, as the original's
+strategies call it in ``_init_node``
+([`exogym.core.optim.OptimSpec.build`][exogym.strategy.OptimSpec.build] takes a model, or parameters
+or param groups as a torch optimizer does).
+
+**Communicators**: ``_init_node(ctx)`` is [`setup`][communicators.Communicator.setup]
+(a subclass may define either; [`Communicator.bind`][communicators.Communicator.bind] calls the one
+it defines); ``supports_dropout`` defined as a method is read as the capability it returns
+(``exogym.core.communicator.supports_dropout``); ``QuantizeCommunicator(inner, fmt)`` is
+the [`Quantize`][communicators.Quantize] wire transform applied to one module.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ T = TypeVar("T")
 
 
 def legacy_keywords(cls: type[T]) -> type[T]:
-    """Class decorator: ``cls(...)`` accepts the :data:`STRATEGY_KEYWORDS` legacy spellings for
+    """Class decorator: ``cls(...)`` accepts the ``STRATEGY_KEYWORDS`` legacy spellings for
     the keywords its constructor takes (giving both spellings raises ``TypeError``)."""
     import inspect
 
@@ -132,8 +137,8 @@ class CommunicationModule(Communicator):
     A subclass implements ``communicate(model, rank, num_nodes, local_step)`` (called after every
     optimizer step, ``local_step`` counting from 0) and may implement
     ``_init_node(model, rank, num_nodes)``. Collectives go through
-    :mod:`exogym.strategy.communicate` (``all_reduce`` etc.), which charges the ledger. New
-    modules subclass :class:`~exogym.core.pipeline.Communicator` instead.
+    ``exogym.strategy.communicate`` (``all_reduce`` etc.), which charges the ledger. New
+    modules subclass [`Communicator`][communicators.Communicator] instead.
     """
 
     def __init__(self, **kwargs: Any) -> None:

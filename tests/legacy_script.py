@@ -1,9 +1,11 @@
 """A training script in the original exo gym's style (exo-explore/gym): its import paths, its
-keywords and its positional ``fit(num_epochs, strategy, num_nodes)``. Must run unchanged.
+keywords, its positional ``fit(num_epochs, strategy, num_nodes)`` and its README's custom
+strategy. Must run unchanged.
 
 Usage: python tests/legacy_script.py SAVE_DIR"""
 
 import sys
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -14,7 +16,7 @@ from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.optim import OptimSpec
 from exogym.strategy.sparta import SPARTAStrategy
 from exogym.strategy.sparta_diloco import SPARTADiLoCoStrategy
-from exogym.strategy.strategy import SimpleReduceStrategy
+from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
 from exogym.trainer import LocalTrainer
 from tests.helpers import TinyNet, regression_data
 
@@ -36,6 +38,50 @@ class AverageEveryStep(CommunicationModule):
         self.calls += 1
 
 
+class QuantizationStrategy(Strategy):
+    """The "Custom Algorithms" example of the original exo gym's README, as printed there."""
+
+    def __init__(self, optim_spec, quantization_level: Literal["int8"]):
+        super().__init__()
+        self.optim_spec = optim_spec
+        self.scale = 0.024
+        self.zero_point = 0
+        self.qdtype = torch.uint8
+
+    def step(self):
+        for param in self.model.parameters():
+            if param.grad is not None:
+                quantized = torch.round(param.grad / self.scale + self.zero_point).clamp(0, 255).to(self.qdtype)
+
+                q_wide = quantized.to(torch.int32)
+                all_reduce(q_wide)
+
+                param.grad = (q_wide.to(torch.float32) * self.scale) / self.num_nodes
+
+        self.optim.step()
+        super().step()
+
+
+class AllReduceStrategy(Strategy):
+    """A strategy written as the original's own: it builds its optimizer over the model."""
+
+    def __init__(self, optim_spec, **kwargs):
+        super().__init__(**kwargs)
+        self.optim_spec = optim_spec
+
+    def _init_node(self, model, rank, num_nodes):
+        super()._init_node(model, rank, num_nodes)
+        self.optim = self.optim_spec.build(model)
+
+    def step(self):
+        for param in self.model.parameters():
+            if param.grad is not None:
+                all_reduce(param.grad)
+                param.grad.div_(self.num_nodes)
+        self.optim.step()
+        super().step()
+
+
 if __name__ == "__main__":
     save_dir = sys.argv[1]
     trainer = LocalTrainer(TinyNet(), regression_data(512), regression_data(64, seed=1), start_port=12355)
@@ -51,6 +97,8 @@ if __name__ == "__main__":
             H=4,
         ),
         CommunicateOptimizeStrategy(communication_modules=[AverageEveryStep()], optim_spec="adamw", max_norm=1.0),
+        QuantizationStrategy(OptimSpec(torch.optim.SGD, lr=0.05), "int8"),
+        AllReduceStrategy(OptimSpec(torch.optim.AdamW, lr=1e-3)),
     ]
     for strategy in strategies:
         model = trainer.fit(

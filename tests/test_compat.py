@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exogym import Trainer, compat
-from exogym.strategy import DiLoCoStrategy, FedAvgStrategy, OptimSpec, SPARTADiLoCoStrategy
+from exogym.strategy import DiLoCoStrategy, FedAvgStrategy, OptimSpec, SimpleReduceStrategy, SPARTADiLoCoStrategy
 from tests.core.test_launch import _env
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, regression_data
@@ -36,8 +36,32 @@ def test_a_script_in_the_original_exo_gyms_style_runs_unchanged(tmp_path) -> Non
         "SPARTAStrategy",
         "SPARTADiLoCoStrategy",
         "CommunicateOptimizeStrategy",
+        "QuantizationStrategy",
+        "AllReduceStrategy",
     ]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["latest", "step-00000008"]  # save_dir + checkpoint_interval
+
+
+def test_the_original_readmes_custom_strategy_trains_with_int32_all_reduces_and_the_ranks_agree() -> None:
+    from tests.legacy_script import QuantizationStrategy
+
+    base = TinyNet()
+    out = train_ranks(2, lambda: QuantizationStrategy(OptimSpec(torch.optim.SGD, lr=0.05), "int8"), 4)
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        torch.testing.assert_close(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(out[0]["params"], base.parameters(), strict=True))
+    n_elems = sum(p.numel() for p in base.parameters())
+    assert [sum(r.sent for r in recs) for recs in out[0]["records"]] == [4 * n_elems] * 4  # int32, ring of 2
+
+
+def test_a_strategy_that_builds_its_optimizer_over_the_model_equals_ddp() -> None:
+    from tests.legacy_script import AllReduceStrategy
+
+    sgd = OptimSpec(torch.optim.SGD, lr=0.05)
+    legacy = train_ranks(2, lambda: AllReduceStrategy(sgd), 5)  # _init_node: self.optim_spec.build(model)
+    ddp = train_ranks(2, lambda: SimpleReduceStrategy(optim_spec=sgd), 5)
+    for a, b in zip(legacy[1]["params"], ddp[1]["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_legacy_strategy_keywords_mean_the_canonical_ones() -> None:

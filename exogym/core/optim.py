@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from exogym.core.muon import MuonAdamW
+from exogym.core.params import ModelParameters
 from exogym.core.restarts import check_restart_every, restart_every
 
-#: Names accepted by :meth:`OptimSpec.from_string` (case-insensitive). ``'muon'`` is
-#: :class:`~exogym.core.muon.MuonAdamW`: ``torch.optim.Muon`` for the matrices, AdamW for the rest.
+#: Names accepted by ``OptimSpec.from_string`` (case-insensitive). ``'muon'`` is
+#: ``MuonAdamW``: ``torch.optim.Muon`` for the matrices, AdamW for the rest.
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,
@@ -32,7 +33,7 @@ class OptimSpec:
     ``TypeError`` here, not silently later inside a worker.
 
     ``restart_every=N`` (keyword, not passed to the optimizer) drops the built optimizer's
-    per-parameter state before its steps ``N+1, 2N+1, ...`` (:mod:`exogym.core.restarts`): as the
+    per-parameter state before its steps ``N+1, 2N+1, ...`` (``exogym.core.restarts``): as the
     outer optimizer of the DiLoCo family, ``OptimSpec(torch.optim.SGD, lr=0.7, momentum=0.9,
     nesterov=True, restart_every=N)`` resets the outer momentum every ``N`` outer steps
     (outer-momentum restarts, arXiv 2605.28585).
@@ -50,7 +51,8 @@ class OptimSpec:
 
     @classmethod
     def from_string(cls, name: str, **kwargs: Any) -> OptimSpec:
-        """Build a spec from a short name in :data:`OPTIMIZERS` (``'adam'``, ``'adamw'``, ``'sgd'``...)."""
+        """Build a spec from a short name in ``OPTIMIZERS`` (``'adam'``, ``'adamw'``,
+        ``'sgd'``...)."""
         try:
             opt = OPTIMIZERS[name.lower()]
         except KeyError:
@@ -61,7 +63,8 @@ class OptimSpec:
 
     @classmethod
     def coerce(cls, spec: OptimSpec | str | None, default: OptimSpec) -> OptimSpec:
-        """Accept an ``OptimSpec``, a name for :meth:`from_string`, or ``None`` (``default``)."""
+        """Accept an ``OptimSpec``, a name for
+        [`from_string`][exogym.strategy.OptimSpec.from_string], or ``None`` (``default``)."""
         if spec is None:
             return default
         if isinstance(spec, OptimSpec):
@@ -80,8 +83,25 @@ class OptimSpec:
         """The spec's learning rate, or ``None`` when it leaves the optimizer's default."""
         return self.kwargs.get("lr")
 
-    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        """Construct the optimizer over ``params`` (with its restarts where ``restart_every`` is set)."""
+    def build(
+        self, params: torch.nn.Module | Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]]
+    ) -> torch.optim.Optimizer:
+        """Construct the optimizer (with its restarts where ``restart_every`` is set).
+
+        ``params`` is a model, whose ``parameters()`` the optimizer updates (``build(model)``, as
+        the original exo gym's strategies call it; given with their model, as
+        [`Strategy`][exogym.strategy.Strategy] builds its inner optimizer, so that
+        [`MuonAdamW`][exogym.strategy.MuonAdamW] finds the embeddings and the output head), or
+        what a torch optimizer takes: an iterable of parameters or of param groups (dicts with a
+        ``'params'`` key and per-group options). Raises ``TypeError`` for anything else.
+        """
+        if isinstance(params, torch.nn.Module):
+            params = ModelParameters(params)
+        elif isinstance(params, torch.Tensor) or not isinstance(params, Iterable):
+            raise TypeError(
+                f"OptimSpec.build takes a model (torch.nn.Module) or an iterable of parameters or param groups, "
+                f"got {type(params).__name__}; pass the model, model.parameters() or a list of param groups"
+            )
         optimizer = self.cls(params, **self.kwargs)
         return optimizer if self.restart_every is None else restart_every(optimizer, self.restart_every)
 

@@ -18,6 +18,20 @@ def test_optim_spec_builds_the_optimizer() -> None:
     assert SeedPathOptimSpec is OptimSpec
 
 
+def test_optim_spec_builds_over_a_model_its_parameters_or_param_groups() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    spec = OptimSpec(torch.optim.SGD, lr=0.1)
+    from_model = spec.build(model)
+    assert [p for g in from_model.param_groups for p in g["params"]] == list(model.parameters())
+    assert from_model.param_groups[0]["lr"] == 0.1
+    groups = spec.build([{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": 0.01}])
+    assert [g["lr"] for g in groups.param_groups] == [0.1, 0.01]
+    with pytest.raises(TypeError, match=r"OptimSpec.build takes a model .* got int; pass the model, model.parameters"):
+        spec.build(3)
+    with pytest.raises(TypeError, match="got Parameter"):
+        spec.build(model[0].weight)
+
+
 def test_optim_spec_from_string_and_bad_names() -> None:
     assert OptimSpec.from_string("adamw", lr=3e-4) == OptimSpec(torch.optim.AdamW, lr=3e-4)
     assert OptimSpec.from_string("SGD").cls is torch.optim.SGD
