@@ -1,16 +1,26 @@
 """Per-node data: sharding a dataset (or calling a dataset factory), batches, minibatches.
 
-Non-IID splits live in :mod:`exogym.partition` (:func:`partition`, re-exported here with
-:class:`Partition` and :func:`labels_of`)."""
+Non-IID splits live in [`exogym.partition`][exogym.partition]
+([`partition`][exogym.partition.partition], re-exported here with
+[`Partition`][exogym.partition.Partition] and [`labels_of`][exogym.partition.labels_of])."""
 
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    default_collate,
+)
 
 from exogym.partition import Partition as Partition  # re-exported: exogym.data.partition
 from exogym.partition import labels_of as labels_of
@@ -52,10 +62,10 @@ def check_dataset(ds: DatasetArg, name: str, num_nodes: int) -> None:
 
 class LabelShards(Partition):
     """``partition(dataset, num_nodes, "shards", shards_per_node=..., seed=...)`` as a class:
-    McMahan et al.'s label-sorted shards (see :mod:`exogym.partition`).
+    McMahan et al.'s label-sorted shards (see [`exogym.partition`][exogym.partition]).
 
     Args:
-        dataset: a labelled map-style dataset (see :func:`labels_of`).
+        dataset: a labelled map-style dataset (see [`labels_of`][exogym.partition.labels_of]).
         num_nodes: the run's node count (``fit(num_nodes=...)`` must match).
         shards_per_node: shards (about the number of classes) per node.
         seed: fixes the order of equal labels and the dealing of shards.
@@ -95,6 +105,56 @@ def node_dataset(ds: DatasetArg, rank: int, num_nodes: int, train: bool) -> Data
     return ds(rank, num_nodes, train) if is_factory(ds) else ds
 
 
+def collate(examples: Sequence[Any]) -> Any:
+    """The batch of ``examples``: ``torch.utils.data.default_collate``, except that examples that
+    are mappings collate key by key, and a key whose values are lists of numbers (token ids, as a
+    Hugging Face dataset gives them) becomes one tensor ``[batch, ...]``, as Hugging Face's own
+    default collator makes it (``default_collate`` would transpose it into a list of ``[batch]``
+    tensors, one per position).
+
+    ``{"input_ids": [5, 3, 9], "labels": [5, 3, 9]}`` per example gives ``{"input_ids": int64
+    [B, 3], "labels": int64 [B, 3]}``; tensors, numbers and strings collate as
+    ``default_collate`` does. Raises ``ValueError`` naming the key when its lists differ in length.
+    """
+    if examples and isinstance(examples[0], Mapping):
+        first = examples[0]
+        return _rebuild(first, {k: _collate_field(k, [e[k] for e in examples]) for k in first})
+    return default_collate(examples)
+
+
+def _collate_field(key: Any, values: list[Any]) -> Any:
+    """One key of mapping examples collated: nested mappings key by key, lists of numbers as one
+    tensor, the rest by ``default_collate``."""
+    if isinstance(values[0], Mapping):
+        return collate(values)
+    if isinstance(values[0], (list, tuple)) and _holds_numbers(values[0]):
+        try:
+            return torch.tensor(values)
+        except (ValueError, TypeError) as e:
+            lengths = sorted({len(v) for v in values if isinstance(v, (list, tuple))})
+            raise ValueError(
+                f"the examples' {key!r} lists cannot make one tensor (lengths {lengths}): {e}. Pad or truncate them "
+                "to one length in the dataset, or pass a collate_fn that pads them, e.g. "
+                "fit(..., dataloader_kwargs={'collate_fn': transformers.DataCollatorWithPadding(tokenizer)})"
+            ) from e
+    return default_collate(values)
+
+
+def _holds_numbers(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether a (nested) list's first leaf is a number (an empty list counts as numbers)."""
+    while isinstance(items, (list, tuple)):
+        if not items:
+            return True
+        items = items[0]
+    return isinstance(items, numbers.Number)
+
+
+def collate_fn(loader_kwargs: Mapping[str, Any] | None) -> Callable[[Sequence[Any]], Any]:
+    """The function that makes batches: ``loader_kwargs['collate_fn']`` where the user gives one
+    (``fit(dataloader_kwargs=...)``), else ``collate``."""
+    return (loader_kwargs or {}).get("collate_fn") or collate
+
+
 def train_loader(
     ds: Dataset,
     shared: bool,
@@ -119,7 +179,12 @@ def train_loader(
         sampler = SequentialSampler(ds)
     # The loader's own generator: iterating it must not draw from the node's global stream.
     loader = DataLoader(
-        ds, batch_size=batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(), **(loader_kwargs or {})
+        ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator(),
+        **{**(loader_kwargs or {}), "collate_fn": collate_fn(loader_kwargs)},
     )
     return loader, sampler
 
@@ -132,7 +197,7 @@ def steps_per_epoch(ds_len: int, shared: bool, num_nodes: int, batch_size: int) 
 
 class BatchStream:
     """The batches of ``loader`` epoch after epoch (reshuffled each epoch), with a position that
-    checkpoints save and restore (:meth:`state_dict`): the epoch, the batches taken in it and the
+    checkpoints save and restore (``state_dict``): the epoch, the batches taken in it and the
     sampler's generator at the epoch's start. Restoring skips the taken batches by index,
     without loading them. Iterating draws nothing from torch's global random stream (the
     loaders have a generator of their own), so a resumed node's dropout stream is unchanged."""

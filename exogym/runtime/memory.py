@@ -13,12 +13,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
 
-from exogym.data import to_device
+from exogym.data import collate, to_device
+from exogym.runtime.forward import forward_loss
 
 logger = logging.getLogger(__name__)
 
@@ -73,18 +74,25 @@ def _measure(model: torch.nn.Module, batch: Any, device: str) -> int | None:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        model(batch).backward()
+        forward_loss(model, batch).backward()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
     if device == "cpu" and _rss_peak_reset():
         base, _ = _rss_now_and_peak()
-        model(batch).backward()
+        forward_loss(model, batch).backward()
         _, peak = _rss_now_and_peak()
         return max(0, peak - base)
     return None
 
 
-def probe_minibatch_size(model: torch.nn.Module, dataset: Any, batch_size: int, device: str, budget: int | None) -> int:
+def probe_minibatch_size(
+    model: torch.nn.Module,
+    dataset: Any,
+    batch_size: int,
+    device: str,
+    budget: int | None,
+    collate_fn: Callable[[list[Any]], Any] = collate,
+) -> int:
     """The largest divisor of ``batch_size`` whose forward+backward fits in ``budget`` bytes.
 
     Each minibatch size's peak is measured once per (model type, parameter count, device) and
@@ -103,7 +111,7 @@ def probe_minibatch_size(model: torch.nn.Module, dataset: Any, batch_size: int, 
             if probe is None:
                 probe = copy.deepcopy(model).to(device)
                 probe.train()
-            _CACHE[key] = _probe(probe, dataset, m, device)
+            _CACHE[key] = _probe(probe, dataset, m, device, collate_fn)
         peak = _CACHE[key]
         if peak is None:
             chosen = batch_size
@@ -124,11 +132,13 @@ def probe_minibatch_size(model: torch.nn.Module, dataset: Any, batch_size: int, 
     return chosen
 
 
-def _probe(probe: torch.nn.Module, dataset: Any, m: int, device: str) -> float | None:
-    """Peak bytes of one forward and backward pass of ``probe`` on ``m`` examples (``inf``: out
-    of memory; ``None``: not measurable)."""
+def _probe(
+    probe: torch.nn.Module, dataset: Any, m: int, device: str, collate_fn: Callable[[list[Any]], Any]
+) -> float | None:
+    """Peak bytes of one forward and backward pass of ``probe`` on ``m`` examples collated by
+    ``collate_fn`` (``inf``: out of memory; ``None``: not measurable)."""
     examples = [dataset[i % len(dataset)] for i in range(m)]
-    batch = to_device(default_collate(examples), torch.device(device))
+    batch = to_device(collate_fn(examples), torch.device(device))
     try:
         peak = _measure(probe, batch, device)
     except torch.OutOfMemoryError:

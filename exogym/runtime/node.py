@@ -1,11 +1,11 @@
 """``TrainNode``: one node's training loop, identical on every rank (rank 0 only logs).
 
 It knows nothing of processes: it gets its comm, its job and its device, and the caller decides
-where it runs (a node process: :mod:`exogym.runtime.worker`; a thread: the tests' thread world).
-The loop draws on its neighbours: :mod:`exogym.runtime.idle` (the steps a node does not train),
-:mod:`exogym.runtime.meter` (each step's measurements), :mod:`exogym.runtime.evaluation`
-(validation and the averaged model), :mod:`exogym.runtime.node_state` (what a checkpoint holds
-of the node) and :mod:`exogym.runtime.progress` (rank 0's progress bar).
+where it runs (a node process: ``exogym.runtime.worker``; a thread: the tests' thread world).
+The loop draws on its neighbours: ``exogym.runtime.idle`` (the steps a node does not train),
+``exogym.runtime.meter`` (each step's measurements), ``exogym.runtime.evaluation``
+(validation and the averaged model), ``exogym.runtime.node_state`` (what a checkpoint holds
+of the node) and ``exogym.runtime.progress`` (rank 0's progress bar).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from exogym.runtime import faults as F
 from exogym.runtime import node_state
 from exogym.runtime import schedule as S
 from exogym.runtime.evaluation import Evaluator
+from exogym.runtime.forward import forward_loss
 from exogym.runtime.idle import IdleSteps, flush_interval
 from exogym.runtime.meter import StepMeter
 from exogym.runtime.offload import Offloader
@@ -50,7 +51,7 @@ class NodeJob:
     config: FitConfig
     run_name: str
     logger: Any = None
-    #: What a checkpoint records of the run (:func:`exogym.runtime.checkpoint.fingerprint`).
+    #: What a checkpoint records of the run (``exogym.runtime.checkpoint.fingerprint``).
     checkpoint_meta: dict[str, Any] | None = None
     #: Which worker hosts which nodes (``None``: contiguous blocks).
     placement: Placement | None = None
@@ -63,7 +64,7 @@ class NodeJob:
 
     def model_copy(self) -> torch.nn.Module:
         """A node's own copy of ``model`` (equal to ``copy.deepcopy(model)``; made from a
-        snapshot taken at the first call, see :mod:`exogym.runtime.replicate`)."""
+        snapshot taken at the first call, see ``exogym.runtime.replicate``)."""
         if self._replicator is None:
             self._replicator = ModelReplicator(self.model)
         return self._replicator.replica()
@@ -79,7 +80,7 @@ class NodeJob:
 
     def twins(self, rank: int) -> tuple[int, ...]:
         """The dormant nodes whose calls node ``rank`` makes, as its worker's lead
-        (:mod:`exogym.runtime.dormant`); ``()`` for every other node."""
+        (``exogym.runtime.dormant``); ``()`` for every other node."""
         p = self.placement
         if p is None or rank not in p.dormant:
             return ()
@@ -87,7 +88,7 @@ class NodeJob:
 
     def strategy_copy(self) -> Strategy:
         """A node's own copy of ``strategy`` (equal to ``copy.deepcopy(strategy)``; made from a
-        snapshot taken at the first call, see :mod:`exogym.runtime.replicate`)."""
+        snapshot taken at the first call, see ``exogym.runtime.replicate``)."""
         if self._strategies is None:
             self._strategies = strategy_replicator(self.strategy)
         return self._strategies.replica()
@@ -95,7 +96,7 @@ class NodeJob:
 
 @dataclass
 class _Run:
-    """What one call of :meth:`TrainNode.train` carries from step to step."""
+    """What one call of ``TrainNode.train`` carries from step to step."""
 
     progress: Progress
     batches: D.BatchStream
@@ -108,7 +109,7 @@ class TrainNode:
     Each step: ``strategy.zero_grad()``, ``accumulation`` forward/backward passes on the batch's
     minibatches (``loss / accumulation``, so gradients are the batch mean), then
     ``strategy.step()`` (which communicates and updates). Metrics are buffered per step and
-    combined across nodes in batches (:mod:`exogym.metrics`); before the first step, every
+    combined across nodes in batches (``exogym.metrics``); before the first step, every
     ``val_interval`` steps and after the last, the local models and the all-node average are
     validated. Those measurement collectives are not
     charged to the ledger: they are not part of the algorithm.
@@ -126,7 +127,11 @@ class TrainNode:
         self.val_loader = None
         if val_ds is not None and cfg.val_size > 0:
             sub = D.val_subset(val_ds, not D.is_factory(job.val_dataset), rank, cfg.num_nodes, cfg.val_size)
-            self.val_loader = DataLoader(sub, batch_size=cfg.minibatch_size, **cfg.dataloader_kwargs)
+            self.val_loader = DataLoader(
+                sub,
+                batch_size=cfg.minibatch_size,
+                **{**cfg.dataloader_kwargs, "collate_fn": D.collate_fn(cfg.dataloader_kwargs)},
+            )
         self.checkpoint_meta = job.checkpoint_meta
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
@@ -212,14 +217,11 @@ class TrainNode:
         return torch.autocast(self.device.type, dtype=self.cfg.autocast)
 
     def _forward(self, batch: Any, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """``model(batch)`` (the node's model by default) under autocast, as a 0-d loss tensor;
-        raises ``TypeError`` where the model returns anything but a scalar loss tensor."""
+        """The loss of ``model`` (the node's model by default) on ``batch`` under autocast, a 0-d
+        tensor: ``model(batch)``, or ``model(**batch)`` for a mapping batch, read as
+        ``exogym.runtime.forward.forward_loss`` reads it (``TypeError`` without a scalar loss)."""
         with self._autocast():
-            loss = (model or self.model)(batch)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise TypeError(f"model(batch) must return a scalar loss tensor, got {shape}")
-        return loss.reshape(())
+            return forward_loss(model or self.model, batch)
 
     def train(self, keep_state: bool = False) -> dict[str, Any] | None:
         """Run ``max_steps`` steps; return the result on rank 0; elsewhere ``None``, or
@@ -286,7 +288,7 @@ class TrainNode:
     def _idle_span(self, run: _Run, step: int, idle: int, missing: frozenset[int]) -> int:
         """Sit out the ``idle`` steps from ``step`` (no data, no compute), or those before the
         loop's own next collective: quiet steps, then the idle step that receives the round's
-        result, or a sleep through it and the rounds after (:mod:`exogym.runtime.idle`). The
+        result, or a sleep through it and the rounds after (``exogym.runtime.idle``). The
         step counter after them."""
         n = min(idle, self.idle.next_sync(step) - step)
         quiet = n if n < idle else n - 1
@@ -312,7 +314,7 @@ class TrainNode:
         return self._steps_done(step)
 
     def _training_step(self, run: _Run, step: int, missing: frozenset[int]) -> int:
-        """Train on the next batch (:meth:`_train_step`), check the loss, record the sample;
+        """Train on the next batch (``_train_step``), check the loss, record the sample;
         the step counter after it."""
         cfg = self.cfg
         loss_sum = self._train_step(next(run.batches), missing)
@@ -374,7 +376,7 @@ class TrainNode:
         cannot train afterwards. Its parts refer back to it through bound methods (the idle
         steps' rejoin, the evaluator's forward), so without this a finished node is freed only
         by the cyclic garbage collector: in a worker of 500 virtual nodes, a scan of some 80,000
-        objects per run. What :meth:`train` returned stays valid."""
+        objects per run. What ``train`` returned stays valid."""
         self.__dict__.clear()
 
     def due(self, done: int, interval: int | None) -> bool:

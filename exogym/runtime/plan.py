@@ -8,7 +8,7 @@
 
 The plan resolves the device, the workers and their layout (local processes or ``torchrun``
 ranks), the steps and the minibatch, the fault rounds and the checkpoint to resume from; it
-binds the strategy to a copy of the model once (:mod:`exogym.runtime.preflight`), places the
+binds the strategy to a copy of the model once (``exogym.runtime.preflight``), places the
 nodes on the workers and makes the transport last, so that nothing is left open when a check
 fails.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,9 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     resume_folder = _resume_folder(args.checkpoint)
     fault_round = _fault_round(args.faults, strategy, run.network_model)
     layout = _layout(run, args.transport, device)
+    collate_fn = D.collate_fn(args.data.loader_kwargs)
     steps, per_epoch = preflight.planned_steps(
-        model, train_dataset, run.num_nodes, run.num_epochs, run.max_steps, run.batch_size
+        model, train_dataset, run.num_nodes, run.num_epochs, run.max_steps, run.batch_size, collate_fn
     )
     if layout.launch is None:
         # The fork server imports torch (and torch._dynamo, the optimizers need it) while
@@ -114,7 +116,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         start_processes_server(wait=False)
     if strategy.needs_step_seconds and run.network_model.counts_flops:
         run.network_model = preflight.flops_as_seconds(
-            run.network_model, model, train_dataset, run.num_nodes, run.batch_size
+            run.network_model, model, train_dataset, run.num_nodes, run.batch_size, collate_fn
         )
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     bound = preflight.check_strategy_builds(
@@ -124,7 +126,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps, strategy)
         if faults is not None:
             FaultPlan(faults, run.num_nodes, fault_round, steps, run.seed).check()
-    minibatch = run.given_minibatch_size or _probe_minibatch(model, train_dataset, run, device)
+    minibatch = run.given_minibatch_size or _probe_minibatch(model, train_dataset, run, device, collate_fn)
     config = _fit_config(
         args, layout, device=device, autocast=autocast, steps=steps, minibatch=minibatch,
         has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
@@ -243,14 +245,17 @@ def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:
     return layout
 
 
-def _probe_minibatch(model: torch.nn.Module, train_dataset: Any, run: RunConfig, device: str) -> int:
-    """The largest divisor of ``batch_size`` whose forward and backward fit in memory (the
-    whole batch for a dataset factory, whose examples exist only inside the nodes)."""
+def _probe_minibatch(
+    model: torch.nn.Module, train_dataset: Any, run: RunConfig, device: str, collate_fn: Callable[[list[Any]], Any]
+) -> int:
+    """The largest divisor of ``batch_size`` whose forward and backward, on examples collated by
+    ``collate_fn``, fit in memory (the whole batch for a dataset factory, whose examples exist
+    only inside the nodes)."""
     if D.is_factory(train_dataset):
         return run.batch_size
     per_device = -(-run.num_nodes // max(1, len(set(run.devices)) if run.devices else 1))
     budget = device_budget(device, per_device if device == "cuda" else run.num_nodes, run.max_memory_usage)
-    return probe_minibatch_size(model, train_dataset, run.batch_size, device, budget)
+    return probe_minibatch_size(model, train_dataset, run.batch_size, device, budget, collate_fn)
 
 
 def _fit_config(

@@ -11,15 +11,16 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
 
 from exogym import data as D
 from exogym.core.comm.transport import Transport
 from exogym.core.strategy import Strategy
 from exogym.runtime import checkpoint as ckpt
+from exogym.runtime.forward import call, described_call, forward_loss, loss_of
 from exogym.runtime.launch import serialize_job
 
 logger = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ DRY_INIT_MAX_BYTES = 256 * 2**20
 def check_job(
     model: torch.nn.Module, strategy: Any, train_dataset: Any, val_dataset: Any, num_nodes: int, batch_size: int
 ) -> None:
-    """Raise ``TypeError``/``ValueError`` when ``strategy`` is no :class:`Strategy`, the model
-    or strategy cannot travel to the nodes, or a dataset is unfit for ``num_nodes``."""
+    """Raise ``TypeError``/``ValueError`` when ``strategy`` is no
+    [`Strategy`][exogym.strategy.Strategy], the model or strategy cannot travel to the nodes, or a
+    dataset is unfit for ``num_nodes``."""
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be an exogym Strategy instance, got {type(strategy).__name__}")
     # The model and strategy travel to the nodes: say now, in their terms, if they cannot
@@ -46,14 +48,20 @@ def check_job(
 
 
 def planned_steps(
-    model: torch.nn.Module, train_dataset: Any, num_nodes: int, num_epochs: int, max_steps: int | None, batch_size: int
+    model: torch.nn.Module,
+    train_dataset: Any,
+    num_nodes: int,
+    num_epochs: int,
+    max_steps: int | None,
+    batch_size: int,
+    collate_fn: Callable[[list[Any]], Any] = D.collate,
 ) -> tuple[int | None, int | None]:
     """``(steps per node, steps per epoch)`` for a shared dataset (after checking the model's
-    output and the shard size); for a factory, ``(max_steps, None)`` (the nodes then agree
-    on them)."""
+    output on a batch made by ``collate_fn``, and the shard size); for a factory,
+    ``(max_steps, None)`` (the nodes then agree on them)."""
     if D.is_factory(train_dataset):
         return max_steps, None
-    check_model_output(model, train_dataset)
+    check_model_output(model, train_dataset, collate_fn=collate_fn)
     n = len(train_dataset)
     per_epoch = D.steps_per_epoch(n, True, num_nodes, batch_size)
     if per_epoch < 1:
@@ -64,33 +72,35 @@ def planned_steps(
     return max_steps or per_epoch * num_epochs, per_epoch
 
 
-def check_model_output(model: torch.nn.Module, dataset: Any, name: str = "train_dataset") -> None:
-    """Run ``model`` once on a probe batch of the first two examples of ``dataset`` (no grad,
-    eval mode) and raise ``TypeError`` unless it returns a scalar. An error in the model is
-    raised as a ``RuntimeError`` naming the dataset, the examples and the batch's shapes, with the
-    model's own error as its cause."""
+def check_model_output(
+    model: torch.nn.Module,
+    dataset: Any,
+    name: str = "train_dataset",
+    collate_fn: Callable[[list[Any]], Any] = D.collate,
+) -> None:
+    """Run ``model`` once on a probe batch of the first two examples of ``dataset`` collated by
+    ``collate_fn`` (no grad, eval mode), called and read as the nodes do
+    (``exogym.runtime.forward``: ``model(**batch)`` for a mapping batch), and raise
+    ``TypeError`` unless it gives a scalar loss. An error in the model is raised as a
+    ``RuntimeError`` naming the dataset, the examples and the batch's shapes, with the model's own
+    error as its cause."""
     n = min(2, len(dataset))
-    batch = default_collate([dataset[i] for i in range(n)])
+    batch = collate_fn([dataset[i] for i in range(n)])
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = model(D.to_device(batch, next(model.parameters(), torch.empty(0)).device))
+            out = call(model, D.to_device(batch, next(model.parameters(), torch.empty(0)).device))
     except Exception as e:
         raise RuntimeError(
-            f"model(batch) failed on ExoGym's probe batch, examples 0 to {n - 1} of {name} collated into a batch of "
-            f"{n} (shapes {_shapes(batch)}), which fit() runs once before starting the nodes: {type(e).__name__}: "
-            f"{e}. A {n} in that error is this probe's batch size, not your batch_size; check that the model "
-            "accepts what the dataset's examples collate into"
+            f"{described_call(batch)} failed on ExoGym's probe batch, examples 0 to {n - 1} of {name} collated into a "
+            f"batch of {n} (shapes {_shapes(batch)}), which fit() runs once before starting the nodes: "
+            f"{type(e).__name__}: {e}. A {n} in that error is this probe's batch size, not your batch_size; check "
+            "that the model accepts what the dataset's examples collate into"
         ) from e
     finally:
         model.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.numel() != 1:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TypeError(
-            f"model(batch) must return a scalar loss tensor (the mean loss over the batch), got {shape}; "
-            "compute the loss inside forward()"
-        )
+    loss_of(out, batch)
 
 
 def _shapes(batch: Any) -> Any:
@@ -127,24 +137,29 @@ class _DryTransport(Transport):
         pass
 
 
-def flops_as_seconds(network: Any, model: torch.nn.Module, train_dataset: Any, num_nodes: int, batch_size: int) -> Any:
+def flops_as_seconds(
+    network: Any,
+    model: torch.nn.Module,
+    train_dataset: Any,
+    num_nodes: int,
+    batch_size: int,
+    collate_fn: Callable[[list[Any]], Any] = D.collate,
+) -> Any:
     """``network`` with ``compute="flops"`` turned into seconds per step: one training step's
-    forward and backward FLOPs (counted here on node 0's first ``batch_size`` examples, as a node
-    counts its first step) over ``flops_per_second``. For strategies that follow a simulated
-    timeline, which needs step seconds before the run."""
+    forward and backward FLOPs (counted here on node 0's first ``batch_size`` examples, collated
+    by ``collate_fn``, as a node counts its first step) over ``flops_per_second``. For strategies
+    that follow a simulated timeline, which needs step seconds before the run."""
     import dataclasses
 
     from torch.utils.data import DataLoader
     from torch.utils.flop_counter import FlopCounterMode
 
-    from exogym import data as D
-
     ds = D.node_dataset(train_dataset, 0, num_nodes, train=True)
-    batch = next(iter(DataLoader(ds, batch_size=batch_size, drop_last=True)))
+    batch = next(iter(DataLoader(ds, batch_size=batch_size, drop_last=True, collate_fn=collate_fn)))
     probe = copy.deepcopy(model)
     counter = FlopCounterMode(display=False)
     with counter:
-        probe(batch).backward()
+        forward_loss(probe, batch).backward()
     seconds = float(counter.get_total_flops()) / network.flops_per_second
     logger.info(
         "compute from FLOPs: %.4g FLOPs a step, %.4g s at %g FLOP/s",
