@@ -13,7 +13,7 @@ from exogym.core.params import ModelParameters
 from exogym.core.restarts import check_restart_every, restart_every
 
 #: Names accepted by ``OptimSpec.from_string`` (case-insensitive). ``'muon'`` is
-#: ``MuonAdamW``: ``torch.optim.Muon`` for the matrices, AdamW for the rest.
+#: ``MuonAdamW``: ``torch.optim.Muon`` for the hidden matrices, AdamW for the rest.
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,

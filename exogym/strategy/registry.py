@@ -79,15 +79,15 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
     ),
     "muloco": (
         lambda lr, H=20: S.MuLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, adamw_lr=lr),
-        "MuLoCo: DiLoCo's outer step every H steps, inner Muon (lr 0.02) on matrices and AdamW (lr) on the rest",
+        "MuLoCo: DiLoCo's outer step every H steps, inner Muon (lr 0.02) on hidden matrices, AdamW (lr) on the rest",
     ),
     "noloco": (
         lambda lr, H=20: S.NoLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
         "NoLoCo: every H steps an outer step (lr 0.7, momentum 0.5) averaged with one random peer",
     ),
     "sparseloco": (
-        lambda lr, H=20: S.SparseLoCoStrategy(H=H, chunk=64, k=2, optim_spec=_adamw(lr)),
-        "SparseLoCo: every H steps top-2 of each chunk of 64 (3%) of the error-feedback buffer, 2-bit values",
+        lambda lr, H=20: S.SparseLoCoStrategy(H=H, chunk=64, k=128, optim_spec=_adamw(lr)),
+        "SparseLoCo: every H steps top-128 of each 64x64 block (3%) of the error-feedback buffer, 2-bit values",
     ),
     "eager_diloco": (
         lambda lr, H=20: S.EagerDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),

@@ -6,7 +6,7 @@ pairs), 1,000 virtual nodes train in two worker processes and the model ``fit`` 
 mean of the nodes' final parameters) equals the mean of the reference's 1,000 nodes. SparseLoCo
 and top-k with error feedback all-gather: each node receives and decodes every other node's
 payload, so their bytes per node grow as ``K - 1`` payloads (past about ``1 / k`` nodes top-k
-sends more than DDP, past about 500 nodes SparseLoCo's defaults more than DiLoCo; see their docs
+sends more than DDP, past about 290 nodes SparseLoCo's defaults more than DiLoCo; see their docs
 pages) and 32 virtual nodes on two workers are the test.
 """
 
