@@ -592,7 +592,8 @@ def low_comm_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
         Claim(
             "SparseLoCo at 1-3% density and 2-bit values outperforms full-precision DiLoCo at a small "
             "fraction of its bytes (512M-parameter LLaMA, arXiv 2508.15706)",
-            "SparseLoCo (top-2 of each run of 64, 2 bits) below 1.02 x DiLoCo's validation loss at under 5% of its bytes",
+            "SparseLoCo (top-2 of each run of 64, 2 bits) below 1.02 x DiLoCo's validation loss "
+            "at under 5% of its bytes",
             f"{ci(sparse_loss)} vs {ci(scaled(dil, 1.02))} at {ci(share, '.3f')} of DiLoCo's bytes",
             every([below(share, 0.05), below(sparse_loss, scaled(dil, 1.02))]),
         ),
