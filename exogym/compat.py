@@ -34,7 +34,9 @@ every validation, so it sets ``val_interval`` when that is not given); ``wandb_p
 **Optimizers**: ``OptimSpec.build(model)`` builds over the model's parameters, as the original's
 strategies call it in ``_init_node``
 ([`exogym.core.optim.OptimSpec.build`][exogym.strategy.OptimSpec.build] takes a model, or parameters
-or param groups as a torch optimizer does).
+or param groups as a torch optimizer does); ``Strategy._setup_scheduler()`` builds the LR
+scheduler again for the optimizer a strategy built itself, as the original's strategies call it
+after ``build``.
 
 **Communicators**: ``_init_node(ctx)`` is [`setup`][communicators.Communicator.setup]
 (a subclass may define either; [`Communicator.bind`][communicators.Communicator.bind] calls the one

@@ -72,6 +72,7 @@ class AllReduceStrategy(Strategy):
     def _init_node(self, model, rank, num_nodes):
         super()._init_node(model, rank, num_nodes)
         self.optim = self.optim_spec.build(model)
+        self._setup_scheduler()
 
     def step(self):
         for param in self.model.parameters():

@@ -64,6 +64,18 @@ def test_a_strategy_that_builds_its_optimizer_over_the_model_equals_ddp() -> Non
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_a_strategy_that_builds_its_own_optimizer_gets_its_lr_schedule_from_setup_scheduler() -> None:
+    from tests.legacy_script import AllReduceStrategy
+
+    sgd = OptimSpec(torch.optim.SGD, lr=0.05)
+    legacy = train_ranks(2, lambda: AllReduceStrategy(sgd, lr_scheduler="lambda_cosine", warmup_steps=4), 5)
+    ddp = train_ranks(2, lambda: SimpleReduceStrategy(optim_spec=sgd, lr_scheduler="lambda_cosine", warmup_steps=4), 5)
+    strategy = legacy[0]["strategy"]
+    assert strategy.scheduler.optimizer is strategy.optim  # the schedule drives the optimizer it built
+    for a, b in zip(legacy[1]["params"], ddp[1]["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_legacy_strategy_keywords_mean_the_canonical_ones() -> None:
     sgd = OptimSpec(torch.optim.SGD, lr=0.1)
     outer = OptimSpec(torch.optim.SGD, lr=0.5)

@@ -157,6 +157,12 @@ class Strategy(ABC):
         self._buckets: list[Bucket] | None = None  # communicate_gradients/models' flat buffers
         self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
 
+    def _setup_scheduler(self) -> None:
+        """Build the LR scheduler again, for ``self.optim`` as it is: a subclass that replaces
+        the optimizer in its ``_init_node`` calls this after (the original exo gym's spelling;
+        see ``exogym.compat``)."""
+        self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """Alias of ``self.optim`` (the original exo gym uses both)."""
