@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from communicators.server import ServerCommunicator
+from exogym.core.server import Result, Server, ServerContext, Train
 from exogym.core.timeline import Event, Simulation
 
 
@@ -218,4 +219,75 @@ class AsyncDiLoCoCommunicator(ServerCommunicator):
         )
 
 
-__all__ = ["AsyncDiLoCoCommunicator", "AsyncDiLoCoTiming", "DelayedNesterov", "dylu_steps"]
+class AsyncDiLoCoServer(Server):
+    """Asynchronous DiLoCo as a server: every client starts at second 0 from the initial model
+    and trains its segment (``H`` steps, fewer on slower clients with DyLU), keeping its inner
+    optimizer across segments; each pseudo-gradient ``start - local`` is applied as it arrives
+    with delayed Nesterov, and the client is sent the server's parameters for its next segment.
+
+    Args: as [`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator].
+    """
+
+    def __init__(
+        self,
+        H: int,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        dn_period: int | None = None,
+        dn_c: float = 0.0,
+        dylu: bool = True,
+    ) -> None:
+        super().__init__()
+        _check_async_diloco(H, outer_lr, outer_momentum, dn_period, dn_c)
+        self.segment_steps, self.outer_lr, self.outer_momentum = H, outer_lr, outer_momentum
+        self.dn_period, self.dn_c, self.dylu = dn_period, dn_c, dylu
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        k = ctx.num_clients
+        period = self.dn_period or k
+        if self.dn_c > 1 / period:
+            raise ValueError(f"dn_c must be in [0, 1/N] = [0, {1 / period:g}] (N = dn_period), got {self.dn_c}")
+        seconds = [ctx.step_seconds(r) for r in range(k)]
+        self.local_steps = dylu_steps(self.segment_steps, seconds) if self.dylu else [self.segment_steps] * k
+        self.dn = DelayedNesterov(self.params, self.outer_lr, self.outer_momentum, period, self.dn_c)
+        self.version = 0
+
+    def start(self) -> None:
+        for r in range(self.ctx.num_clients):  # every client holds the initial model
+            self.send(r, Train(self.local_steps[r]), info=0, transfer=False)
+
+    def on_result(self, result: Result) -> None:
+        self.record_update(result, self.version - result.info)
+        self.version += 1
+        self.dn.step(self.params, result.start - result.local)
+        self.send(result.client, Train(self.local_steps[result.client]), info=lambda: self.version)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.dn.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dn.load_state_dict(state)
+        self.version = int(state["version"])
+
+    def describe(self) -> str:
+        return (
+            f"AsyncDiLoCo(H={self.segment_steps}, outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}, "
+            f"dn_period={self.dn_period}, dn_c={self.dn_c}, dylu={self.dylu})"
+        )
+
+
+def _check_async_diloco(H: Any, outer_lr: Any, outer_momentum: Any, dn_period: Any, dn_c: Any) -> None:
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"H must be an int >= 1 (local steps per segment), got {H!r}")
+    if not _number(outer_lr) or not outer_lr > 0:
+        raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
+    if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
+        raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
+    if dn_period is not None and (isinstance(dn_period, bool) or not isinstance(dn_period, int) or dn_period < 1):
+        raise ValueError(f"dn_period must be an int >= 1 or None (the number of nodes), got {dn_period!r}")
+    if not _number(dn_c) or not dn_c >= 0:
+        raise ValueError(f"dn_c must be a number >= 0, got {dn_c!r}")
+
+
+__all__ = ["AsyncDiLoCoCommunicator", "AsyncDiLoCoServer", "AsyncDiLoCoTiming", "DelayedNesterov", "dylu_steps"]

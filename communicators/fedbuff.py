@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from communicators.server import ServerCommunicator, unheld
+from exogym.core.server import Result, Server, ServerContext, Train
 from exogym.core.timeline import Event, Simulation
 
 
@@ -209,4 +210,113 @@ class FedBuffCommunicator(ServerCommunicator):
         )
 
 
-__all__ = ["FedBuffCommunicator", "FedBuffTiming", "draw_client", "staleness_weight"]
+class FedBuffServer(Server):
+    """FedBuff as a server (Algorithm 1 of the paper): ``concurrency`` clients drawn from the
+    seed train ``local_steps`` steps each from the model they are sent, with a fresh inner
+    optimizer; each result ``local - start`` is scaled by ``1 / sqrt(1 + staleness)`` into a
+    buffer, and every ``buffer_size`` results the server steps ``x <- x + server_lr * buffer /
+    buffer_size``. Each result frees a slot for the next client drawn.
+
+    Args:
+        local_steps: ``Q``, a client's steps per task.
+        buffer_size: ``B``, results per server step.
+        concurrency: ``C``, clients training at once (``None``: half the clients).
+        server_lr: ``eta_g``.
+    """
+
+    def __init__(
+        self, local_steps: int = 10, buffer_size: int = 10, concurrency: int | None = 20, server_lr: float = 1.0
+    ):
+        super().__init__()
+        _check_fedbuff(local_steps, buffer_size, concurrency, server_lr)
+        self.local_steps, self.buffer_size, self.concurrency, self.server_lr = (
+            local_steps, buffer_size, concurrency, server_lr,
+        )  # fmt: skip
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        self.clients = self.concurrency if self.concurrency is not None else max(1, ctx.num_clients // 2)
+        if self.clients > ctx.num_clients:
+            raise ValueError(
+                f"concurrency={self.concurrency} is more than num_nodes={ctx.num_clients} (each node is a client)"
+            )
+        self.buffer = torch.zeros_like(self.params)
+        self.buffered = self.version = self.draws = 0
+        self.in_flight: list[int] = []  # ascending
+
+    def _draw(self) -> None:
+        """Send the next client drawn (uniform among those not in flight) the model as it is."""
+        client = draw_free_client(self.ctx.seed, self.draws, self.ctx.num_clients, self.in_flight)
+        self.draws += 1
+        bisect.insort(self.in_flight, client)
+        self.send(client, Train(self.local_steps, fresh_optimizer=True), info=lambda: self.version)
+
+    def start(self) -> None:
+        for _ in range(self.clients):
+            self._draw()
+
+    def on_result(self, result: Result) -> None:
+        staleness = self.version - result.info
+        self.record_update(result, staleness)
+        self.buffer.add_((result.local - result.start) * staleness_weight(staleness))
+        self.buffered += 1
+        if self.buffered == self.buffer_size:
+            self.params.add_(self.buffer / self.buffer_size * self.server_lr)
+            self.buffer.zero_()
+            self.buffered = 0
+            self.version += 1
+        del self.in_flight[bisect.bisect_left(self.in_flight, result.client)]
+        if self.open:
+            self._draw()
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("buffered", "version", "draws", "in_flight")
+        return {"buffer": self.buffer, **{k: getattr(self, k) for k in keys}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.copy_(state["buffer"])
+        self.buffered, self.version, self.draws = int(state["buffered"]), int(state["version"]), int(state["draws"])
+        self.in_flight = list(state["in_flight"])
+
+    def describe(self) -> str:
+        return (
+            f"FedBuff(local_steps={self.local_steps}, buffer_size={self.buffer_size}, "
+            f"concurrency={self.concurrency}, server_lr={self.server_lr})"
+        )
+
+
+def draw_free_client(seed: int, draw: int, num_clients: int, in_flight: list[int]) -> int:
+    """The ``draw``-th client drawn from ``seed``: uniform among the clients not in flight (in
+    ascending order), as [`draw_client`][communicators.draw_client] draws; ``in_flight`` is
+    ascending. Costs ``O(len(in_flight))``, whatever the number of clients."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, draw])))
+    i = int(rng.integers(num_clients - len(in_flight)))
+    for busy in in_flight:  # the i-th free client: skip the busy ones at or below it
+        if busy <= i:
+            i += 1
+        else:
+            break
+    return i
+
+
+def _check_fedbuff(local_steps: Any, buffer_size: Any, concurrency: Any, server_lr: Any) -> None:
+    checked = [("local_steps", local_steps), ("buffer_size", buffer_size)]
+    if concurrency is not None:
+        checked.append(("concurrency", concurrency))
+    for name, v in checked:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
+        raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
+    if not math.isfinite(server_lr):
+        raise ValueError(f"server_lr must be finite, got {server_lr!r}")
+
+
+__all__ = [
+    "FedBuffCommunicator",
+    "FedBuffServer",
+    "FedBuffTiming",
+    "draw_client",
+    "draw_free_client",
+    "staleness_weight",
+]

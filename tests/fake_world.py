@@ -209,3 +209,44 @@ def train_ranks(
     for part in run_ranks(workers, worker):
         out.update(part)
     return [out[r] for r in range(k)]
+
+
+def train_server(
+    k: int,
+    make_strategy: Callable[[], Any],
+    steps: int,
+    dataset: Any = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    workers: int = 1,
+    network: Any = None,
+    val_dataset: Any = None,
+) -> list[dict[str, Any]]:
+    """Run a server strategy (``exogym.ServerStrategy``) for ``k`` clients on ``workers`` ranks
+    (threads over ``ThreadTransport``), as ``fit`` runs it on worker processes. Returns per rank
+    ``exogym.runtime.server_run.ServerRun.run``'s result with ``"strategy"`` (the job's, holding
+    the run summary), ``"params"`` (the final parameters as tensors), ``"server"`` and ``"loop"``
+    (the rank's server and clock)."""
+    from exogym.runtime.node import NodeJob
+    from exogym.runtime.server_run import ServerRun
+    from tests.helpers import TinyNet, regression_data
+
+    base = TinyNet()
+    ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
+    cfg = _config(k, steps, batch_size, seed, workers, network)
+    if val_dataset is not None:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, val_size=256)
+    jobs = [NodeJob(base, make_strategy(), ds, val_dataset, cfg, "threads") for _ in range(workers)]
+
+    def body(rank: int, comm: NodeComm) -> dict[str, Any]:
+        transport = comm.transport if workers > 1 else None
+        run = ServerRun(jobs[rank], rank, workers, transport, torch.device("cpu"))
+        out = run.run()
+        model = TinyNet()
+        model.load_state_dict(out["state_dict"])
+        params = [p.detach() for p in model.parameters()]
+        return {**out, "strategy": jobs[rank].strategy, "params": params, "server": run.server, "loop": run.loop}
+
+    return run_ranks(workers, body)

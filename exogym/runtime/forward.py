@@ -13,10 +13,12 @@ mapping. A ``transformers`` model computes that loss when the batch holds its ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 
 def call(model: torch.nn.Module, batch: Any) -> Any:
@@ -75,3 +77,31 @@ def _no_loss(output: Any, batch: Any) -> str:
 def forward_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     """``model``'s scalar loss on ``batch`` (``call``, then ``loss_of``), a 0-d tensor."""
     return loss_of(call(model, batch), batch)
+
+
+def backward(
+    forward: Callable[[Any], torch.Tensor],
+    batch: Any,
+    accumulation: int,
+    device: torch.device,
+    count_flops: bool = False,
+) -> tuple[float, float | None]:
+    """One training step's forward and backward passes on ``batch``: ``forward`` (the loss of a
+    batch, under autocast where the run asks for it) on each of its ``accumulation`` minibatches,
+    ``(loss / accumulation).backward()``, so the gradients are the batch mean. The losses
+    summed, and with ``count_flops`` the step's FLOPs (``torch.utils.flop_counter``), else
+    ``None``."""
+    from exogym import data as D
+
+    if accumulation == 1 and not count_flops:  # most steps: no tensor bookkeeping around them
+        loss = forward(D.to_device(batch, device))
+        loss.backward()
+        return loss.item(), None
+    counter = FlopCounterMode(display=False) if count_flops else None
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    with counter or contextlib.nullcontext():
+        for mb in D.split_batch(batch, accumulation):
+            loss = forward(D.to_device(mb, device))
+            (loss / accumulation).backward()
+            loss_sum += loss.detach().double().cpu()
+    return loss_sum.item(), None if counter is None else float(counter.get_total_flops())

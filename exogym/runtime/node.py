@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode
 
 from exogym import data as D
 from exogym.config import FitConfig
@@ -29,7 +28,7 @@ from exogym.runtime import faults as F
 from exogym.runtime import node_state
 from exogym.runtime import schedule as S
 from exogym.runtime.evaluation import Evaluator
-from exogym.runtime.forward import forward_loss
+from exogym.runtime.forward import backward, forward_loss
 from exogym.runtime.idle import IdleSteps, flush_interval
 from exogym.runtime.meter import StepMeter
 from exogym.runtime.offload import Offloader
@@ -453,23 +452,10 @@ class TrainNode:
         cfg = self.cfg
         self.strategy.zero_grad()
         self._holds_grads = True
-        counter = None
-        if self.step_flops is None and cfg.network.counts_flops:
-            counter = FlopCounterMode(display=False)  # the first training step only
-        if cfg.accumulation == 1 and counter is None:  # most steps: no tensor bookkeeping around them
-            loss = self._forward(D.to_device(batch, self.device))
-            loss.backward()
-            loss_value = loss.item()
-        else:
-            loss_sum = torch.zeros((), dtype=torch.float64)
-            with counter or contextlib.nullcontext():
-                for mb in D.split_batch(batch, cfg.accumulation):
-                    loss = self._forward(D.to_device(mb, self.device))
-                    (loss / cfg.accumulation).backward()
-                    loss_sum += loss.detach().double().cpu()
-            if counter is not None:
-                self.step_flops = float(counter.get_total_flops())
-            loss_value = loss_sum.item()
+        count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
+        loss_value, flops = backward(self._forward, batch, cfg.accumulation, self.device, count)
+        if flops is not None:
+            self.step_flops = flops
         with self.comm.leaving_out(missing):
             self.strategy.step()
         return loss_value

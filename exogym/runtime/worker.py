@@ -22,8 +22,10 @@ import torch
 from exogym.core.comm.comm import NodeComm, set_current
 from exogym.core.comm.plan import TransportPlan
 from exogym.core.comm.transport import Transport
+from exogym.core.server import ServerStrategy
 from exogym.runtime.node import NodeJob, TrainNode
 from exogym.runtime.placement import Placement
+from exogym.runtime.server_run import server_worker
 from exogym.runtime.virtual import VirtualHub, VirtualNodeError
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     Collective: every worker of ``plan`` must run it. A failing virtual node is raised as
     ``VirtualNodeError``, which names the node.
     """
+    if isinstance(job.strategy, ServerStrategy):  # a server and tasks: no node is built
+        return server_worker(worker, job, plan)
     cfg = job.config
     placement = job.placement or Placement.blocks(cfg.num_nodes, cfg.workers)
     ranks = placement.ranks(worker)

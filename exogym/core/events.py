@@ -1,0 +1,298 @@
+"""The simulated clock of a server algorithm: events in simulated-time order, ticks, the drain.
+
+[`ServerLoop`][exogym.core.events.ServerLoop] runs a [`Server`][exogym.Server]'s rules on the
+clock. Every event is a tuple ordered by (simulated second, kind, key, the order it was
+scheduled): kinds at one instant run as ``receive`` (a client's result reaches the server), the
+server's own kinds, ``serve`` (a send: the state is read now), ``start`` (a client starts a
+training step). Times are kept to the nanosecond (``TIME_DIGITS``), so instants meant to coincide
+do.
+
+Tick ``k`` is the ``k``-th distinct instant at which a step starts; the run executes the steps of
+its first ``max_ticks`` ticks. At the first step start past them the run *drains*: no step starts
+and no send is made any more, results whose last step ran still arrive, and the server's
+``drain_kinds`` still happen.
+
+The values follow the clock, never the other way round: a task is computed once the clock has
+passed the start of its last step (its steps' ticks, and so their learning rates, are known),
+in *waves*: every task ready by the time a result is needed is computed at once
+(``execute``, which the runtime spreads over its workers). Whatever the machine's speed or the
+number of workers, the server sees the same results in the same order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from exogym.core.server import Result, Server, ServerContext, Train, _Services, staleness_summary
+
+#: Simulated times are kept to the nanosecond: instants meant to coincide (segments of 8 x
+#: 0.0025 s and 2 x 0.01 s) do, where float sums would leave them a few 1e-18 s apart.
+TIME_DIGITS = 9
+
+
+class DeadlockError(RuntimeError):
+    """No event is left before the run's last tick: the server sends nothing more."""
+
+    def __init__(self, time: float, ticks: int, max_ticks: int, waiting: list[int]) -> None:
+        who = f"client(s) {waiting[:10]} wait for the server" if waiting else "no client is in flight"
+        super().__init__(
+            f"deadlock at simulated time {time:.6g} s after {ticks} of {max_ticks} steps: {who}, and the server "
+            "sends nothing more. Check the algorithm's quorum, buffer size and concurrency against the number of "
+            "clients"
+        )
+        self.time = time
+
+
+@dataclass
+class Task:
+    """One task in flight: what was sent, the ticks of its steps, and (once computed) its result."""
+
+    client: int
+    train: Train
+    start: torch.Tensor
+    info: Any
+    #: The tick of each of its steps that ran.
+    ticks: list[int] = field(default_factory=list)
+    #: Whether its last step has started (or the run drained first): it can be computed.
+    ready: bool = False
+    #: Whether all its steps ran (its result arrives).
+    complete: bool = False
+    local: torch.Tensor | None = None
+    #: Per step that ran: the training loss, the examples and the learning rate.
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ClientClock:
+    """What the clock counted of one client: steps, compute and transfer seconds, bytes."""
+
+    steps: int = 0
+    compute: float = 0.0
+    comm: float = 0.0
+    sent: int = 0
+    received: int = 0
+
+
+class ServerLoop:
+    """Runs ``server`` on the clock (the same on every rank).
+
+    Args:
+        server: the algorithm (its ``setup`` is called here).
+        ctx: what it gets at setup.
+        max_ticks: the run's steps.
+        execute: ``execute(tasks)`` computes ``tasks`` (sets each one's ``local`` and ``losses``).
+    """
+
+    def __init__(
+        self, server: Server, ctx: ServerContext, max_ticks: int, execute: Callable[[list[Task]], None]
+    ) -> None:
+        self.server, self.ctx, self.max_ticks, self.execute = server, ctx, max_ticks, execute
+        kinds = ("receive", *server.kinds, "serve", "start")
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"{type(server).__name__}.kinds {server.kinds} repeats or uses a runtime kind {kinds}")
+        self._order = {k: i for i, k in enumerate(kinds)}
+        self._drain = {"receive", *server.drain_kinds}
+        self._handlers = {k: getattr(server, f"on_{k}") for k in server.kinds}
+        self._heap: list[tuple[float, int, int, int, str, Any]] = []
+        self._seq = 0
+        self.time = 0.0
+        self.draining = False
+        self.ticks: list[float] = []
+        #: Per tick, the clients that started a step at it.
+        self.trains: list[list[int]] = []
+        self.end_time = 0.0
+        self.clients: dict[int, ClientClock] = {}
+        self.in_flight: dict[int, Task] = {}
+        self._ready: list[Task] = []
+        #: Every task that ran a step, in the order it became ready.
+        self.done: list[Task] = []
+        #: Every transfer: ``(simulated second it starts, bytes clients sent, bytes they received)``.
+        self.transfers: list[tuple[float, int, int]] = []
+        self.nbytes = ctx.params.numel() * ctx.params.element_size()
+        server._services = _Services(lambda: self.time, lambda: not self.draining, self._send, self._schedule)
+        server.setup(ctx)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _push(self, time: float, kind: str, key: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (round(time, TIME_DIGITS), self._order[kind], key, self._seq, kind, payload))
+
+    def _send(self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool) -> None:
+        if not isinstance(train, Train):
+            raise TypeError(f"send: task must be a Train(steps), got {train!r}")
+        if not (isinstance(client, int) and 0 <= client < self.ctx.num_clients):
+            raise ValueError(f"send: client must be a rank in [0, {self.ctx.num_clients}), got {client!r}")
+        self._push(self.time, "serve", client, (train, state, info, transfer))
+
+    def _schedule(self, delay: float, kind: str, key: int, data: tuple) -> None:
+        self._push(self.time + delay, kind, key, data)
+
+    def _clock(self, client: int) -> ClientClock:
+        c = self.clients.get(client)
+        if c is None:
+            c = self.clients[client] = ClientClock()
+        return c
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Run to the end of the drain; ``DeadlockError`` where events run out first."""
+        self.server.start()
+        while self._heap:
+            time, _, key, _, kind, payload = heapq.heappop(self._heap)
+            self.time = time
+            if kind == "start":
+                if not self._tick(time, key):
+                    continue
+                self._on_start(payload)
+                continue
+            if self.draining and kind not in self._drain:
+                continue
+            if kind == "receive":
+                self.end_time = max(self.end_time, time)
+                self._on_receive(payload)
+            elif kind == "serve":
+                self._on_serve(key, *payload)
+            else:
+                self.end_time = max(self.end_time, time)
+                self._handlers[kind](key, *payload)
+        if len(self.ticks) < self.max_ticks:
+            raise DeadlockError(self.time, len(self.ticks), self.max_ticks, sorted(self.in_flight))
+        self._compute([t for t in self.done if t.local is None])  # cut short by the drain: their losses
+
+    def _tick(self, time: float, client: int) -> bool:
+        """Whether a step starting at ``time`` runs (it may open a tick, or begin the drain)."""
+        if self.draining:
+            return False
+        if not self.ticks or time > self.ticks[-1]:
+            if len(self.ticks) == self.max_ticks:
+                self._begin_drain()
+                return False
+            self.ticks.append(time)
+            self.trains.append([])
+        self.trains[-1].append(client)
+        return True
+
+    def _begin_drain(self) -> None:
+        self.draining = True
+        for task in self.in_flight.values():  # cut short: they ran what they ran
+            if task.ticks and not task.ready:
+                task.ready = True
+                self.done.append(task)
+
+    def _on_serve(self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool) -> None:
+        if client in self.in_flight:
+            raise RuntimeError(
+                f"{type(self.server).__name__} sent client {client} a task at {self.time:.6g} s while its last one "
+                "is in flight: a client runs one task at a time"
+            )
+        start = (self.server.params if state is None else state).detach().clone()
+        task = self.in_flight[client] = Task(client, train, start, info() if callable(info) else info)
+        delay = 0.0
+        if transfer:
+            delay = self.ctx.transfer_seconds(client)
+            c = self._clock(client)
+            c.comm += delay
+            c.received += self.nbytes
+            self.transfers.append((self.time, 0, self.nbytes))
+        self._push(self.time + delay, "start", client, task)
+
+    def _on_start(self, task: Task) -> None:
+        c = self._clock(task.client)
+        seconds = self.ctx.step_seconds(task.client)
+        c.steps += 1
+        c.compute += seconds
+        end = round(self.time + seconds, TIME_DIGITS)
+        self.end_time = max(self.end_time, end)
+        task.ticks.append(len(self.ticks) - 1)
+        if len(task.ticks) < task.train.steps:
+            self._push(end, "start", task.client, task)
+            return
+        task.ready = task.complete = True
+        self.done.append(task)
+        self._ready.append(task)
+        up = self.ctx.transfer_seconds(task.client)
+        c.comm += up
+        c.sent += self.nbytes
+        self.transfers.append((end, self.nbytes, 0))
+        self._push(end + up, "receive", task.client, task)
+
+    def _on_receive(self, task: Task) -> None:
+        if task.local is None:
+            self._compute(self._ready)
+        del self.in_flight[task.client]
+        assert task.local is not None
+        steps = len(task.ticks)
+        self.server.on_result(Result(task.client, task.start, task.local, task.info, self.time, steps))
+
+    def _compute(self, tasks: list[Task]) -> None:
+        """Compute ``tasks`` (a wave) and empty the ready list."""
+        wave = [t for t in tasks if t.local is None]
+        if wave:
+            self.execute(wave)
+        self._ready = [t for t in self._ready if t.local is None]
+
+    # -- what the run reports ------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Every client's steps and utilisation (compute over the run's simulated seconds), the
+        staleness of the updates the server recorded, the simulated end, and the server's own."""
+        k, end = self.ctx.num_clients, self.end_time
+        steps, util = [0] * k, [0.0] * k
+        for r, c in self.clients.items():
+            steps[r] = c.steps
+            util[r] = c.compute / end if end > 0 else 0.0
+        return {
+            "steps": steps,
+            "utilisation": util,
+            **staleness_summary(self.server.updates),
+            "end_time": end,
+            **self.server.summary(),
+        }
+
+    def node_table(self) -> list[dict[str, float]]:
+        """Per client that took part, its clock: ``rank``, ``clock`` (the run's end), ``compute``,
+        ``comm`` (its transfers), ``wait`` (the rest) and ``utilisation`` (compute / clock)."""
+        end = self.end_time
+        rows = []
+        for r in sorted(self.clients):
+            c = self.clients[r]
+            wait = max(0.0, end - c.compute - c.comm)
+            rows.append(
+                {
+                    "rank": r,
+                    "clock": end,
+                    "compute": c.compute,
+                    "comm": c.comm,
+                    "wait": wait,
+                    "utilisation": c.compute / end if end > 0 else 0.0,
+                }
+            )
+        return rows
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    """``model``'s trainable parameters, flattened into one tensor (``TypeError`` where their
+    dtypes differ: the server keeps one flat state)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1:
+        raise TypeError(f"a server algorithm keeps the parameters as one flat tensor; the model's are {dtypes}")
+    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+
+
+def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Copy ``flat`` into ``model``'s trainable parameters, in place."""
+    i = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                n = p.numel()
+                p.copy_(flat[i : i + n].view_as(p))
+                i += n
+
+
+__all__ = ["TIME_DIGITS", "ClientClock", "DeadlockError", "ServerLoop", "Task", "flat_params", "load_flat"]

@@ -1,0 +1,245 @@
+"""A server algorithm's run on one rank: the clock, this rank's share of the tasks, the rows.
+
+Every rank runs the same [`ServerLoop`][exogym.core.events.ServerLoop] over the same server
+state: the server's rules are cheap and deterministic, so they are replicated rather than sent.
+Only the tasks are split: a wave's task for client ``c`` runs on rank ``c % world`` (which
+keeps that client's state, ``exogym.runtime.clients``), and its result reaches every rank in a
+broadcast. The same run on 1 or 2 workers, or under torchrun, computes the same values.
+
+What the run reports comes from the clock alone: each row's ``sim_time`` is the simulated
+second of its last tick (the run's end for the last row), the per-node table gives each
+client's compute, transfers and waiting over the run's simulated seconds, and the summary
+every client's steps and utilisation and the staleness of the updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from exogym import data as D
+from exogym.core.comm.transport import Transport
+from exogym.core.events import ServerLoop, Task, flat_params, load_flat
+from exogym.core.server import ServerContext, ServerStrategy
+from exogym.runtime.clients import Clients
+from exogym.runtime.evaluation import Evaluator
+from exogym.runtime.progress import Progress
+
+logger = logging.getLogger(__name__)
+
+
+def transfer_seconds(network: Any, client: int, nbytes: int) -> float:
+    """Simulated seconds to move ``nbytes`` between ``client`` and the server: on a world, over
+    the link between the client's region and the server's (the first region) and the client's
+    access link; otherwise ``latency + 8 * nbytes / bandwidth``."""
+    world = network.world
+    if world is None:
+        return network.latency + 8.0 * nbytes / network.bandwidth
+    link = world.links[world.region_of[client]][0]
+    if link is None:  # a region of one node, the server's: only the access link
+        a, bw = 0.0, float("inf")
+    else:
+        a, bw = link.latency, link.bandwidth
+    if world.access:
+        a, bw = a + world.access[client].latency, min(bw, world.access[client].bandwidth)
+    return a + 8.0 * nbytes / bw
+
+
+def _step_seconds(network: Any) -> float:
+    """Seconds of one training step before a client's speed factor: the network's modelled
+    compute (``fit`` turns ``compute="flops"`` into seconds before the run; ``ValueError`` for
+    measured compute: the clock must not depend on this machine)."""
+    c = network.compute
+    if isinstance(c, str):
+        raise ValueError(
+            f"server algorithms follow a simulated clock, which needs modelled compute: the network has compute={c!r}; "
+            "pass fit(..., network=Network(..., compute=<seconds per step>)) or compute='flops'"
+        )
+    return float(c)
+
+
+class ServerRun:
+    """One rank's run of a server strategy (collective: every rank of the run runs it).
+
+    Args:
+        job: the run (``exogym.runtime.node.NodeJob``) whose strategy is a
+            [`ServerStrategy`][exogym.ServerStrategy].
+        rank, world: this rank and the number of ranks.
+        transport: between the ranks (``None`` with one).
+        device: where clients train.
+    """
+
+    def __init__(self, job: Any, rank: int, world: int, transport: Transport | None, device: torch.device) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.rank, self.world, self.transport, self.device = job, rank, world, transport, device
+        strategy: ServerStrategy = job.strategy
+        self.model = job.model_copy()
+        shared = not D.is_factory(job.train_dataset)
+        first = D.node_dataset(job.train_dataset, 0, cfg.num_nodes, train=True)
+        self.steps_per_epoch = D.steps_per_epoch(len(first), shared, cfg.num_nodes, cfg.batch_size)
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"client 0's dataset has fewer than batch_size={cfg.batch_size} examples: no full batch to train on"
+            )
+        self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
+        self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
+        network = cfg.network
+        base = _step_seconds(network)
+        params = flat_params(self.model)
+        nbytes = params.numel() * params.element_size()
+        world_map = network.world
+        self.server = copy.deepcopy(strategy.server)
+        ctx = ServerContext(
+            num_clients=cfg.num_nodes,
+            seed=cfg.seed,
+            params=params,
+            step_seconds=lambda c: base * network.slowdown(c),
+            transfer_seconds=lambda c: transfer_seconds(network, c, nbytes),
+            region_of=(lambda c: world_map.region_of[c]) if world_map is not None else (lambda c: 0),
+            regions=len(world_map.links) if world_map is not None else 1,
+            network=network,
+        )
+        self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute)
+        self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0, rounds=None)
+        self._progressed = 0
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def _execute(self, tasks: list[Task]) -> None:
+        """Run this rank's share of ``tasks``; every rank then holds every result."""
+        for task in tasks:
+            if task.client % self.world == self.rank:
+                self.clients.run(task)
+        if self.world > 1:
+            for task in tasks:
+                self._share(task)
+        done = self.loop.ticks and len(self.loop.ticks)
+        if done and done > self._progressed:
+            self.progress.advance(self._progressed, min(done, self.max_steps))
+            self._progressed = min(done, self.max_steps)
+
+    def _share(self, task: Task) -> None:
+        """Broadcast ``task``'s result from the rank that ran it (float64: exact for float32)."""
+        n, p = len(task.ticks), task.start.numel()
+        owner = task.client % self.world
+        buf = torch.empty(p + n, dtype=torch.float64)
+        if owner == self.rank:
+            assert task.local is not None
+            buf[:p] = task.local.double()
+            buf[p:] = torch.tensor(task.losses, dtype=torch.float64)
+        assert self.transport is not None
+        self.transport.broadcast(buf, owner)
+        if owner != self.rank:
+            task.local = buf[:p].to(task.start.dtype)
+            task.losses = buf[p:].tolist()
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run the clock to its end; rank 0's result (the others': the final state only)."""
+        t0 = time.perf_counter()
+        self.loop.run()
+        self.progress.advance(self._progressed, self.max_steps)
+        self.progress.close()
+        load_flat(self.model, self.server.params)
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.job.strategy._summary = summary = self.loop.summary()
+        if self.rank != 0:
+            return {"state_dict": state}
+        history = self._rows(time.perf_counter() - t0)
+        validation = self._validate()
+        if validation is not None:
+            history.append(validation)
+        return {
+            "state_dict": state,
+            "history": history,
+            "max_steps": self.max_steps,
+            "peak_memory": None,
+            "nodes": self.loop.node_table(),
+            "summary": summary,
+        }
+
+    def _rows(self, wall: float) -> list[dict[str, Any]]:
+        """The train rows, every ``log_interval`` ticks and at the last: per row the mean loss of
+        the steps of its ticks, the examples and bytes so far (bytes: mean per client of the
+        run), the learning rate, and the simulated second of its last tick."""
+        cfg, loop = self.cfg, self.loop
+        per_tick: list[list[float]] = [[] for _ in loop.ticks]
+        for task in loop.done:
+            for tick, loss in zip(task.ticks, task.losses, strict=False):
+                per_tick[tick].append(loss)
+        transfers = sorted(loop.transfers)
+        rows, window, examples, moved, sent, received = [], [], 0, 0, 0, 0
+        last_sent, k = 0, cfg.num_nodes
+        for i, at in enumerate(loop.ticks):
+            window += per_tick[i]
+            examples += len(per_tick[i]) * cfg.batch_size
+            last = i == len(loop.ticks) - 1
+            if (i + 1) % cfg.log_interval and not last:
+                continue
+            until = loop.end_time if last else at
+            while moved < len(transfers) and transfers[moved][0] <= until:
+                sent, received = sent + transfers[moved][1], received + transfers[moved][2]
+                moved += 1
+            steps = (i + 1) - (rows[-1]["step"] if rows else 0)
+            rows.append(
+                {
+                    "step": i + 1,
+                    "examples": examples,
+                    "train_loss": sum(window) / len(window) if window else float("nan"),
+                    "lr": self.clients.lr_at(i),
+                    "bytes_sent": sent / k,
+                    "bytes_received": received / k,
+                    "bytes_sent_per_step": (sent - last_sent) / k / steps,
+                    "sim_time": until,
+                    "wall_time": wall,
+                }
+            )
+            window, last_sent = [], sent
+        return rows
+
+    def _validate(self) -> dict[str, Any] | None:
+        """The server model's validation row at the end (rank 0), ``None`` without validation data."""
+        cfg, job = self.cfg, self.job
+        val = D.node_dataset(job.val_dataset, 0, cfg.num_nodes, train=False)
+        if val is None or cfg.val_size <= 0:
+            return None
+        sub = D.val_subset(val, True, 0, 1, cfg.val_size)
+        loader = DataLoader(sub, batch_size=cfg.minibatch_size, collate_fn=D.collate_fn(cfg.dataloader_kwargs))
+        model = self.model.to(self.device)
+        evaluator = Evaluator(None, model, self.device, loader, self.clients.forward_with, _no_autocast, 0, 1)  # type: ignore[arg-type]
+        loss, count, correct, labelled = evaluator.evaluate(model)
+        row: dict[str, Any] = {
+            "step": self.max_steps,
+            "val_loss_global": loss / max(count, 1.0),
+            "sim_time": self.loop.end_time,
+        }
+        if labelled > 0:
+            row["val_accuracy_global"] = correct / labelled
+        return row
+
+
+def _no_autocast() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def server_worker(worker: int, job: Any, plan: Any) -> dict[str, Any] | None:
+    """Process entry of worker ``worker`` of a server strategy's run (what ``fit`` starts on each
+    of its workers): rank 0's result, ``None`` elsewhere. Collective."""
+    cfg = job.config
+    logging.basicConfig(level=cfg.log_level, format=f"[worker {worker}] %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads_per_worker)
+    device = cfg.worker_device(worker)
+    transport = plan.connect(worker) if cfg.workers > 1 else None
+    out = ServerRun(job, worker, cfg.workers, transport, device).run()
+    if transport is not None:
+        transport.close()
+    return out if worker == 0 or cfg.launcher == "torchrun" else None
+
+
+__all__ = ["ServerRun", "server_worker", "transfer_seconds"]
