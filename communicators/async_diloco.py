@@ -258,7 +258,7 @@ class AsyncDiLoCoServer(Server):
             self.send(r, Train(self.local_steps[r]), info=0, transfer=False)
 
     def on_result(self, result: Result) -> None:
-        self.record_update(result, self.version - result.info)
+        self.record_update(result.client, self.version - result.info)
         self.version += 1
         self.dn.step(self.params, result.start - result.local)
         self.send(result.client, Train(self.local_steps[result.client]), info=lambda: self.version)

@@ -54,6 +54,7 @@ from communicators.async_diloco import _number
 from communicators.cgad import CGAD, cgad_scale, check_cgad
 from communicators.server import ServerCommunicator
 from exogym.core.comm.network import Network
+from exogym.core.server import Result, Server, ServerContext, Train
 from exogym.core.timeline import Event, Simulation
 
 #: ``(start, end)``: simulated seconds a learner is absent, ``end`` excluded (may be ``inf``).
@@ -511,8 +512,208 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
 
 
+class DecoupledDiLoCoServer(Server):
+    """Decoupled DiLoCo as a synchronizer and learners (see the module docstring). A learner's
+    steps are tasks of one step each from its own parameters (it never waits): the synchronizer
+    holds every learner's parameters between its steps, applies the merged fragments that reached
+    it before each step, and collects its fragments at the steps they are due.
+
+    Args: as [`DecoupledDiLoCoCommunicator`][communicators.DecoupledDiLoCoCommunicator].
+    """
+
+    kinds = ("contribution", "merge", "pull", "deliver", "restore")
+    drain_kinds = frozenset({"contribution", "merge"})
+
+    def __init__(
+        self,
+        H: int,
+        fragments: int = 1,
+        quorum: int | None = None,
+        grace: float = 0.5,
+        tau: int = 2,
+        outer_lr: float | None = None,
+        outer_momentum: float = 0.9,
+        outer: str = "nesterov",
+        cgad_alpha: float = 0.1,
+        cgad_cutoff: float = 16,
+        cgad_betas: tuple[float, float] = (0.9, 0.999),
+        cgad_eps: float = 1e-8,
+    ) -> None:
+        super().__init__()
+        settings = DecoupledDiLoCoCommunicator(
+            H,
+            fragments,
+            quorum,
+            grace,
+            tau,
+            outer_lr,
+            outer_momentum,
+            outer=outer,
+            cgad_alpha=cgad_alpha,
+            cgad_cutoff=cgad_cutoff,
+            cgad_betas=cgad_betas,
+            cgad_eps=cgad_eps,
+        )  # fmt: skip  (checks the settings)
+        self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
+        self.outer, self.outer_lr, self.outer_momentum = outer, settings.outer_lr, outer_momentum
+        self.cgad_alpha, self.cgad_cutoff, self.cgad_betas, self.cgad_eps = (
+            cgad_alpha,
+            cgad_cutoff,
+            cgad_betas,
+            cgad_eps,
+        )
+        self._label = settings.describe()
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        k, P, n = ctx.num_clients, self.fragments, self.params.numel()
+        if P > n:
+            raise ValueError(f"fragments={P} is more than the model's {n} trainable entries")
+        self._quorum = self.quorum if self.quorum is not None else max(1, k // 2)
+        if self._quorum > k:
+            raise ValueError(f"quorum={self.quorum} is more than num_nodes={k} (each node is a learner)")
+        self.bounds = fragment_bounds(n, P)
+        self.offsets = fragment_offsets(self.sync_steps, P)
+        self.down = absences(ctx.network, k)
+        size = self.params.element_size()
+        self.fragment_seconds = [[ctx.transfer_seconds(r, size * (b - a)) for a, b in self.bounds] for r in range(k)]
+        self.pull_seconds = [ctx.transfer_seconds(r) for r in range(k)]
+        self.step_seconds = [ctx.step_seconds(r) for r in range(k)]
+        self.step_ref = sorted(self.step_seconds)[self._quorum - 1]
+        self.momentum = torch.zeros_like(self.params) if self.outer != "cgad" else None
+        self.cgad = (
+            CGAD(self.params, P, self.outer_lr, self.cgad_betas, self.cgad_eps) if self.outer == "cgad" else None
+        )
+        #: Per learner: its parameters, steps, sends, steps since each fragment was adopted (c)
+        #: and the version of each it holds (v), the newest that reached it, and those in its inbox.
+        self.learner = [self.params.clone() for _ in range(k)]
+        self.steps_taken, self.sends = [0] * k, [0] * k
+        self.c = [[0] * P for _ in range(k)]
+        self.v = [[0] * P for _ in range(k)]
+        self.arrived = [[0] * P for _ in range(k)]
+        self.inbox: list[dict[int, dict[int, torch.Tensor]]] = [{} for _ in range(k)]
+        #: Per fragment: its merges so far, the contributions of its open round, when it opened.
+        self.version = [0] * P
+        self.round: list[dict[int, tuple]] = [{} for _ in range(P)]
+        self.opened, self.merging = [0.0] * P, [False] * P
+
+    def _slice(self, t: torch.Tensor, p: int) -> torch.Tensor:
+        a, b = self.bounds[p]
+        return t[a:b]
+
+    def _step_or_leave(self, r: int, adopt: bool) -> None:
+        """Learner ``r`` takes its next step now, or, absent during it, pulls the model when it returns."""
+        span = _blocking(self.down[r], self.now, self.step_seconds[r])
+        if span is None:
+            state = (lambda: self._adopt(r)) if adopt else self.learner[r]
+            self.send(r, Train(1), state=state, transfer=False, seconds=0.0)
+        elif not math.isinf(span[1]):
+            self.schedule(span[1] - self.now, "pull", r)
+
+    def _adopt(self, r: int) -> torch.Tensor:
+        """Learner ``r``'s parameters with the newest merged fragments that reached it."""
+        for p, version in enumerate(self.arrived[r]):
+            if version > self.v[r][p]:
+                box = self.inbox[r][p]
+                self._slice(self.learner[r], p).copy_(box[version])
+                for old in [old for old in box if old <= version]:
+                    del box[old]
+                self.v[r][p], self.c[r][p] = version, 0
+        return self.learner[r]
+
+    def start(self) -> None:
+        for r in range(self.ctx.num_clients):
+            self._step_or_leave(r, adopt=False)
+
+    def on_result(self, result: Result) -> None:
+        r = result.client
+        self.learner[r] = result.local.clone()
+        self.steps_taken[r] += 1
+        s, c = self.steps_taken[r], self.c[r]
+        for p in range(len(c)):
+            c[p] += 1
+        for p, offset in enumerate(self.offsets):
+            if s % self.sync_steps == offset:
+                sent = self._slice(self.learner[r], p).clone()
+                self.schedule(self.fragment_seconds[r][p], "contribution", r, p, c[p], self.v[r][p], sent)
+                self.sends[r] += 1
+        self._step_or_leave(r, adopt=True)
+
+    def on_contribution(self, r: int, p: int, c: int, v: int, sent: torch.Tensor) -> None:
+        contributions = self.round[p]
+        if not contributions:
+            self.opened[p] = self.now
+        contributions[r] = (c, v, self.now, sent)  # a later contribution replaces the learner's earlier
+        if not self.merging[p] and len(contributions) >= self._quorum:
+            self.merging[p] = True
+            slack = self.tau * self.step_ref - (self.now - self.opened[p]) - self.fragment_seconds[r][p]
+            self.schedule(self.grace * max(0.0, slack), "merge", p)
+
+    def on_merge(self, p: int) -> None:
+        contributions = sorted(self.round[p].items())
+        total = float(sum(c for _, (c, _, _, _) in contributions))
+        theta = self._slice(self.params, p)
+        delta = torch.zeros_like(theta)
+        scales = []
+        for r, (c, v, received, sent) in contributions:
+            staleness = self.version[p] - v
+            self.record_update(r, staleness, received)
+            scale = cgad_scale(staleness, self.cgad_alpha, self.cgad_cutoff) if self.cgad is not None else 1.0
+            scales.append(scale)
+            delta.add_((theta - sent) * (float(c) / total * scale))
+        if self.cgad is not None:
+            if any(s > 0 for s in scales):  # all gated out: nothing arrived to step on
+                self.cgad.step(p, self.bounds[p], theta, delta)
+        else:
+            assert self.momentum is not None
+            buf = self._slice(self.momentum, p)
+            buf.mul_(self.outer_momentum).add_(delta)
+            theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
+        self.version[p] += 1
+        self.round[p], self.merging[p] = {}, False
+        weights = tuple(float(c) / total for _, (c, _, _, _) in contributions)
+        self.record("merges", self.now, p, tuple(r for r, _ in contributions), weights)
+        for r in range(self.ctx.num_clients):
+            arrival = self.now + self.fragment_seconds[r][p]
+            if not _absent(self.down[r], arrival):
+                self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], theta.clone())
+
+    def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
+        self.arrived[r][p] = max(self.arrived[r][p], version)
+        self.inbox[r].setdefault(p, {})[version] = merged
+
+    def on_pull(self, r: int) -> None:
+        self.schedule(self.pull_seconds[r], "restore", r, tuple(self.version), self.params.clone())
+
+    def on_restore(self, r: int, versions: tuple[int, ...], model: torch.Tensor) -> None:
+        self.learner[r] = model
+        self.v[r] = list(versions)
+        self.c[r] = [0] * self.fragments
+        for p, version in enumerate(versions):  # what reached it before is older than the pull
+            box = self.inbox[r].get(p, {})
+            for old in [old for old in box if old <= version]:
+                del box[old]
+        self._step_or_leave(r, adopt=True)
+
+    def summary(self) -> dict[str, Any]:
+        """The merges: their number and the mean number of learners a merge takes; with CGAD,
+        ``gated``: the merged contributions at or past the cutoff (scaled to zero)."""
+        merges = self.records.get("merges", [])
+        out: dict[str, Any] = {
+            "merges": len(merges),
+            "learners_per_merge": sum(len(m[2]) for m in merges) / len(merges) if merges else 0.0,
+        }
+        if self.cgad is not None:
+            out["gated"] = sum(1 for _, _, tau in self.updates if tau >= self.cgad_cutoff)
+        return out
+
+    def describe(self) -> str:
+        return self._label
+
+
 __all__ = [
     "DecoupledDiLoCoCommunicator",
+    "DecoupledDiLoCoServer",
     "DecoupledTiming",
     "absences",
     "fragment_bounds",

@@ -257,7 +257,7 @@ class FedBuffServer(Server):
 
     def on_result(self, result: Result) -> None:
         staleness = self.version - result.info
-        self.record_update(result, staleness)
+        self.record_update(result.client, staleness)
         self.buffer.add_((result.local - result.start) * staleness_weight(staleness))
         self.buffered += 1
         if self.buffered == self.buffer_size:

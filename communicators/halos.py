@@ -43,6 +43,7 @@ import torch
 from communicators.async_diloco import AsyncDiLoCoTiming, DelayedNesterov, _number
 from communicators.server import ServerCommunicator
 from exogym.core.comm.network import Network
+from exogym.core.server import Result, Server, ServerContext, Train
 from exogym.core.timeline import Event, Simulation
 
 
@@ -327,8 +328,141 @@ class HALoSCommunicator(ServerCommunicator):
         )
 
 
+class HALoSServer(Server):
+    """HALoS as servers (see the module docstring): a local parameter server (LPS) per region
+    serving its region's workers, and a global one (GPS) in the first region.
+
+    Args: as [`HALoSCommunicator`][communicators.HALoSCommunicator].
+    """
+
+    kinds = ("region_receive", "region_serve", "merge")
+    drain_kinds = frozenset(kinds)
+
+    def __init__(
+        self,
+        H: int,
+        accumulation: int | None = None,
+        merge_weight: float = 0.25,
+        lps_lr: float = 0.7,
+        lps_momentum: float = 0.5,
+        lps_period: int | None = None,
+        gps_lr: float = 0.5,
+        gps_momentum: float = 0.5,
+        gps_period: int | None = None,
+        dylu: bool = True,
+    ) -> None:
+        super().__init__()
+        settings = HALoSCommunicator(
+            H, accumulation, merge_weight, lps_lr, lps_momentum, lps_period, gps_lr, gps_momentum, gps_period, dylu
+        )  # (checks the settings)
+        self.segment_steps, self.accumulation, self.merge_weight = H, accumulation, merge_weight
+        self.lps_lr, self.lps_momentum, self.lps_period = lps_lr, lps_momentum, lps_period
+        self.gps_lr, self.gps_momentum, self.gps_period = gps_lr, gps_momentum, gps_period
+        self.dylu = dylu
+        self._label = settings.describe()
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        k, network = ctx.num_clients, ctx.network
+        self.region = [ctx.region_of(r) for r in range(k)]
+        regions = 1 + max(self.region)
+        self.region_transfer = [
+            region_transfer_seconds(network, q, ctx.nbytes) if network is not None else 0.0 for q in range(regions)
+        ]
+        self.worker_transfer = [
+            worker_transfer_seconds(network, r, ctx.nbytes) if network is not None else 0.0 for r in range(k)
+        ]
+        workers = [self.region.count(q) for q in range(regions)]
+        self.per_region = [self.accumulation or n for n in workers]
+        self.local_steps = halos_steps(self.segment_steps, [ctx.step_seconds(r) for r in range(k)], self.dylu)
+        self.lps = [self.params.clone() for _ in range(regions)]
+        self.baseline = [self.params.clone() for _ in range(regions)]
+        self.lps_dn = [
+            DelayedNesterov(self.params, self.lps_lr, self.lps_momentum, self.lps_period or workers[q])
+            for q in range(regions)
+        ]
+        self.gps_dn = DelayedNesterov(self.params, self.gps_lr, self.gps_momentum, self.gps_period or regions)
+        self.version = [0] * regions  # worker updates each LPS applied
+        self.count = [0] * regions  # since its last merge
+        self.merged = [0] * regions  # the GPS version each LPS last merged
+        self.global_version = 0
+
+    def _send(self, r: int, transfer: bool = True) -> None:
+        q = self.region[r]
+        self.send(
+            r, Train(self.local_steps[r]), state=self.lps[q], info=lambda: self.version[q], transfer=transfer,
+            seconds=self.worker_transfer[r],
+        )  # fmt: skip
+
+    def start(self) -> None:
+        for r in range(self.ctx.num_clients):  # every worker holds the initial model
+            self._send(r, transfer=False)
+
+    def on_result(self, result: Result) -> None:
+        r = result.client
+        q = self.region[r]
+        self.record_update(r, self.version[q] - result.info)
+        self.version[q] += 1
+        self.count[q] += 1
+        self.lps_dn[q].step(self.lps[q], result.start - result.local)
+        if self.count[q] == self.per_region[q]:  # ==: one push in flight per LPS at most
+            self.schedule(self.region_transfer[q], "region_receive", q, self.baseline[q] - self.lps[q], self.merged[q])
+        self._send(r)
+
+    def on_region_receive(self, q: int, push: torch.Tensor, merged: int) -> None:
+        self.record("region_updates", self.now, q, self.global_version - merged)
+        self.global_version += 1
+        self.gps_dn.step(self.params, push)
+        self.schedule(0.0, "region_serve", q)
+
+    def on_region_serve(self, q: int) -> None:
+        self.schedule(self.region_transfer[q], "merge", q, self.params.clone(), self.global_version)
+
+    def on_merge(self, q: int, reply: torch.Tensor, version: int) -> None:
+        w = self.merge_weight
+        self.lps[q].mul_(1 - w).add_(reply * w)
+        self.baseline[q].copy_(self.lps[q])
+        self.count[q] = 0
+        self.merged[q] = version
+        self.record("merges", self.now, q, version)
+
+    def summary(self) -> dict[str, Any]:
+        """The LPSs' pushes to the GPS (their number and staleness), the merges, and the bytes
+        moved between the servers."""
+        pushes, merges = self.records.get("region_updates", []), self.records.get("merges", [])
+        return {
+            "region_updates": len(pushes),
+            "region_staleness_mean": sum(s for _, _, s in pushes) / len(pushes) if pushes else 0.0,
+            "merges": len(merges),
+            "region_bytes": (len(pushes) + len(merges)) * self.ctx.nbytes,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("version", "count", "merged", "global_version")
+        return {
+            "lps": self.lps,
+            "baseline": self.baseline,
+            "lps_dn": [dn.state_dict() for dn in self.lps_dn],
+            "gps_dn": self.gps_dn.state_dict(),
+            **{k: getattr(self, k) for k in keys},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for mine, saved in zip(self.lps + self.baseline, state["lps"] + state["baseline"], strict=True):
+            mine.copy_(saved)
+        for dn, saved in zip(self.lps_dn, state["lps_dn"], strict=True):
+            dn.load_state_dict(saved)
+        self.gps_dn.load_state_dict(state["gps_dn"])
+        self.version, self.count, self.merged = list(state["version"]), list(state["count"]), list(state["merged"])
+        self.global_version = int(state["global_version"])
+
+    def describe(self) -> str:
+        return self._label
+
+
 __all__ = [
     "HALoSCommunicator",
+    "HALoSServer",
     "HALoSTiming",
     "halos_steps",
     "region_transfer_seconds",

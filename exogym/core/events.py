@@ -56,6 +56,8 @@ class Task:
     train: Train
     start: torch.Tensor
     info: Any
+    #: Seconds of one transfer between the client and the server it talks to.
+    seconds: float = 0.0
     #: The tick of each of its steps that ran.
     ticks: list[int] = field(default_factory=list)
     #: Whether its last step has started (or the run drained first): it can be computed.
@@ -122,12 +124,14 @@ class ServerLoop:
         self._seq += 1
         heapq.heappush(self._heap, (round(time, TIME_DIGITS), self._order[kind], key, self._seq, kind, payload))
 
-    def _send(self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool) -> None:
+    def _send(
+        self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool, seconds: float | None
+    ) -> None:
         if not isinstance(train, Train):
             raise TypeError(f"send: task must be a Train(steps), got {train!r}")
         if not (isinstance(client, int) and 0 <= client < self.ctx.num_clients):
             raise ValueError(f"send: client must be a rank in [0, {self.ctx.num_clients}), got {client!r}")
-        self._push(self.time, "serve", client, (train, state, info, transfer))
+        self._push(self.time, "serve", client, (train, state, info, transfer, seconds))
 
     def _schedule(self, delay: float, kind: str, key: int, data: tuple) -> None:
         self._push(self.time + delay, kind, key, data)
@@ -184,17 +188,22 @@ class ServerLoop:
                 task.ready = True
                 self.done.append(task)
 
-    def _on_serve(self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool) -> None:
+    def _on_serve(
+        self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool, seconds: float | None
+    ) -> None:
         if client in self.in_flight:
             raise RuntimeError(
                 f"{type(self.server).__name__} sent client {client} a task at {self.time:.6g} s while its last one "
                 "is in flight: a client runs one task at a time"
             )
+        if callable(state):
+            state = state()
         start = (self.server.params if state is None else state).detach().clone()
-        task = self.in_flight[client] = Task(client, train, start, info() if callable(info) else info)
+        link = self.ctx.transfer_seconds(client) if seconds is None else seconds
+        task = self.in_flight[client] = Task(client, train, start, info() if callable(info) else info, link)
         delay = 0.0
         if transfer:
-            delay = self.ctx.transfer_seconds(client)
+            delay = link
             c = self._clock(client)
             c.comm += delay
             c.received += self.nbytes
@@ -215,7 +224,7 @@ class ServerLoop:
         task.ready = task.complete = True
         self.done.append(task)
         self._ready.append(task)
-        up = self.ctx.transfer_seconds(task.client)
+        up = task.seconds
         c.comm += up
         c.sent += self.nbytes
         self.transfers.append((end, self.nbytes, 0))

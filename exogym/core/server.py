@@ -98,21 +98,23 @@ class ServerContext:
         seed: the run's seed: derive random draws from it (every rank draws the same).
         params: the model's initial trainable parameters, flattened.
         step_seconds: ``step_seconds(client)``, the simulated seconds of one training step.
-        transfer_seconds: ``transfer_seconds(client)``, of one transfer of the parameters
-            between the client and the server.
+        transfer_seconds: ``transfer_seconds(client, nbytes=None)``, of one transfer between the
+            client and the server (``nbytes=None``: the parameters, ``nbytes`` bytes).
         region_of: ``region_of(client)``, the client's region (``0`` without regions).
         regions: the world's regions (``1`` without regions).
         network: the run's network ([`Network`][exogym.Network]).
+        nbytes: the bytes of ``params`` (what one transfer of the model carries).
     """
 
     num_clients: int
     seed: int
     params: torch.Tensor
     step_seconds: Callable[[int], float]
-    transfer_seconds: Callable[[int], float]
+    transfer_seconds: Callable[..., float]
     region_of: Callable[[int], int] = lambda client: 0
     regions: int = 1
     network: Any = None
+    nbytes: int = 0
 
 
 @dataclass
@@ -194,16 +196,22 @@ class Server:
         state: torch.Tensor | None = None,
         info: Any = None,
         transfer: bool = True,
+        seconds: float | None = None,
     ) -> None:
-        """Send ``client`` the task ``task`` from ``state`` (default ``self.params``) as it is at
-        this instant, after the results and server events of this instant: the client starts once
+        """Send ``client`` the task ``task`` from ``state`` (default ``self.params``; a function
+        returning it is called then) as it is at this instant, after the results and server
+        events of this instant: the client starts once
         the transfer arrives (``transfer=False``: at once, where it holds the state already, e.g.
         the initial model at second 0), and its [`Result`][exogym.Result] reaches
         [`on_result`][exogym.Server.on_result] one transfer after its last step. ``info`` comes
         back with the result; a function given as ``info`` is called when the state is read, so
         that it sees what the state has then (``info=lambda: self.version``: the version sent,
-        after every result of this instant). A client runs one task at a time."""
-        self._bound().send(client, task, state, info, transfer)
+        after every result of this instant). ``seconds``: of one transfer each way, where the state
+        does not come from the server's own place (``None``: ``ctx.transfer_seconds(client)``;
+        HALoS's workers talk to a server in their own region). A client runs one task at a time."""
+        if seconds is not None and not (seconds >= 0 and math.isfinite(seconds)):
+            raise ValueError(f"send: seconds must be a finite number >= 0 or None, got {seconds!r}")
+        self._bound().send(client, task, state, info, transfer, seconds)
 
     def schedule(self, delay: float, kind: str, key: int, *data: Any) -> None:
         """A server-side event ``kind`` (one of ``kinds``) ``delay`` seconds from now, handled by
@@ -214,10 +222,11 @@ class Server:
             raise ValueError(f"{type(self).__name__}.schedule: delay must be a finite number >= 0, got {delay!r}")
         self._bound().schedule(delay, kind, key, data)
 
-    def record_update(self, result: Result, staleness: int) -> None:
-        """Note that ``result`` was applied with ``staleness`` (server steps since it was sent):
-        the run summary's staleness figures."""
-        self.updates.append((result.time, result.client, staleness))
+    def record_update(self, client: int, staleness: int, time: float | None = None) -> None:
+        """Note that an update of ``client`` received at ``time`` (default: now) was applied
+        ``staleness`` server steps after what it started from: the run summary's staleness
+        figures."""
+        self.updates.append((self.now if time is None else time, client, staleness))
 
     def record(self, name: str, *values: Any) -> None:
         """Append ``values`` to the record ``name`` (an algorithm's own figures, in time order)."""

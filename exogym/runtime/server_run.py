@@ -99,10 +99,11 @@ class ServerRun:
             seed=cfg.seed,
             params=params,
             step_seconds=lambda c: base * network.slowdown(c),
-            transfer_seconds=lambda c: transfer_seconds(network, c, nbytes),
+            transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
             region_of=(lambda c: world_map.region_of[c]) if world_map is not None else (lambda c: 0),
             regions=len(world_map.links) if world_map is not None else 1,
             network=network,
+            nbytes=nbytes,
         )
         self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute)
         self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0, rounds=None)

@@ -1,0 +1,79 @@
+"""Decoupled DiLoCo written as a synchronizer and learners equals its event-driven reference
+written from the paper (``tests/references/decoupled_diloco.py``) on 4 learners with speeds
+1, 1, 2, 4: quorum and grace windows, fragments on a slow link, learners absent from an
+availability trace, and the staleness-aware outer optimizer, on 1 and 2 workers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from communicators.decoupled_diloco import DecoupledDiLoCoServer
+from exogym.core.comm.network import Network
+from exogym.core.server import ServerStrategy
+from exogym.strategy import OptimSpec
+from tests.fake_world import train_server
+from tests.helpers import regression_data
+from tests.references.decoupled_diloco import reference_decoupled_diloco
+
+SLOWDOWN = (1.0, 1.0, 0.5, 0.25)
+STEPS = 24
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+
+
+def _trace(down: dict[int, list[tuple[float, float]]]) -> list[dict]:
+    rows = []
+    for r, spans in down.items():
+        for a, b in spans:
+            rows.append({"time": a, "node": r, "available": 0})
+            if not math.isinf(b):
+                rows.append({"time": b, "node": r, "available": 1})
+    return rows
+
+
+CASES = [
+    ({"H": 4, "quorum": 1, "grace": 0.5, "tau": 8}, {}),
+    ({"H": 4, "quorum": 2, "grace": 0.5, "tau": 4}, {}),
+    ({"H": 4, "quorum": 4, "grace": 0.0, "outer_momentum": 0.5}, {}),
+    ({"H": 4, "fragments": 2, "quorum": 2, "grace": 0.3}, {}),
+    ({"H": 4, "fragments": 2, "quorum": 2, "grace": 0.5}, {"bandwidth": 2e4, "latency": 0.2}),
+    (
+        {"H": 2, "quorum": 2, "grace": 0.0},
+        {"slowdown": (1.0, 1.0, 1.0, 1.0), "latency": 0.1, "down": {2: [(1.5, 4.5)], 3: [(9.0, math.inf)]}},
+    ),
+    ({"H": 2, "quorum": 1, "grace": 0.0, "outer": "cgad", "outer_lr": 0.05}, {"bandwidth": 2e4, "latency": 0.2}),
+]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("settings", "world"), CASES)
+def test_decoupled_diloco_server_equals_its_event_driven_reference(settings, world, workers) -> None:
+    slowdown, down = world.get("slowdown", SLOWDOWN), world.get("down")
+    bandwidth, latency = world.get("bandwidth", 1e8), world.get("latency", 0.0)
+    k = len(slowdown)
+    ds = regression_data(k * 8 * STEPS)
+    net = Network(bandwidth, latency, compute=1.0, compute_slowdown=slowdown, availability=_trace(down) if down else None)
+    out = train_server(
+        k, lambda: ServerStrategy(DecoupledDiLoCoServer(**settings), optim_spec=SGD), STEPS, dataset=ds, network=net,
+        workers=workers,
+    )  # fmt: skip
+    ref = reference_decoupled_diloco(
+        ds, k, STEPS, slowdown=slowdown, step_seconds=1.0, bandwidth=bandwidth, latency=latency, down=down,
+        **{"fragments": 1, "grace": 0.5, "tau": 2, "outer_lr": 0.7, "outer_momentum": 0.9, **settings},
+    )  # fmt: skip
+    server = out[0]["server"]
+    assert out[0]["summary"]["steps"] == ref["steps"]
+    assert [(r, s) for _, r, s in server.updates] == [(r, s) for _, r, s in ref["updates"]]
+    assert [t for t, _, _ in server.updates] == pytest.approx([t for t, _, _ in ref["updates"]], abs=1e-9)
+    merges = server.records.get("merges", [])
+    assert ref["merges"]
+    assert [(p, ranks) for _, p, ranks, _ in merges] == [(p, tuple(ranks)) for _, p, ranks, _ in ref["merges"]]
+    assert [t for t, _, _, _ in merges] == pytest.approx([t for t, _, _, _ in ref["merges"]], abs=1e-9)
+    for (_, _, _, w), (_, _, _, w_ref) in zip(merges, ref["merges"], strict=True):
+        assert list(w) == pytest.approx(list(w_ref), abs=1e-12)
+    assert out[0]["summary"]["end_time"] == pytest.approx(ref["end_time"], abs=1e-9)
+    for rank in out:
+        for a, b in zip(rank["params"], ref["params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
