@@ -31,30 +31,26 @@ the node's ledger through ``exogym.core.comm.comm.NodeComm``.
   few-bit pseudo-gradients with error feedback;
 * [`EagerDiLoCoCommunicator`][communicators.EagerDiLoCoCommunicator]: DiLoCo whose all-reduce
   overlaps the next inner phase (eager updates);
-* [`ServerCommunicator`][communicators.ServerCommunicator]: the base of asynchronous modules that
-  push to and pull from a simulated server on a simulated timeline;
-  [`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator] (asynchronous DiLoCo, delayed
-  Nesterov, dynamic local updates), [`FedBuffCommunicator`][communicators.FedBuffCommunicator]
-  (buffered asynchronous aggregation), [`HALoSCommunicator`][communicators.HALoSCommunicator]
-  (regional and global servers) and
-  [`DecoupledDiLoCoCommunicator`][communicators.DecoupledDiLoCoCommunicator] (learners merged by a
-  quorum) are built on it.
+* servers on the simulated clock ([`Server`][exogym.Server]):
+  [`AsyncDiLoCoServer`][communicators.AsyncDiLoCoServer] (asynchronous DiLoCo, delayed Nesterov,
+  dynamic local updates), [`FedBuffServer`][communicators.FedBuffServer] (buffered asynchronous
+  aggregation), [`HALoSServer`][communicators.HALoSServer] (regional and global servers) and
+  [`DecoupledDiLoCoServer`][communicators.DecoupledDiLoCoServer] (learners merged by a quorum).
 """
 
-from communicators.async_diloco import AsyncDiLoCoCommunicator
+from communicators.async_diloco import AsyncDiLoCoServer
 from communicators.averaging import AveragingCommunicator
 from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKReducer
-from communicators.decoupled_diloco import DecoupledDiLoCoCommunicator
+from communicators.decoupled_diloco import DecoupledDiLoCoServer
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
-from communicators.fedbuff import FedBuffCommunicator
-from communicators.halos import HALoSCommunicator
+from communicators.fedbuff import FedBuffServer
+from communicators.halos import HALoSServer
 from communicators.islands import draw_islands, draw_participants
 from communicators.noloco import NoLoCoCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
 from communicators.powersgd import PowerSGDCommunicator
 from communicators.quantize import BF16, FP8, FP16, Int8, Quantize, QuantizeCommunicator
-from communicators.server import ServerCommunicator
 from communicators.sparse import SparseCommunicator
 from communicators.sparseloco import SparseLoCoCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
@@ -66,7 +62,7 @@ __all__ = [
     "BF16",
     "FP8",
     "FP16",
-    "AsyncDiLoCoCommunicator",
+    "AsyncDiLoCoServer",
     "AveragingCommunicator",
     "Int8",
     "Participation",
@@ -75,20 +71,19 @@ __all__ = [
     "DCTCompressCommunicator",
     "DCTTopKExchange",
     "DCTTopKReducer",
-    "DecoupledDiLoCoCommunicator",
+    "DecoupledDiLoCoServer",
     "Communicator",
     "DiLoCoCommunicator",
     "During",
     "EagerDiLoCoCommunicator",
-    "FedBuffCommunicator",
-    "HALoSCommunicator",
+    "FedBuffServer",
+    "HALoSServer",
     "NoLoCoCommunicator",
     "NodeContext",
     "OptimizerStateAveraging",
     "Pipeline",
     "PowerSGDCommunicator",
     "QuantizeCommunicator",
-    "ServerCommunicator",
     "SparseCommunicator",
     "SparseLoCoCommunicator",
     "StreamingDiLoCoCommunicator",

@@ -20,22 +20,18 @@ the node its parameters back.
   local steps per segment (``v``: step speed), so every node's segment lasts about as long as the
   fastest node's ``H`` steps.
 
-The timing (``AsyncDiLoCoTiming``) and the values
-([`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator]) follow
-``communicators.server``.
+[`AsyncDiLoCoServer`][communicators.AsyncDiLoCoServer] writes these rules as a server on the
+simulated clock ([`Server`][exogym.Server]).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from communicators.server import ServerCommunicator
 from exogym.core.server import Result, Server, ServerContext, Train
-from exogym.core.timeline import Event, Simulation
 
 
 def _number(x: object) -> bool:
@@ -91,141 +87,19 @@ class DelayedNesterov:
         self.count = int(state["count"])
 
 
-class AsyncDiLoCoTiming(Simulation):
-    """When each node steps, pushes and receives the server's parameters.
-
-    Args:
-        step_seconds: per node, seconds per training step.
-        transfer: per node, seconds to move the parameters to or from the server.
-        max_ticks: the run's steps (ticks).
-        local_steps: per node, its local steps per segment.
-    """
-
-    def __init__(
-        self, step_seconds: list[float], transfer: list[float], max_ticks: int, local_steps: list[int]
-    ) -> None:
-        super().__init__(step_seconds, max_ticks)
-        self.transfer, self.local_steps = transfer, local_steps
-        self.in_segment = [0] * self.num_nodes
-        self.segment = [0] * self.num_nodes
-        self.pulled = [0] * self.num_nodes
-        self.version = 0
-
-    def begin(self) -> None:
-        for r in range(self.num_nodes):
-            self.schedule(0.0, "start", r)
-
-    def on_start(self, ev: Event) -> None:
-        r = ev.rank
-        end = self.step_end(r, ev.time)
-        self.in_segment[r] += 1
-        if self.in_segment[r] < self.local_steps[r]:
-            self.schedule(end, "start", r)
-            return
-        self.in_segment[r] = 0
-        self.schedule(end, "capture", r, self.segment[r])
-        self.schedule(end + self.transfer[r], "receive", r, self.segment[r])
-        self.segment[r] += 1
-        self.waiting[r] = "the server's parameters after its push"
-
-    def on_receive(self, ev: Event) -> Event:
-        staleness = self.version - self.pulled[ev.rank]
-        self.version += 1
-        self.record_update(ev.time, ev.rank, staleness)
-        self.schedule(ev.time, "serve", ev.rank)
-        return replace(ev, staleness=staleness)
-
-    def on_serve(self, ev: Event) -> None:
-        self.pulled[ev.rank] = self.version
-        self.schedule(ev.time + self.transfer[ev.rank], "deliver", ev.rank)
-
-    def on_deliver(self, ev: Event) -> None:
-        self.schedule(ev.time, "start", ev.rank)
-
-
-class AsyncDiLoCoCommunicator(ServerCommunicator):
-    """Asynchronous DiLoCo's module: the node side (pseudo-gradient ``start - local``) and the
-    server side (delayed Nesterov).
-
-    Args:
-        H: local steps per segment (of the fastest node, with DyLU).
-        outer_lr: the server's learning rate (default 0.7).
-        outer_momentum: its Nesterov momentum ``beta`` (default 0.9).
-        dn_period: ``N``, updates per momentum step (default: the number of nodes).
-        dn_c: ``c``, the factor of the plain steps between momentum steps (default 0).
-        dylu: dynamic local updates (default ``True``); ``False``: every node takes ``H``.
-    """
-
-    def __init__(
-        self,
-        H: int,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.9,
-        dn_period: int | None = None,
-        dn_c: float = 0.0,
-        dylu: bool = True,
-    ) -> None:
-        super().__init__()
-        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-            raise ValueError(f"H must be an int >= 1 (local steps per segment), got {H!r}")
-        if not _number(outer_lr) or not outer_lr > 0:
-            raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
-        if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
-            raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
-        if dn_period is not None and (isinstance(dn_period, bool) or not isinstance(dn_period, int) or dn_period < 1):
-            raise ValueError(f"dn_period must be an int >= 1 or None (the number of nodes), got {dn_period!r}")
-        if not _number(dn_c) or not dn_c >= 0:
-            raise ValueError(f"dn_c must be a number >= 0, got {dn_c!r}")
-        self.segment_steps, self.outer_lr, self.outer_momentum = H, outer_lr, outer_momentum
-        self.dn_period, self.dn_c, self.dylu = dn_period, dn_c, dylu
-
-    def timing_key(self) -> tuple[Any, ...]:
-        return (self.segment_steps, self.dylu)
-
-    def local_steps(self, step_seconds: list[float]) -> list[int]:
-        """Per node, its local steps per segment."""
-        if self.dylu:
-            return dylu_steps(self.segment_steps, step_seconds)
-        return [self.segment_steps] * len(step_seconds)
-
-    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
-        return AsyncDiLoCoTiming(step_seconds, transfer, max_steps, self.local_steps(step_seconds))
-
-    def setup(self, ctx: Any) -> None:
-        super().setup(ctx)
-        self.period = self.dn_period or ctx.num_nodes
-        if self.dn_c > 1 / self.period:
-            raise ValueError(f"dn_c must be in [0, 1/N] = [0, {1 / self.period:g}] (N = dn_period), got {self.dn_c}")
-        #: The server's optimizer.
-        self.dn = DelayedNesterov(self.server, self.outer_lr, self.outer_momentum, self.period, self.dn_c)
-
-    def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-        return start - local
-
-    def apply(self, update: torch.Tensor, ev: Event) -> None:
-        self.dn.step(self.server, update)
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return self.dn.state_dict()
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.dn.load_state_dict(state)
-
-    def describe(self) -> str:
-        n = self.dn_period if self.dn_period is not None else "K"
-        return (
-            f"AsyncDiLoCo(H={self.segment_steps}, outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}, "
-            f"dn_period={n}, dn_c={self.dn_c}, dylu={self.dylu})"
-        )
-
-
 class AsyncDiLoCoServer(Server):
     """Asynchronous DiLoCo as a server: every client starts at second 0 from the initial model
     and trains its segment (``H`` steps, fewer on slower clients with DyLU), keeping its inner
     optimizer across segments; each pseudo-gradient ``start - local`` is applied as it arrives
     with delayed Nesterov, and the client is sent the server's parameters for its next segment.
 
-    Args: as [`AsyncDiLoCoCommunicator`][communicators.AsyncDiLoCoCommunicator].
+    Args:
+        H: local steps per segment (of the fastest client, with DyLU).
+        outer_lr: the server's learning rate (default 0.7).
+        outer_momentum: its Nesterov momentum ``beta`` (default 0.9).
+        dn_period: ``N``, updates per momentum step (default: the number of clients).
+        dn_c: ``c``, the factor of the plain steps between momentum steps (default 0).
+        dylu: dynamic local updates (default ``True``); ``False``: every client takes ``H``.
     """
 
     def __init__(
@@ -290,4 +164,4 @@ def _check_async_diloco(H: Any, outer_lr: Any, outer_momentum: Any, dn_period: A
         raise ValueError(f"dn_c must be a number >= 0, got {dn_c!r}")
 
 
-__all__ = ["AsyncDiLoCoCommunicator", "AsyncDiLoCoServer", "AsyncDiLoCoTiming", "DelayedNesterov", "dylu_steps"]
+__all__ = ["AsyncDiLoCoServer", "DelayedNesterov", "dylu_steps"]

@@ -45,17 +45,14 @@ fragment; the paper's radial-directional averaging is not modelled.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from communicators.async_diloco import _number
 from communicators.cgad import CGAD, cgad_scale, check_cgad
-from communicators.server import ServerCommunicator
 from exogym.core.comm.network import Network
 from exogym.core.server import Result, Server, ServerContext, Train
-from exogym.core.timeline import Event, Simulation
 
 #: ``(start, end)``: simulated seconds a learner is absent, ``end`` excluded (may be ``inf``).
 Interval = tuple[float, float]
@@ -115,152 +112,11 @@ def _absent(spans: list[Interval], t: float) -> bool:
     return any(a <= t < b for a, b in spans)
 
 
-class DecoupledTiming(Simulation):
-    """When each learner steps and sends, when the synchronizer merges, who adopts what when.
-
-    Events: ``capture``/``receive`` (a contribution; ``data``: fragment, send index, the
-    learner's ``c_p`` and version), ``merge`` (``rank``: the fragment; ``data``: the version it
-    makes, ``((rank, send index, weight, staleness), ...)`` and the learners it is sent to), ``deliver``
-    (a merged fragment reaches a learner; ``data``: fragment, version), ``serve``/``restore`` (a
-    returning learner's pull of the whole model), ``adopt`` (at a step start: ``data``, the
-    ``(fragment, version)`` pairs the learner adopts).
-
-    Args:
-        step_seconds: per node, seconds per training step.
-        fragment_seconds: per node and fragment, seconds of one transfer of the fragment.
-        pull_seconds: per node, seconds of one transfer of the whole model.
-        max_ticks: the run's steps (ticks).
-        H, quorum, grace, tau: the schedule's settings.
-        down: per node, its absences.
-    """
-
-    kinds = ("capture", "receive", "merge", "serve", "deliver", "restore", "adopt", "start")
-    drain_kinds = frozenset({"capture", "receive", "merge"})
-
-    def __init__(
-        self,
-        step_seconds: list[float],
-        fragment_seconds: list[list[float]],
-        pull_seconds: list[float],
-        max_ticks: int,
-        H: int,
-        quorum: int,
-        grace: float,
-        tau: int,
-        down: list[list[Interval]],
-    ) -> None:
-        super().__init__(step_seconds, max_ticks)
-        k, P = self.num_nodes, len(fragment_seconds[0])
-        if quorum > k:
-            raise ValueError(f"quorum={quorum} is more than the {k} nodes (learners)")
-        self.fragment_seconds, self.pull_seconds, self.down = fragment_seconds, pull_seconds, down
-        self.H, self.quorum, self.grace, self.tau = H, quorum, grace, tau
-        self.offsets = fragment_offsets(H, P)
-        self.step_ref = sorted(step_seconds)[quorum - 1]
-        self.steps_taken = [0] * k
-        self.sends = [0] * k
-        self.c = [[0] * P for _ in range(k)]
-        self.v = [[0] * P for _ in range(k)]
-        self.arrived = [[0] * P for _ in range(k)]  # the newest version that reached each learner
-        self.version = [0] * P
-        self.round: list[dict[int, tuple[int, int, int, float]]] = [{} for _ in range(P)]
-        self.opened = [0.0] * P
-        self.merging = [False] * P
-
-    def _step_or_leave(self, r: int, t: float, adopt: bool) -> None:
-        """Learner ``r`` starts a step at ``t``, or, absent during it, pulls when it returns."""
-        span = _blocking(self.down[r], t, self.step_seconds[r])
-        if span is None:
-            if adopt:
-                self.schedule(t, "adopt", r)
-            self.schedule(t, "start", r)
-            return
-        a, b = span
-        if math.isinf(b):
-            self.waiting[r] = f"its return (absent from {a:g} s on)"
-            return
-        self.waiting[r] = f"its return at {b:g} s"
-        self.schedule(b, "serve", r)
-
-    def begin(self) -> None:
-        for r in range(self.num_nodes):
-            self._step_or_leave(r, 0.0, adopt=False)
-
-    def on_start(self, ev: Event) -> None:
-        r = ev.rank
-        end = self.step_end(r, ev.time)
-        self.steps_taken[r] += 1
-        s = self.steps_taken[r]
-        c = self.c[r]
-        for p in range(len(c)):
-            c[p] += 1
-        for p, offset in enumerate(self.offsets):
-            if s % self.H == offset:
-                data = (p, self.sends[r], c[p], self.v[r][p])
-                self.schedule(end, "capture", r, data=data)
-                self.schedule(end + self.fragment_seconds[r][p], "receive", r, data=data)
-                self.sends[r] += 1
-        self._step_or_leave(r, end, adopt=True)
-
-    def on_receive(self, ev: Event) -> None:
-        r, (p, send, c, v) = ev.rank, ev.data
-        contributions = self.round[p]
-        if not contributions:
-            self.opened[p] = ev.time
-        contributions[r] = (send, c, v, ev.time)
-        if not self.merging[p] and len(contributions) >= self.quorum:
-            self.merging[p] = True
-            slack = self.tau * self.step_ref - (ev.time - self.opened[p]) - self.fragment_seconds[r][p]
-            self.schedule(ev.time + self.grace * max(0.0, slack), "merge", p)
-
-    def on_merge(self, ev: Event) -> Event:
-        p, t = ev.rank, ev.time
-        contributions = sorted(self.round[p].items())
-        total = float(sum(c for _, (_, c, _, _) in contributions))
-        taken = tuple((r, send, float(c) / total, self.version[p] - v) for r, (send, c, v, _) in contributions)
-        for r, (_, _, v, received) in contributions:
-            self.record_update(received, r, self.version[p] - v)
-        self.version[p] += 1
-        self.round[p], self.merging[p] = {}, False
-        self.record("merges", t, p, tuple(m[0] for m in taken), tuple(m[2] for m in taken))
-        self.touch(t)
-        recipients = []
-        for r in range(self.num_nodes):
-            arrival = t + self.fragment_seconds[r][p]
-            if not _absent(self.down[r], arrival):
-                recipients.append(r)
-                self.schedule(arrival, "deliver", r, data=(p, self.version[p]))
-        return replace(ev, data=(self.version[p], taken, tuple(recipients)))
-
-    def on_deliver(self, ev: Event) -> None:
-        r, (p, version) = ev.rank, ev.data
-        self.arrived[r][p] = max(self.arrived[r][p], version)
-
-    def on_serve(self, ev: Event) -> Event:
-        versions = tuple(self.version)
-        self.schedule(ev.time + self.pull_seconds[ev.rank], "restore", ev.rank, data=versions)
-        return replace(ev, data=versions)
-
-    def on_restore(self, ev: Event) -> None:
-        r = ev.rank
-        self.v[r] = list(ev.data)
-        self.c[r] = [0] * len(self.c[r])
-        self.waiting.pop(r, None)
-        self._step_or_leave(r, ev.time, adopt=True)
-
-    def on_adopt(self, ev: Event) -> Event:
-        r = ev.rank
-        adopted = []
-        for p, version in enumerate(self.arrived[r]):
-            if version > self.v[r][p]:
-                adopted.append((p, version))
-                self.v[r][p], self.c[r][p] = version, 0
-        return replace(ev, data=tuple(adopted))
-
-
-class DecoupledDiLoCoCommunicator(ServerCommunicator):
-    """Decoupled DiLoCo's module: learners, and the synchronizer simulated on every node (see
-    the module docstring).
+class DecoupledDiLoCoServer(Server):
+    """Decoupled DiLoCo as a synchronizer and learners (see the module docstring). A learner's
+    steps are tasks of one step each from its own parameters (it never waits): the synchronizer
+    holds every learner's parameters between its steps, applies the merged fragments that reached
+    it before each step, and collects its fragments at the steps they are due.
 
     Args:
         H: steps between two sends of one fragment.
@@ -279,7 +135,8 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         cgad_betas, cgad_eps: CGAD's Adam betas and epsilon; ``outer="cgad"`` only.
     """
 
-    follows_availability = True
+    kinds = ("contribution", "merge", "pull", "deliver", "restore")
+    drain_kinds = frozenset({"contribution", "merge"})
 
     def __init__(
         self,
@@ -318,251 +175,12 @@ class DecoupledDiLoCoCommunicator(ServerCommunicator):
         check_cgad(cgad_alpha, cgad_cutoff, cgad_betas, cgad_eps)
         self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
         self.outer, self.outer_lr, self.outer_momentum = outer, outer_lr, outer_momentum
-        self.cgad_alpha, self.cgad_cutoff = cgad_alpha, cgad_cutoff
-        self.cgad_betas, self.cgad_eps = cgad_betas, cgad_eps
-
-    # -- the timing -------------------------------------------------------------------------
-    def timing_key(self) -> tuple[Any, ...]:
-        down = tuple(tuple(spans) for spans in self.down)
-        fragment_seconds = tuple(tuple(row) for row in self.fragment_seconds)
-        return (self.sync_steps, self.fragments, self._quorum, self.grace, self.tau, fragment_seconds, down)
-
-    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
-        transfer = super().transfers
-        self.pull = transfer(network, num_nodes, nbytes)
-        per_fragment = [transfer(network, num_nodes, 4 * (b - a)) for a, b in self.bounds]
-        self.fragment_seconds = [[per_fragment[p][r] for p in range(self.fragments)] for r in range(num_nodes)]
-        return self.pull
-
-    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
-        return DecoupledTiming(
-            step_seconds, self.fragment_seconds, self.pull, max_steps, self.sync_steps, self._quorum, self.grace,
-            self.tau, self.down,
-        )  # fmt: skip
-
-    # -- the values -------------------------------------------------------------------------
-    def setup(self, ctx: Any) -> None:
-        k = ctx.num_nodes
-        numel = sum(p.numel() for p in ctx.model.parameters() if p.requires_grad)
-        if self.fragments > numel:
-            raise ValueError(f"fragments={self.fragments} is more than the model's {numel} trainable entries")
-        #: Per fragment, its ``[start, end)`` in the flat parameters.
-        self.bounds = fragment_bounds(numel, self.fragments)
-        self._quorum = self.quorum if self.quorum is not None else max(1, k // 2)
-        if self._quorum > k:
-            raise ValueError(f"quorum={self.quorum} is more than num_nodes={k} (each node is a learner)")
-        #: Per node, its absences (from the network's availability trace).
-        self.down = absences(ctx.network, k)
-        self.pull, self.fragment_seconds = [0.0] * k, [[0.0] * self.fragments for _ in range(k)]
-        super().setup(ctx)
-        #: The synchronizer's optimizer state (its parameters are ``server``): Nesterov's
-        #: buffer, or CGAD's Adam moments per fragment.
-        self.momentum: torch.Tensor | None = None
-        self.cgad: CGAD | None = None
-        if self.outer == "cgad":
-            self.cgad = CGAD(self.server, self.fragments, self.outer_lr, self.cgad_betas, self.cgad_eps)
-        else:
-            self.momentum = torch.zeros_like(self.server)
-        #: This learner's contributions not yet merged, by ``(fragment, send index)``.
-        self.outbox: dict[tuple[int, int], torch.Tensor] = {}
-        #: Merged fragments sent to this learner and not yet adopted: fragment -> version -> slice.
-        self.inbox: dict[int, dict[int, torch.Tensor]] = {}
-        #: The whole model a returning learner pulled, until it arrives.
-        self.pulled: torch.Tensor | None = None
-
-    def _slice(self, t: torch.Tensor, p: int) -> torch.Tensor:
-        a, b = self.bounds[p]
-        return t[a:b]
-
-    def _charge_bytes(self, nbytes: int, is_root: bool, blocking: bool = False) -> None:
-        r, comm = self.ctx.rank, self.ctx.comm
-        if blocking:  # a returning learner waits for the model it pulls
-            comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
-            return
-        with comm.ledger.nonblocking():  # the learner trains on meanwhile
-            comm.charge("broadcast", 2, nbytes, type(self).__name__, is_root=is_root, members=(r, r))
-
-    def concerns_all(self, ev: Event) -> bool:
-        """Only a merge concerns every learner (the synchronizer's replica on each); the other
-        events concern the learner they name."""
-        return ev.kind == "merge"
-
-    def _on_capture(self, ev: Event) -> None:
-        if ev.rank == self.ctx.rank:
-            p, send = ev.data[0], ev.data[1]
-            self.outbox[(p, send)] = self._slice(self._read(), p).clone()
-            self._charge_bytes(4 * (self.bounds[p][1] - self.bounds[p][0]), is_root=True)
-
-    def _on_receive(self, ev: Event) -> None:
-        return None  # the synchronizer holds the contribution until its merge (in the sender's outbox)
-
-    def _on_merge(self, ev: Event) -> None:
-        p, me, comm = ev.rank, self.ctx.rank, self.ctx.comm
-        version, taken, recipients = ev.data
-        theta = self._slice(self.server, p)
-        # CGAD scales each contribution by its staleness; Nesterov takes them as they are
-        scale = {r: self._scale(tau) for r, _, _, tau in taken}
-        mine = [(send, w) for r, send, w, _ in taken if r == me]
-        if mine:
-            send, w = mine[0]
-            delta = (theta - self.outbox.pop((p, send))) * (w * scale[me])
-            for key in [key for key in self.outbox if key[0] == p and key[1] < send]:
-                del self.outbox[key]  # a later contribution of this learner replaced it
-            delta = comm.all_reduce(delta, charge=False)
-        else:
-            delta = comm.all_reduce_receive(theta)
-        if self.cgad is not None:
-            if any(s > 0 for s in scale.values()):  # all gated out: nothing arrived to step on
-                self.cgad.step(p, self.bounds[p], theta, delta)
-        else:
-            assert self.momentum is not None
-            buf = self._slice(self.momentum, p)
-            buf.mul_(self.outer_momentum).add_(delta)
-            theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
-        if me in recipients:
-            self.inbox.setdefault(p, {})[version] = theta.clone()
-
-    def _scale(self, tau: int) -> float:
-        """The factor of a contribution ``tau`` merges stale: CGAD's ``sigma(tau)``, or 1."""
-        return cgad_scale(tau, self.cgad_alpha, self.cgad_cutoff) if self.outer == "cgad" else 1.0
-
-    def _on_deliver(self, ev: Event) -> None:
-        if ev.rank == self.ctx.rank:
-            p = ev.data[0]
-            self._charge_bytes(4 * (self.bounds[p][1] - self.bounds[p][0]), is_root=False)
-
-    def _on_serve(self, ev: Event) -> None:
-        if ev.rank == self.ctx.rank:
-            self.pulled = self.server.clone()
-
-    def _on_restore(self, ev: Event) -> None:
-        if ev.rank == self.ctx.rank:
-            assert self.pulled is not None
-            self._write(self.pulled)
-            self.pulled = None
-            for p, version in enumerate(ev.data):  # what reached it before is older than the pull
-                box = self.inbox.get(p, {})
-                for v in [v for v in box if v <= version]:
-                    del box[v]
-            self._charge_bytes(self.nbytes, is_root=False, blocking=True)
-
-    def _on_adopt(self, ev: Event) -> None:
-        if ev.rank != self.ctx.rank or not ev.data:
-            return
-        flat = self._read()
-        for p, version in ev.data:
-            box = self.inbox[p]
-            self._slice(flat, p).copy_(box[version])
-            for v in [v for v in box if v <= version]:
-                del box[v]
-        self._write(flat)
-
-    def summary(self) -> dict[str, Any]:
-        """As [`ServerCommunicator.summary`][communicators.ServerCommunicator.summary], plus the
-        merges: their number and the mean number of learners a merge takes; with CGAD, ``gated``:
-        the merged contributions at or past the cutoff (scaled to zero)."""
-        out = super().summary()
-        tl = self.timeline
-        if tl is None:
-            return out
-        merges = tl.records.get("merges", [])
-        out["merges"] = len(merges)
-        out["learners_per_merge"] = sum(len(m[2]) for m in merges) / len(merges) if merges else 0.0
-        if self.outer == "cgad":
-            out["gated"] = sum(1 for _, _, tau in tl.updates if tau >= self.cgad_cutoff)
-        return out
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {
-            "momentum": self.momentum,
-            "cgad": None if self.cgad is None else self.cgad.state_dict(),
-            "outbox": {f"{p}:{s}": t for (p, s), t in self.outbox.items()},
-            "inbox": {f"{p}:{v}": t for p, box in self.inbox.items() for v, t in box.items()},
-            "pulled": self.pulled,
-        }
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        if self.cgad is not None:
-            self.cgad.load_state_dict(state["cgad"])
-        else:
-            assert self.momentum is not None
-            self.momentum.copy_(state["momentum"])
-        self.outbox = {}
-        for key, t in state["outbox"].items():
-            p, s = key.split(":")
-            self.outbox[(int(p), int(s))] = t.clone()
-        self.inbox = {}
-        for key, t in state["inbox"].items():
-            p, v = key.split(":")
-            self.inbox.setdefault(int(p), {})[int(v)] = t.clone()
-        self.pulled = None if state["pulled"] is None else state["pulled"].clone()
-
-    def describe(self) -> str:
-        return (
-            f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
-            f"grace={self.grace}, tau={self.tau}, {self._describe_outer()})"
-        )
-
-    def _describe_outer(self) -> str:
-        if self.outer == "cgad":
-            return (
-                f"outer='cgad', outer_lr={self.outer_lr}, cgad_alpha={self.cgad_alpha}, "
-                f"cgad_cutoff={self.cgad_cutoff}, cgad_betas={self.cgad_betas}, cgad_eps={self.cgad_eps}"
-            )
-        return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
-
-
-class DecoupledDiLoCoServer(Server):
-    """Decoupled DiLoCo as a synchronizer and learners (see the module docstring). A learner's
-    steps are tasks of one step each from its own parameters (it never waits): the synchronizer
-    holds every learner's parameters between its steps, applies the merged fragments that reached
-    it before each step, and collects its fragments at the steps they are due.
-
-    Args: as [`DecoupledDiLoCoCommunicator`][communicators.DecoupledDiLoCoCommunicator].
-    """
-
-    kinds = ("contribution", "merge", "pull", "deliver", "restore")
-    drain_kinds = frozenset({"contribution", "merge"})
-
-    def __init__(
-        self,
-        H: int,
-        fragments: int = 1,
-        quorum: int | None = None,
-        grace: float = 0.5,
-        tau: int = 2,
-        outer_lr: float | None = None,
-        outer_momentum: float = 0.9,
-        outer: str = "nesterov",
-        cgad_alpha: float = 0.1,
-        cgad_cutoff: float = 16,
-        cgad_betas: tuple[float, float] = (0.9, 0.999),
-        cgad_eps: float = 1e-8,
-    ) -> None:
-        super().__init__()
-        settings = DecoupledDiLoCoCommunicator(
-            H,
-            fragments,
-            quorum,
-            grace,
-            tau,
-            outer_lr,
-            outer_momentum,
-            outer=outer,
-            cgad_alpha=cgad_alpha,
-            cgad_cutoff=cgad_cutoff,
-            cgad_betas=cgad_betas,
-            cgad_eps=cgad_eps,
-        )  # fmt: skip  (checks the settings)
-        self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
-        self.outer, self.outer_lr, self.outer_momentum = outer, settings.outer_lr, outer_momentum
         self.cgad_alpha, self.cgad_cutoff, self.cgad_betas, self.cgad_eps = (
             cgad_alpha,
             cgad_cutoff,
             cgad_betas,
             cgad_eps,
         )
-        self._label = settings.describe()
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -602,7 +220,8 @@ class DecoupledDiLoCoServer(Server):
         return t[a:b]
 
     def _step_or_leave(self, r: int, adopt: bool) -> None:
-        """Learner ``r`` takes its next step now, or, absent during it, pulls the model when it returns."""
+        """Learner ``r`` takes its next step at once, or, absent during it, pulls the model when it
+        returns."""
         span = _blocking(self.down[r], self.now, self.step_seconds[r])
         if span is None:
             state = (lambda: self._adopt(r)) if adopt else self.learner[r]
@@ -707,14 +326,52 @@ class DecoupledDiLoCoServer(Server):
             out["gated"] = sum(1 for _, _, tau in self.updates if tau >= self.cgad_cutoff)
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        learners = ("learner", "steps_taken", "sends", "c", "v", "arrived")
+        return {
+            **{k: getattr(self, k) for k in learners},
+            "inbox": [{p: dict(box) for p, box in boxes.items()} for boxes in self.inbox],
+            "version": self.version,
+            "round": [{r: tuple(m) for r, m in contributions.items()} for contributions in self.round],
+            "opened": self.opened,
+            "merging": self.merging,
+            "momentum": self.momentum,
+            "cgad": None if self.cgad is None else self.cgad.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner = [t.clone() for t in state["learner"]]
+        self.steps_taken, self.sends = list(state["steps_taken"]), list(state["sends"])
+        self.c, self.v, self.arrived = ([list(x) for x in state[k]] for k in ("c", "v", "arrived"))
+        self.inbox = [
+            {int(p): {int(v): t for v, t in box.items()} for p, box in boxes.items()} for boxes in state["inbox"]
+        ]
+        self.version = list(state["version"])
+        self.round = [{int(r): tuple(m) for r, m in contributions.items()} for contributions in state["round"]]
+        self.opened, self.merging = list(state["opened"]), list(state["merging"])
+        if self.cgad is not None:
+            self.cgad.load_state_dict(state["cgad"])
+        else:
+            assert self.momentum is not None
+            self.momentum.copy_(state["momentum"])
+
     def describe(self) -> str:
-        return self._label
+        return (
+            f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
+            f"grace={self.grace}, tau={self.tau}, {self._describe_outer()})"
+        )
+
+    def _describe_outer(self) -> str:
+        if self.outer == "cgad":
+            return (
+                f"outer='cgad', outer_lr={self.outer_lr}, cgad_alpha={self.cgad_alpha}, "
+                f"cgad_cutoff={self.cgad_cutoff}, cgad_betas={self.cgad_betas}, cgad_eps={self.cgad_eps}"
+            )
+        return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
 
 
 __all__ = [
-    "DecoupledDiLoCoCommunicator",
     "DecoupledDiLoCoServer",
-    "DecoupledTiming",
     "absences",
     "fragment_bounds",
     "fragment_offsets",

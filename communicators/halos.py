@@ -35,16 +35,13 @@ a region of one node). On a homogeneous network every node is in one region.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from communicators.async_diloco import AsyncDiLoCoTiming, DelayedNesterov, _number
-from communicators.server import ServerCommunicator
+from communicators.async_diloco import DelayedNesterov, _number
 from exogym.core.comm.network import Network
 from exogym.core.server import Result, Server, ServerContext, Train
-from exogym.core.timeline import Event, Simulation
 
 
 def halos_steps(H: int, step_seconds: list[float], dylu: bool) -> list[int]:
@@ -80,92 +77,12 @@ def region_transfer_seconds(network: Network, region: int, nbytes: int) -> float
     return link.latency + 8.0 * nbytes / link.bandwidth
 
 
-class HALoSTiming(AsyncDiLoCoTiming):
-    """When each worker steps and pushes, when each LPS pushes to the GPS and merges. Workers
-    step and push as Async DiLoCo's nodes do (``AsyncDiLoCoTiming``), to their region's LPS.
-
-    Events of the servers carry the region as their ``rank``: ``region_receive`` (the GPS
-    receives an LPS's push; ``data``: the GPS version the LPS last merged), ``region_serve``
-    (the GPS sends its parameters to the LPS) and ``merge`` (the LPS merges them; ``data``: the
-    GPS version sent). A worker ``receive`` whose ``data`` is ``(1,)`` makes its LPS push.
+class HALoSServer(Server):
+    """HALoS as servers (see the module docstring): a local parameter server (LPS) per region
+    serving its region's workers, and a global one (GPS) in the first region.
 
     Args:
-        step_seconds: per node, seconds per training step.
-        transfer: per node, seconds to move the model between it and its LPS.
-        region: per node, its region.
-        region_transfer: per region, seconds to move the model between its LPS and the GPS.
-        max_ticks: the run's steps (ticks).
-        local_steps: per node, its local steps per segment.
-        accumulation: per region, the worker updates its LPS applies before it pushes.
-    """
-
-    kinds = ("capture", "receive", "region_receive", "region_serve", "merge", "serve", "deliver", "start")
-    drain_kinds = frozenset({"capture", "receive", "region_receive", "region_serve", "merge"})
-
-    def __init__(
-        self,
-        step_seconds: list[float],
-        transfer: list[float],
-        region: list[int],
-        region_transfer: list[float],
-        max_ticks: int,
-        local_steps: list[int],
-        accumulation: list[int],
-    ) -> None:
-        super().__init__(step_seconds, transfer, max_ticks, local_steps)
-        self.region, self.region_transfer, self.accumulation = region, region_transfer, accumulation
-        regions = len(region_transfer)
-        self.version = [0] * regions  # worker updates each LPS applied
-        self.count = [0] * regions  # since its last merge
-        self.merged = [0] * regions  # the GPS version each LPS last merged
-        self.pushes = [0] * regions
-        self.global_version = 0
-
-    def on_receive(self, ev: Event) -> Event:
-        r, q = ev.rank, self.region[ev.rank]
-        staleness = self.version[q] - self.pulled[r]
-        self.version[q] += 1
-        self.count[q] += 1
-        self.record_update(ev.time, r, staleness)
-        push = self.count[q] == self.accumulation[q]
-        if push:
-            self.schedule(
-                ev.time + self.region_transfer[q], "region_receive", q, self.pushes[q], data=(self.merged[q],)
-            )
-            self.pushes[q] += 1
-        self.schedule(ev.time, "serve", r)
-        return replace(ev, staleness=staleness, data=(1,) if push else ())
-
-    def on_region_receive(self, ev: Event) -> Event:
-        q = ev.rank
-        staleness = self.global_version - ev.data[0]
-        self.global_version += 1
-        self.record("region_updates", ev.time, q, staleness)
-        self.touch(ev.time)
-        self.schedule(ev.time, "region_serve", q)
-        return replace(ev, staleness=staleness)
-
-    def on_region_serve(self, ev: Event) -> None:
-        q = ev.rank
-        self.schedule(ev.time + self.region_transfer[q], "merge", q, data=(self.global_version,))
-
-    def on_merge(self, ev: Event) -> None:
-        q = ev.rank
-        self.count[q] = 0
-        self.merged[q] = ev.data[0]
-        self.record("merges", ev.time, q, ev.data[0])
-        self.touch(ev.time)
-
-    def on_serve(self, ev: Event) -> None:
-        self.pulled[ev.rank] = self.version[self.region[ev.rank]]
-        self.schedule(ev.time + self.transfer[ev.rank], "deliver", ev.rank)
-
-
-class HALoSCommunicator(ServerCommunicator):
-    """HALoS's module: workers, the LPS of every region and the GPS (see the module docstring).
-
-    Args:
-        H: local steps per segment (the fastest node's, with ``dylu``).
+        H: local steps per segment (the fastest worker's, with ``dylu``).
         accumulation: worker updates an LPS applies before it pushes to the GPS (the paper's
             ``K``); ``None``: per region, the number of its workers, so that each LPS pushes
             after about one update per worker of its region whatever the regions' sizes (the
@@ -176,6 +93,9 @@ class HALoSCommunicator(ServerCommunicator):
         gps_lr, gps_momentum, gps_period: the GPS's (``gps_period`` ``None``: the regions).
         dylu: dynamic local updates.
     """
+
+    kinds = ("region_receive", "region_serve", "merge")
+    drain_kinds = frozenset(kinds)
 
     def __init__(
         self,
@@ -214,152 +134,6 @@ class HALoSCommunicator(ServerCommunicator):
         self.lps_lr, self.lps_momentum, self.lps_period = lps_lr, lps_momentum, lps_period
         self.gps_lr, self.gps_momentum, self.gps_period = gps_lr, gps_momentum, gps_period
         self.dylu = dylu
-
-    def timing_key(self) -> tuple[Any, ...]:
-        return (
-            self.segment_steps,
-            self.dylu,
-            tuple(self._accumulation),
-            tuple(self.region),
-            tuple(self.region_transfer),
-        )
-
-    def transfers(self, network: Network, num_nodes: int, nbytes: int) -> list[float]:
-        return [worker_transfer_seconds(network, r, nbytes) for r in range(num_nodes)]
-
-    def simulation(self, step_seconds: list[float], transfer: list[float], max_steps: int, seed: int) -> Simulation:
-        steps = halos_steps(self.segment_steps, step_seconds, self.dylu)
-        return HALoSTiming(
-            step_seconds, transfer, self.region, self.region_transfer, max_steps, steps, self._accumulation
-        )
-
-    def setup(self, ctx: Any) -> None:
-        network, k = ctx.network, ctx.num_nodes
-        nbytes = sum(p.numel() * p.element_size() for p in ctx.model.parameters() if p.requires_grad)
-        #: Per node, its region; per region, the seconds of a transfer between its LPS and the GPS.
-        self.region = regions_of(network, k) if network is not None else [0] * k
-        regions = 1 + max(self.region)
-        self.region_transfer = (
-            [region_transfer_seconds(network, q, nbytes) for q in range(regions)]
-            if network is not None
-            else [0.0] * regions
-        )
-        workers = [self.region.count(q) for q in range(regions)]
-        self._accumulation = [self.accumulation or n for n in workers]
-        super().setup(ctx)
-        me = self.region[ctx.rank]
-        #: The LPSs: per region its parameters, its parameters after its last merge, its optimizer.
-        self.lps = [self.server.clone() for _ in range(regions)]
-        self.baseline = [self.server.clone() for _ in range(regions)]
-        self.lps_dn = [
-            DelayedNesterov(self.server, self.lps_lr, self.lps_momentum, self.lps_period or workers[q])
-            for q in range(regions)
-        ]
-        #: The GPS: ``server`` (its parameters) and its optimizer.
-        self.gps_dn = DelayedNesterov(self.server, self.gps_lr, self.gps_momentum, self.gps_period or regions)
-        #: Per region, its push in flight to the GPS and the GPS's reply in flight to it.
-        self.region_push: dict[int, torch.Tensor] = {}
-        self.region_reply: dict[int, torch.Tensor] = {}
-        self.my_region = me
-
-    def update(self, start: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-        return start - local
-
-    def apply(self, update: torch.Tensor, ev: Event) -> None:
-        q = self.region[ev.rank]
-        self.lps_dn[q].step(self.lps[q], update)
-        if ev.data:  # the LPS pushes its progress since its last merge
-            self.region_push[q] = self.baseline[q] - self.lps[q]
-
-    def _on_region_receive(self, ev: Event) -> None:
-        self.gps_dn.step(self.server, self.region_push.pop(ev.rank))
-
-    def _on_region_serve(self, ev: Event) -> None:
-        self.region_reply[ev.rank] = self.server.clone()
-
-    def _on_merge(self, ev: Event) -> None:
-        q, w = ev.rank, self.merge_weight
-        self.lps[q].mul_(1 - w).add_(self.region_reply.pop(q) * w)
-        self.baseline[q].copy_(self.lps[q])
-
-    def served_state(self, rank: int) -> torch.Tensor:
-        return self.lps[self.region[rank]]
-
-    def summary(self) -> dict[str, Any]:
-        """As [`ServerCommunicator.summary`][communicators.ServerCommunicator.summary], plus the
-        LPSs' pushes to the GPS (their number and staleness), the merges, and the bytes moved
-        between the servers."""
-        out = super().summary()
-        tl = self.timeline
-        if tl is None:
-            return out
-        pushes = tl.records.get("region_updates", [])
-        merges = tl.records.get("merges", [])
-        out["region_updates"] = len(pushes)
-        out["region_staleness_mean"] = sum(s for _, _, s in pushes) / len(pushes) if pushes else 0.0
-        out["merges"] = len(merges)
-        out["region_bytes"] = (len(pushes) + len(merges)) * self.nbytes
-        return out
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {
-            "lps": self.lps,
-            "baseline": self.baseline,
-            "lps_dn": [dn.state_dict() for dn in self.lps_dn],
-            "gps_dn": self.gps_dn.state_dict(),
-            "region_push": dict(self.region_push),
-            "region_reply": dict(self.region_reply),
-        }
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        for mine, saved in zip(self.lps + self.baseline, state["lps"] + state["baseline"], strict=True):
-            mine.copy_(saved)
-        for dn, saved in zip(self.lps_dn, state["lps_dn"], strict=True):
-            dn.load_state_dict(saved)
-        self.gps_dn.load_state_dict(state["gps_dn"])
-        self.region_push = {int(q): t.clone() for q, t in state["region_push"].items()}
-        self.region_reply = {int(q): t.clone() for q, t in state["region_reply"].items()}
-
-    def describe(self) -> str:
-        return (
-            f"HALoS(H={self.segment_steps}, accumulation={self.accumulation}, merge_weight={self.merge_weight}, "
-            f"lps_lr={self.lps_lr}, lps_momentum={self.lps_momentum}, lps_period={self.lps_period}, "
-            f"gps_lr={self.gps_lr}, gps_momentum={self.gps_momentum}, gps_period={self.gps_period}, dylu={self.dylu})"
-        )
-
-
-class HALoSServer(Server):
-    """HALoS as servers (see the module docstring): a local parameter server (LPS) per region
-    serving its region's workers, and a global one (GPS) in the first region.
-
-    Args: as [`HALoSCommunicator`][communicators.HALoSCommunicator].
-    """
-
-    kinds = ("region_receive", "region_serve", "merge")
-    drain_kinds = frozenset(kinds)
-
-    def __init__(
-        self,
-        H: int,
-        accumulation: int | None = None,
-        merge_weight: float = 0.25,
-        lps_lr: float = 0.7,
-        lps_momentum: float = 0.5,
-        lps_period: int | None = None,
-        gps_lr: float = 0.5,
-        gps_momentum: float = 0.5,
-        gps_period: int | None = None,
-        dylu: bool = True,
-    ) -> None:
-        super().__init__()
-        settings = HALoSCommunicator(
-            H, accumulation, merge_weight, lps_lr, lps_momentum, lps_period, gps_lr, gps_momentum, gps_period, dylu
-        )  # (checks the settings)
-        self.segment_steps, self.accumulation, self.merge_weight = H, accumulation, merge_weight
-        self.lps_lr, self.lps_momentum, self.lps_period = lps_lr, lps_momentum, lps_period
-        self.gps_lr, self.gps_momentum, self.gps_period = gps_lr, gps_momentum, gps_period
-        self.dylu = dylu
-        self._label = settings.describe()
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -457,13 +231,15 @@ class HALoSServer(Server):
         self.global_version = int(state["global_version"])
 
     def describe(self) -> str:
-        return self._label
+        return (
+            f"HALoS(H={self.segment_steps}, accumulation={self.accumulation}, merge_weight={self.merge_weight}, "
+            f"lps_lr={self.lps_lr}, lps_momentum={self.lps_momentum}, lps_period={self.lps_period}, "
+            f"gps_lr={self.gps_lr}, gps_momentum={self.gps_momentum}, gps_period={self.gps_period}, dylu={self.dylu})"
+        )
 
 
 __all__ = [
-    "HALoSCommunicator",
     "HALoSServer",
-    "HALoSTiming",
     "halos_steps",
     "region_transfer_seconds",
     "regions_of",

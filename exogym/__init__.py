@@ -26,6 +26,11 @@ __all__ = [
     "LocalTrainer",
     "Network",
     "NodeFailedError",
+    "Result",
+    "Server",
+    "ServerContext",
+    "ServerStrategy",
+    "Train",
     "Trainer",
     "__version__",
     "prestart",
@@ -42,6 +47,11 @@ __getattr__, __dir__ = lazy_exports(
         "Network": "exogym.core.comm.network",
         "LocalTrainer": "exogym.trainer",
         "NodeFailedError": "exogym.runtime.launch",
+        "Result": "exogym.core.server",
+        "Server": "exogym.core.server",
+        "ServerContext": "exogym.core.server",
+        "ServerStrategy": "exogym.core.server",
+        "Train": "exogym.core.server",
         "Trainer": "exogym.trainer",
         "prestart": "exogym.runtime.forkserver",
         "sweep": "exogym.cli.sweep",
@@ -54,6 +64,7 @@ if TYPE_CHECKING:
     from exogym.core.comm.availability import Availability
     from exogym.core.comm.links import Link
     from exogym.core.comm.network import Network
+    from exogym.core.server import Result, Server, ServerContext, ServerStrategy, Train
     from exogym.faults_config import Faults
     from exogym.runtime.forkserver import prestart
     from exogym.runtime.launch import NodeFailedError

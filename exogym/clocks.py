@@ -256,4 +256,18 @@ def percent(x: float | None) -> str:
     return "<1%" if 0 < x < 0.005 else f"{x:.0%}"
 
 
-__all__ = ["EVENT_COLUMNS", "NodeClocks", "events", "format_table", "meeting_keys", "percent"]
+def format_summary(summary: dict[str, object]) -> str:
+    """A strategy's [`run_summary`][exogym.strategy.Strategy.run_summary] in one line for logs:
+    ``key=value`` pairs, floats (also in lists) to 4 significant digits."""
+
+    def text(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + ", ".join(text(x) for x in v) + "]"
+        return str(v)
+
+    return ", ".join(f"{k}={text(v)}" for k, v in summary.items())
+
+
+__all__ = ["EVENT_COLUMNS", "NodeClocks", "events", "format_summary", "format_table", "meeting_keys", "percent"]

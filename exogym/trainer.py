@@ -10,11 +10,10 @@ import torch
 
 from exogym import compat
 from exogym import data as D
-from exogym.clocks import format_table
+from exogym.clocks import format_summary, format_table
 from exogym.core.comm.network import Network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
 from exogym.core.strategy import Strategy
-from exogym.core.timeline import format_summary
 from exogym.keywords import checked_keywords
 from exogym.logger import Logger
 from exogym.run_config import CheckpointConfig, DataConfig, FitArgs, LoggingConfig, RunConfig, TransportConfig

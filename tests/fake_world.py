@@ -225,8 +225,8 @@ def train_server(
     """Run a server strategy (``exogym.ServerStrategy``) for ``k`` clients on ``workers`` ranks
     (threads over ``ThreadTransport``), as ``fit`` runs it on worker processes. Returns per rank
     ``exogym.runtime.server_run.ServerRun.run``'s result with ``"strategy"`` (the job's, holding
-    the run summary), ``"params"`` (the final parameters as tensors), ``"server"`` and ``"loop"``
-    (the rank's server and clock)."""
+    the run summary), ``"params"`` (the final parameters as tensors), ``"server"``, ``"loop"``
+    and ``"clients"`` (the rank's server, clock and stored client states)."""
     from exogym.runtime.node import NodeJob
     from exogym.runtime.server_run import ServerRun
     from tests.helpers import TinyNet, regression_data
@@ -247,6 +247,7 @@ def train_server(
         model = TinyNet()
         model.load_state_dict(out["state_dict"])
         params = [p.detach() for p in model.parameters()]
-        return {**out, "strategy": jobs[rank].strategy, "params": params, "server": run.server, "loop": run.loop}
+        extra = {"server": run.server, "loop": run.loop, "clients": run.clients.states}
+        return {**out, "strategy": jobs[rank].strategy, "params": params, **extra}
 
     return run_ranks(workers, body)

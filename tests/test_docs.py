@@ -227,7 +227,7 @@ def test_every_strategy_block_of_the_docs_trains_and_its_nodes_agree_at_the_roun
     """As for the README: the block runs, its strategy trains 4 nodes on threads for two rounds
     or more, is charged, and every node ends with the same parameters, except where the
     algorithm keeps them apart (islands, NoLoCo's pairs, SPARTA's fraction, Streaming DiLoCo's
-    mixing)."""
+    mixing); a server strategy trains, moves the server's model and charges its transfers."""
     import copy
 
     import torch
@@ -245,16 +245,27 @@ def test_every_strategy_block_of_the_docs_trains_and_its_nodes_agree_at_the_roun
             v for v in namespace.values() if isinstance(v, type) and issubclass(v, Strategy) and v is not Strategy
         )
         make = lambda: cls(optim_spec="sgd", lr=0.05)  # noqa: E731
+    from exogym.core.server import ServerStrategy
+
+    if isinstance(make(), ServerStrategy):  # a server and tasks: it trains, moves the server's model, and charges
+        from exogym.core.comm.network import Network
+        from tests.fake_world import train_server
+
+        network = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+        out = train_server(4, make, 24, network=network)
+        assert all(bool(torch.isfinite(p).all()) for p in out[0]["params"])
+        assert out[0]["summary"]["updates"] > 0 and out[0]["history"][-1]["bytes_sent"] > 0
+        return
     leaves = make().pipeline.leaves() if make().pipeline is not None else []
     period = max([m.H for m in leaves] or [1])
     # Two rounds or more, ending at a step where every module communicates (modules confined to
     # windows of the run, like PowerSGD's dense start, are never due together: four rounds).
     steps = next((n for n in range(2 * period, 4 * period + 1) if all(m.is_due(n - 1) for m in leaves)), 4 * period)
     network = None
-    if make().needs_step_seconds:  # asynchronous: a timeline of modelled compute, several segments
+    if make().needs_step_seconds:  # a module that reads the clock during a step: modelled compute
         from exogym.core.comm.network import Network
 
-        network, steps = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 1.0, 0.5, 0.25)), 24
+        network = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
     out = train_ranks(4, make, steps, network=network)
     assert all(bool(torch.isfinite(p).all()) for o in out for p in o["params"])
     assert any(step for step in out[0]["records"])  # it communicated, and was charged

@@ -21,7 +21,7 @@ from exogym.runtime.faults import Faults
 from exogym.runtime.launch import NodeFailedError
 from exogym.runtime.placement import Placement
 from exogym.runtime.virtual import VirtualHub
-from exogym.strategy import CommunicateOptimizeStrategy, FedAvgStrategy, FedBuffStrategy, SimpleReduceStrategy
+from exogym.strategy import CommunicateOptimizeStrategy, FedAvgStrategy, SimpleReduceStrategy
 from tests.helpers import FIT_DEFAULTS, TinyNet, regression_data
 
 SGD = "sgd"
@@ -158,19 +158,6 @@ def test_a_twin_s_dataset_smaller_than_a_batch_fails_the_run_as_any_node_s(dorma
     data = functools.partial(_client_data, small=frozenset({last_twin}))
     with pytest.raises(NodeFailedError, match=f"node {last_twin}'s dataset has fewer than batch_size=8 examples"):
         _run(_fedavg(), 60, 2, 8, dormant, data, NET, monkeypatch)
-
-
-@pytest.mark.procs
-@pytest.mark.timeout(240)
-def test_fedbuff_with_clients_no_event_names_equals_the_run_where_every_client_runs(monkeypatch) -> None:
-    def fedbuff() -> FedBuffStrategy:
-        return FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD)
-
-    assert len(_plan(fedbuff(), 40, 2, 30, run={"network": SPEEDS}).placement.dormant) >= 10
-    data = regression_data(40 * 16)
-    with_ = _run(fedbuff(), 40, 2, 30, True, data, SPEEDS, monkeypatch)
-    without = _run(fedbuff(), 40, 2, 30, False, data, SPEEDS, monkeypatch)
-    _assert_same_run(with_, without)
 
 
 def test_a_hub_makes_its_lead_s_calls_for_the_twins_which_run_no_thread() -> None:

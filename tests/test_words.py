@@ -8,7 +8,8 @@ comparisons with earlier versions ("now", "no longer", "as before", "its earlier
 
 Allow-list (kept small; each entry says why it is legitimate):
 
-* ``now`` as a name in code (``now = ...``, ``clock::now()``, ``(now - start)``): the current time.
+* ``now`` as a name in code (``now = ...``, ``clock::now()``, ``(now - start)``, ``self.now``):
+  the current time.
 * ``now`` in the phrases of ``_NOW_AT_RUN_TIME``: the present moment of a run (a node that
   "communicates now", a buffer allocated at its first use "rather than now"), not a comparison
   with an earlier version of ExoGym.
@@ -58,7 +59,10 @@ HISTORY = [
 ]
 
 #: Uses of ``now`` in code: a variable or a clock's current time.
-_NOW_IN_CODE = re.compile(r"(?:\.|::)now\(|\(now\b|\bnow\s*(?:==?|[<>+)]|-(?!-))|\breturn now\b", re.IGNORECASE)
+_NOW_IN_CODE = re.compile(
+    r"(?:\.|::)now\(|\.now\b|\bdef now\(|^\s*now: |\(now\b|\bnow\s*(?:==?|[<>+)]|-(?!-))|\breturn now\b",
+    re.IGNORECASE,
+)
 
 #: Phrases where ``now`` is the present moment of a run.
 _NOW_AT_RUN_TIME = re.compile(

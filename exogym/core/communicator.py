@@ -194,7 +194,7 @@ class Communicator:
     #: its residual per entry, whatever the round's selection.
     locates_payloads: ClassVar[bool] = False
     #: Whether the module needs every node's step seconds before the run: it follows a simulated
-    #: timeline (the asynchronous ones, ``exogym.core.timeline``) or asks a handle's
+    #: timeline or asks a handle's
     #: ``is_completed()`` (``exogym.core.comm.handles``). With ``compute="flops"`` the run
     #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False

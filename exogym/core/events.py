@@ -65,8 +65,24 @@ class Task:
     #: Whether all its steps ran (its result arrives).
     complete: bool = False
     local: torch.Tensor | None = None
-    #: Per step that ran: the training loss, the examples and the learning rate.
+    #: Per step that ran, its training loss.
     losses: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task as plain data (checkpoints)."""
+        return {
+            "client": self.client, "steps": self.train.steps, "fresh": self.train.fresh_optimizer,
+            "start": self.start, "info": self.info, "seconds": self.seconds, "ticks": list(self.ticks),
+            "ready": self.ready, "complete": self.complete, "local": self.local, "losses": list(self.losses),
+        }  # fmt: skip
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> Task:
+        """The task ``state_dict`` gave."""
+        train = Train(int(s["steps"]), bool(s["fresh"]))
+        task = cls(int(s["client"]), train, s["start"], s["info"], float(s["seconds"]), list(s["ticks"]))
+        task.ready, task.complete, task.local, task.losses = s["ready"], s["complete"], s["local"], list(s["losses"])
+        return task
 
 
 @dataclass
@@ -88,12 +104,21 @@ class ServerLoop:
         ctx: what it gets at setup.
         max_ticks: the run's steps.
         execute: ``execute(tasks)`` computes ``tasks`` (sets each one's ``local`` and ``losses``).
+        between_ticks: ``between_ticks(done)``, called after the events of ``done`` ticks and
+            before the next tick's steps (``done = 0`` first), then once more after the drain
+            with ``done = max_ticks``: where the runtime validates and checkpoints.
     """
 
     def __init__(
-        self, server: Server, ctx: ServerContext, max_ticks: int, execute: Callable[[list[Task]], None]
+        self,
+        server: Server,
+        ctx: ServerContext,
+        max_ticks: int,
+        execute: Callable[[list[Task]], None],
+        between_ticks: Callable[[int], None] | None = None,
     ) -> None:
         self.server, self.ctx, self.max_ticks, self.execute = server, ctx, max_ticks, execute
+        self.between_ticks = between_ticks
         kinds = ("receive", *server.kinds, "serve", "start")
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"{type(server).__name__}.kinds {server.kinds} repeats or uses a runtime kind {kinds}")
@@ -104,20 +129,23 @@ class ServerLoop:
         self._seq = 0
         self.time = 0.0
         self.draining = False
+        #: The simulated second of each tick, and per tick its steps and their summed losses.
         self.ticks: list[float] = []
-        #: Per tick, the clients that started a step at it.
-        self.trains: list[list[int]] = []
+        self.tick_steps: list[int] = []
+        self.tick_loss: list[float] = []
         self.end_time = 0.0
         self.clients: dict[int, ClientClock] = {}
         self.in_flight: dict[int, Task] = {}
         self._ready: list[Task] = []
-        #: Every task that ran a step, in the order it became ready.
-        self.done: list[Task] = []
+        #: Tasks the drain cut short (computed at the end: their steps' losses count).
+        self._cut: list[Task] = []
+        self._between = -1  # the last ``done`` between_ticks was called with
         #: Every transfer: ``(simulated second it starts, bytes clients sent, bytes they received)``.
         self.transfers: list[tuple[float, int, int]] = []
         self.nbytes = ctx.params.numel() * ctx.params.element_size()
         server._services = _Services(lambda: self.time, lambda: not self.draining, self._send, self._schedule)
         server.setup(ctx)
+        self._started = False
 
     # -- scheduling ----------------------------------------------------------------------------
     def _push(self, time: float, kind: str, key: int, payload: Any) -> None:
@@ -144,10 +172,16 @@ class ServerLoop:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Run to the end of the drain; ``DeadlockError`` where events run out first."""
-        self.server.start()
+        """Run to the end of the drain (from where a loaded state stopped); ``DeadlockError``
+        where events run out first."""
+        if not self._started:
+            self._started = True
+            self.server.start()
         while self._heap:
-            time, _, key, _, kind, payload = heapq.heappop(self._heap)
+            time, _, key, _, kind, payload = self._heap[0]
+            if kind == "start" and self._opens_tick(time):
+                self._call_between(len(self.ticks))
+            heapq.heappop(self._heap)
             self.time = time
             if kind == "start":
                 if not self._tick(time, key):
@@ -166,7 +200,17 @@ class ServerLoop:
                 self._handlers[kind](key, *payload)
         if len(self.ticks) < self.max_ticks:
             raise DeadlockError(self.time, len(self.ticks), self.max_ticks, sorted(self.in_flight))
-        self._compute([t for t in self.done if t.local is None])  # cut short by the drain: their losses
+        self._compute(self._cut)  # cut short by the drain: their losses
+        self._cut = []
+        self._call_between(self.max_ticks)
+
+    def _opens_tick(self, time: float) -> bool:
+        return not self.draining and len(self.ticks) < self.max_ticks and (not self.ticks or time > self.ticks[-1])
+
+    def _call_between(self, done: int) -> None:
+        if self.between_ticks is not None and done > self._between:
+            self._between = done
+            self.between_ticks(done)
 
     def _tick(self, time: float, client: int) -> bool:
         """Whether a step starting at ``time`` runs (it may open a tick, or begin the drain)."""
@@ -177,8 +221,9 @@ class ServerLoop:
                 self._begin_drain()
                 return False
             self.ticks.append(time)
-            self.trains.append([])
-        self.trains[-1].append(client)
+            self.tick_steps.append(0)
+            self.tick_loss.append(0.0)
+        self.tick_steps[-1] += 1
         return True
 
     def _begin_drain(self) -> None:
@@ -186,7 +231,7 @@ class ServerLoop:
         for task in self.in_flight.values():  # cut short: they ran what they ran
             if task.ticks and not task.ready:
                 task.ready = True
-                self.done.append(task)
+                self._cut.append(task)
 
     def _on_serve(
         self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool, seconds: float | None
@@ -222,7 +267,6 @@ class ServerLoop:
             self._push(end, "start", task.client, task)
             return
         task.ready = task.complete = True
-        self.done.append(task)
         self._ready.append(task)
         up = task.seconds
         c.comm += up
@@ -235,15 +279,69 @@ class ServerLoop:
             self._compute(self._ready)
         del self.in_flight[task.client]
         assert task.local is not None
-        steps = len(task.ticks)
-        self.server.on_result(Result(task.client, task.start, task.local, task.info, self.time, steps))
+        result = Result(task.client, task.start, task.local, task.info, self.time, len(task.ticks))
+        self.server.on_result(result)
 
     def _compute(self, tasks: list[Task]) -> None:
-        """Compute ``tasks`` (a wave) and empty the ready list."""
+        """Compute ``tasks`` (a wave), count their losses, and empty the ready list."""
         wave = [t for t in tasks if t.local is None]
         if wave:
             self.execute(wave)
+            for task in wave:
+                for tick, loss in zip(task.ticks, task.losses, strict=True):
+                    self.tick_loss[tick] += loss
         self._ready = [t for t in self._ready if t.local is None]
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The clock between two ticks (``between_ticks``), as plain data: its events, the tasks
+        in flight with what was sent and computed, the ticks, the clients' clocks, the server."""
+        tasks: list[Task] = []
+        index: dict[int, int] = {}
+
+        def ref(task: Task) -> int:
+            if id(task) not in index:
+                index[id(task)] = len(tasks)
+                tasks.append(task)
+            return index[id(task)]
+
+        events = []
+        for time, order, key, seq, kind, payload in self._heap:
+            data = ref(payload) if kind in ("start", "receive") else payload
+            events.append((time, order, key, seq, kind, data))
+        in_flight = {c: ref(t) for c, t in self.in_flight.items()}
+        ready = [ref(t) for t in self._ready]
+        clocks = {c: (k.steps, k.compute, k.comm, k.sent, k.received) for c, k in self.clients.items()}
+        return {
+            "events": events, "seq": self._seq, "time": self.time, "tasks": [t.state_dict() for t in tasks],
+            "in_flight": in_flight, "ready": ready, "ticks": list(self.ticks), "tick_steps": list(self.tick_steps),
+            "tick_loss": list(self.tick_loss), "end_time": self.end_time, "clients": clocks,
+            "transfers": list(self.transfers), "between": self._between, "params": self.server.params,
+            "server": self.server.state_dict(), "updates": list(self.server.updates),
+            "records": {k: list(v) for k, v in self.server.records.items()},
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict`` (after ``setup``; the server does not start again)."""
+        tasks = [Task.from_state(t) for t in state["tasks"]]
+        self._heap = [
+            (time, order, key, seq, kind, tasks[data] if kind in ("start", "receive") else tuple(data))
+            for time, order, key, seq, kind, data in state["events"]
+        ]
+        heapq.heapify(self._heap)
+        self._seq, self.time, self.end_time = int(state["seq"]), float(state["time"]), float(state["end_time"])
+        self.in_flight = {int(c): tasks[i] for c, i in state["in_flight"].items()}
+        self._ready = [tasks[i] for i in state["ready"]]
+        self.ticks, self.tick_steps = list(state["ticks"]), list(state["tick_steps"])
+        self.tick_loss = list(state["tick_loss"])
+        self.clients = {int(c): ClientClock(*v) for c, v in state["clients"].items()}
+        self.transfers = [tuple(t) for t in state["transfers"]]
+        self._between = int(state["between"])
+        self.server.params.copy_(state["params"])
+        self.server.load_state_dict(state["server"])
+        self.server.updates = [tuple(u) for u in state["updates"]]
+        self.server.records = {k: [tuple(v) for v in vs] for k, vs in state["records"].items()}
+        self._started = True
 
     # -- what the run reports ------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -269,14 +367,13 @@ class ServerLoop:
         rows = []
         for r in sorted(self.clients):
             c = self.clients[r]
-            wait = max(0.0, end - c.compute - c.comm)
             rows.append(
                 {
                     "rank": r,
                     "clock": end,
                     "compute": c.compute,
                     "comm": c.comm,
-                    "wait": wait,
+                    "wait": max(0.0, end - c.compute - c.comm),
                     "utilisation": c.compute / end if end > 0 else 0.0,
                 }
             )

@@ -214,7 +214,7 @@ class Server:
         self._bound().send(client, task, state, info, transfer, seconds)
 
     def schedule(self, delay: float, kind: str, key: int, *data: Any) -> None:
-        """A server-side event ``kind`` (one of ``kinds``) ``delay`` seconds from now, handled by
+        """A server-side event ``kind`` (one of ``kinds``) ``delay`` seconds after this instant, handled by
         ``on_<kind>(key, *data)`` (events at one instant: by ``kinds``, then ``key``)."""
         if kind not in self.kinds:
             raise ValueError(f"{type(self).__name__}.schedule: kind {kind!r} is not one of its kinds {self.kinds}")
@@ -288,6 +288,12 @@ class ServerStrategy(Strategy):
 
     @property
     def needs_step_seconds(self) -> bool:
+        return True
+
+    @property
+    def follows_availability(self) -> bool:
+        """A server reads the network's availability trace itself (``ctx.network``): the runtime
+        never turns it into rounds nodes drop out of."""
         return True
 
     def step(self) -> None:

@@ -63,6 +63,14 @@ class Clients:
         with ctx:
             return forward_loss(model, batch)
 
+    def state_dict(self) -> dict[int, dict[str, Any]]:
+        """Every client's stored state, by client (checkpoints)."""
+        return {c: {"strategy": s.strategy, "rng": s.rng, "data": s.data} for c, s in self.states.items()}
+
+    def load_state_dict(self, states: dict[int, dict[str, Any]]) -> None:
+        """The clients' states ``state_dict`` gave (those this rank runs tasks for)."""
+        self.states = {int(c): ClientState(s["strategy"], s["rng"], s["data"]) for c, s in states.items()}
+
     def lr_at(self, tick: int) -> float:
         """The inner learning rate of a step at ``tick`` (the same for every client)."""
         self.strategy.load_state_dict(self._initial)

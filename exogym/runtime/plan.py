@@ -27,6 +27,7 @@ from exogym import data as D
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
 from exogym.core.comm.network import Network
 from exogym.core.comm.plan import TransportPlan, resolve_kind
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
@@ -206,6 +207,12 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
     availability = network.availability
     if faults is None and availability is None:
         return 1
+    if faults is not None and isinstance(strategy, ServerStrategy):
+        raise ValueError(
+            f"fit(faults=...) drops nodes from lock-step rounds; {type(strategy).__name__} runs as a server and "
+            "tasks on the simulated clock, with no rounds to drop nodes from: give the network an availability "
+            "trace (Network(availability=...)) for the server to follow, or node speeds (compute_slowdown)"
+        )
     if faults is not None:
         check_supported(faults, strategy)
     if availability is not None and availability.drops and not strategy.follows_availability:

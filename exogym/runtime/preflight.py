@@ -18,6 +18,7 @@ import torch
 
 from exogym import data as D
 from exogym.core.comm.transport import Transport
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import Strategy
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.forward import call, described_call, forward_loss, loss_of
@@ -191,6 +192,8 @@ def check_strategy_builds(
     from exogym.runtime import schedule
 
     schedule.statement(strategy, 0, num_nodes, seed)
+    if isinstance(strategy, ServerStrategy):  # its server's settings against the run's, here
+        _check_server(strategy, model, num_nodes, seed, network)
     if state_bytes > DRY_INIT_MAX_BYTES:
         return None
     dry = copy.deepcopy(strategy)
@@ -206,6 +209,17 @@ def check_strategy_builds(
         _warn_outer_momentum(dry, steps)
         _warn_warmup(dry, steps)
     return dry
+
+
+def _check_server(strategy: ServerStrategy, model: torch.nn.Module, num_nodes: int, seed: int, network: Any) -> None:
+    """Set a copy of ``strategy``'s server up for the run (its ``ValueError`` names the setting),
+    without starting it."""
+    from exogym.core.events import flat_params
+    from exogym.runtime.server_run import server_context
+
+    ctx = server_context(network.for_run(num_nodes, seed), num_nodes, seed, flat_params(model))
+    server = copy.deepcopy(strategy.server)
+    server.setup(ctx)
 
 
 def _warn_periods(dry: Strategy, steps: int) -> None:
@@ -291,7 +305,8 @@ def check_resume(folder: str, run: dict[str, Any], strategy: Strategy) -> None:
     """Raise ``ValueError`` when this run cannot continue the checkpoint in ``folder``."""
     meta = ckpt.load_meta(folder)
     ckpt.check_compatible(meta, run, folder)
-    ckpt.verify(folder, meta, run["num_nodes"])
+    # a server algorithm's run writes one file per worker (``workers``), a node's run one per node
+    ckpt.verify(folder, meta, int(meta.get("workers", run["num_nodes"])))
     if run["max_steps"] is not None and meta["step"] >= run["max_steps"]:
         raise ValueError(
             f"resume_from={folder!r} is at step {meta['step']}, and this run has max_steps={run['max_steps']}: "

@@ -14,6 +14,7 @@ every client's steps and utilisation and the staleness of the updates.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -26,6 +27,7 @@ from exogym import data as D
 from exogym.core.comm.transport import Transport
 from exogym.core.events import ServerLoop, Task, flat_params, load_flat
 from exogym.core.server import ServerContext, ServerStrategy
+from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.clients import Clients
 from exogym.runtime.evaluation import Evaluator
 from exogym.runtime.progress import Progress
@@ -63,6 +65,26 @@ def _step_seconds(network: Any) -> float:
     return float(c)
 
 
+def server_context(network: Any, num_clients: int, seed: int, params: torch.Tensor) -> ServerContext:
+    """What a server gets at setup in a run on ``network`` (its speeds drawn for the run) of
+    ``num_clients`` clients from ``seed``, starting from the flat ``params``. ``ValueError``
+    where the network's compute is measured."""
+    base = _step_seconds(network)
+    nbytes = params.numel() * params.element_size()
+    world = network.world
+    return ServerContext(
+        num_clients=num_clients,
+        seed=seed,
+        params=params,
+        step_seconds=lambda c: base * network.slowdown(c),
+        transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
+        region_of=(lambda c: world.region_of[c]) if world is not None else (lambda c: 0),
+        regions=len(world.links) if world is not None else 1,
+        network=network,
+        nbytes=nbytes,
+    )
+
+
 class ServerRun:
     """One rank's run of a server strategy (collective: every rank of the run runs it).
 
@@ -88,26 +110,30 @@ class ServerRun:
             )
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
-        network = cfg.network
-        base = _step_seconds(network)
-        params = flat_params(self.model)
-        nbytes = params.numel() * params.element_size()
-        world_map = network.world
         self.server = copy.deepcopy(strategy.server)
-        ctx = ServerContext(
-            num_clients=cfg.num_nodes,
-            seed=cfg.seed,
-            params=params,
-            step_seconds=lambda c: base * network.slowdown(c),
-            transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
-            region_of=(lambda c: world_map.region_of[c]) if world_map is not None else (lambda c: 0),
-            regions=len(world_map.links) if world_map is not None else 1,
-            network=network,
-            nbytes=nbytes,
-        )
-        self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute)
+        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model))
+        self.validations: list[dict[str, Any]] = []
+        self.val_loader = self._val_loader()
+        self.evaluator = Evaluator(
+            None, self.model, device, self.val_loader, self.clients.forward_with, _plain, rank, world
+        )  # type: ignore[arg-type]
+        self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute, self._between_ticks)
         self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0, rounds=None)
         self._progressed = 0
+
+    def _val_loader(self) -> DataLoader | None:
+        """This rank's share of the validation examples (the server model is validated on the
+        first ``val_size``, split over the ranks); ``None`` without validation."""
+        cfg, job = self.cfg, self.job
+        val = D.node_dataset(job.val_dataset, 0, cfg.num_nodes, train=False)
+        if val is None or cfg.val_size <= 0:
+            return None
+        sub = D.val_subset(val, True, self.rank, self.world, cfg.val_size)
+        return DataLoader(
+            sub,
+            batch_size=cfg.minibatch_size,
+            **{**cfg.dataloader_kwargs, "collate_fn": D.collate_fn(cfg.dataloader_kwargs)},
+        )
 
     # -- tasks ---------------------------------------------------------------------------------
     def _execute(self, tasks: list[Task]) -> None:
@@ -138,22 +164,91 @@ class ServerRun:
             task.local = buf[:p].to(task.start.dtype)
             task.losses = buf[p:].tolist()
 
+    # -- between ticks: validation, checkpoints ------------------------------------------------
+    def _between_ticks(self, done: int) -> None:
+        """After ``done`` ticks: validate and checkpoint where due (the same on every rank)."""
+        cfg = self.cfg
+        last = done == self.max_steps
+        if self.val_loader is not None and (last or (cfg.val_interval and done % cfg.val_interval == 0)):
+            self._validate(done)
+        if cfg.checkpoint_dir is not None and cfg.checkpoint_interval and 0 < done < self.max_steps:
+            if done % cfg.checkpoint_interval == 0:
+                self._save(done)
+
+    def _validate(self, done: int) -> None:
+        """The server model's validation loss (and accuracy), split over the ranks. Collective."""
+        load_flat(self.model, self.server.params.to(self.device))
+        stats = torch.tensor(self.evaluator.evaluate(self.model), dtype=torch.float64)
+        if self.transport is not None:
+            self.transport.all_reduce(stats, "sum")
+        loss, count, correct, labelled = stats.tolist()
+        row: dict[str, Any] = {"step": done, "val_loss_global": loss / max(count, 1.0), "sim_time": self._now(done)}
+        if labelled > 0:
+            row["val_accuracy_global"] = correct / labelled
+        self.validations.append(row)
+
+    def _now(self, done: int) -> float:
+        """The simulated second after ``done`` ticks: the next tick's, or the run's end."""
+        loop = self.loop
+        return loop.end_time if done >= self.max_steps or done >= len(loop.ticks) else loop.ticks[done]
+
+    def _save(self, done: int) -> None:
+        """Checkpoint after ``done`` ticks: every rank writes its clients' state, rank 0 the clock
+        and the server (the same on every rank) and completes the checkpoint. Collective."""
+        root = self.cfg.checkpoint_dir
+        assert root is not None
+        state = {
+            "step": done, "clients": self.clients.state_dict(),
+            "loop": self.loop.state_dict() if self.rank == 0 else None,
+            "validations": self.validations if self.rank == 0 else None,
+        }  # fmt: skip
+        ckpt.write_node(root, done, self.rank, state)
+        if self.transport is not None:
+            self.transport.barrier()
+        if self.rank == 0:
+            folder = ckpt.finalize(root, done, {**(self.job.checkpoint_meta or {}), "workers": self.world})
+            logger.info("checkpoint after step %d: %s", done, folder)
+
+    def _restore(self, folder: str) -> None:
+        """Continue from the checkpoint in ``folder``: the clock and the server from rank 0's
+        file, this rank's clients from every file (they may have run on other ranks)."""
+        meta = ckpt.load_meta(folder)
+        files = int(meta.get("workers", 1))
+        mine: dict[int, Any] = {}
+        loop_state = None
+        for r in range(files):
+            state = ckpt.load_safe(ckpt.node_file(folder, r), map_location="cpu")
+            for client, saved in state["clients"].items():
+                if int(client) % self.world == self.rank:
+                    mine[int(client)] = saved
+            if r == 0:
+                loop_state, self.validations = state["loop"], list(state["validations"])
+        self.clients.load_state_dict(mine)
+        assert loop_state is not None
+        self.loop.load_state_dict(loop_state)
+        step = int(meta["step"])
+        self.validations = [v for v in self.validations if v["step"] != step or self._val_due(step)]
+        self._progressed = step
+
+    def _val_due(self, step: int) -> bool:
+        interval = self.cfg.val_interval
+        return bool(interval and step % interval == 0)
+
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run the clock to its end; rank 0's result (the others': the final state only)."""
         t0 = time.perf_counter()
+        if self.cfg.resume_from is not None:
+            self._restore(self.cfg.resume_from)
         self.loop.run()
         self.progress.advance(self._progressed, self.max_steps)
         self.progress.close()
-        load_flat(self.model, self.server.params)
+        load_flat(self.model, self.server.params.to(self.device))
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         self.job.strategy._summary = summary = self.loop.summary()
         if self.rank != 0:
             return {"state_dict": state}
-        history = self._rows(time.perf_counter() - t0)
-        validation = self._validate()
-        if validation is not None:
-            history.append(validation)
+        history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
         return {
             "state_dict": state,
             "history": history,
@@ -166,66 +261,43 @@ class ServerRun:
     def _rows(self, wall: float) -> list[dict[str, Any]]:
         """The train rows, every ``log_interval`` ticks and at the last: per row the mean loss of
         the steps of its ticks, the examples and bytes so far (bytes: mean per client of the
-        run), the learning rate, and the simulated second of its last tick."""
-        cfg, loop = self.cfg, self.loop
-        per_tick: list[list[float]] = [[] for _ in loop.ticks]
-        for task in loop.done:
-            for tick, loss in zip(task.ticks, task.losses, strict=False):
-                per_tick[tick].append(loss)
+        run), the learning rate, and the simulated second after its last tick."""
+        cfg, loop, k = self.cfg, self.loop, self.cfg.num_nodes
         transfers = sorted(loop.transfers)
-        rows, window, examples, moved, sent, received = [], [], 0, 0, 0, 0
-        last_sent, k = 0, cfg.num_nodes
-        for i, at in enumerate(loop.ticks):
-            window += per_tick[i]
-            examples += len(per_tick[i]) * cfg.batch_size
-            last = i == len(loop.ticks) - 1
-            if (i + 1) % cfg.log_interval and not last:
+        rows: list[dict[str, Any]] = []
+        loss = steps = examples = moved = sent = received = last_sent = 0
+        for i in range(len(loop.ticks)):
+            loss += loop.tick_loss[i]
+            steps += loop.tick_steps[i]
+            examples += loop.tick_steps[i] * cfg.batch_size
+            done = i + 1
+            if done % cfg.log_interval and done != self.max_steps:
                 continue
-            until = loop.end_time if last else at
+            until = self._now(done)
             while moved < len(transfers) and transfers[moved][0] <= until:
                 sent, received = sent + transfers[moved][1], received + transfers[moved][2]
                 moved += 1
-            steps = (i + 1) - (rows[-1]["step"] if rows else 0)
+            ticks = done - (rows[-1]["step"] if rows else 0)
             rows.append(
                 {
-                    "step": i + 1,
+                    "step": done,
                     "examples": examples,
-                    "train_loss": sum(window) / len(window) if window else float("nan"),
+                    "train_loss": loss / steps if steps else float("nan"),
                     "lr": self.clients.lr_at(i),
                     "bytes_sent": sent / k,
                     "bytes_received": received / k,
-                    "bytes_sent_per_step": (sent - last_sent) / k / steps,
+                    "bytes_sent_per_step": (sent - last_sent) / k / ticks,
                     "sim_time": until,
                     "wall_time": wall,
                 }
             )
-            window, last_sent = [], sent
+            loss = steps = 0
+            last_sent = sent
         return rows
 
-    def _validate(self) -> dict[str, Any] | None:
-        """The server model's validation row at the end (rank 0), ``None`` without validation data."""
-        cfg, job = self.cfg, self.job
-        val = D.node_dataset(job.val_dataset, 0, cfg.num_nodes, train=False)
-        if val is None or cfg.val_size <= 0:
-            return None
-        sub = D.val_subset(val, True, 0, 1, cfg.val_size)
-        loader = DataLoader(sub, batch_size=cfg.minibatch_size, collate_fn=D.collate_fn(cfg.dataloader_kwargs))
-        model = self.model.to(self.device)
-        evaluator = Evaluator(None, model, self.device, loader, self.clients.forward_with, _no_autocast, 0, 1)  # type: ignore[arg-type]
-        loss, count, correct, labelled = evaluator.evaluate(model)
-        row: dict[str, Any] = {
-            "step": self.max_steps,
-            "val_loss_global": loss / max(count, 1.0),
-            "sim_time": self.loop.end_time,
-        }
-        if labelled > 0:
-            row["val_accuracy_global"] = correct / labelled
-        return row
 
-
-def _no_autocast() -> Any:
-    import contextlib
-
+def _plain() -> contextlib.AbstractContextManager:
+    """No autocast around a validation forward (the clients' forward applies the run's)."""
     return contextlib.nullcontext()
 
 
@@ -243,4 +315,4 @@ def server_worker(worker: int, job: Any, plan: Any) -> dict[str, Any] | None:
     return out if worker == 0 or cfg.launcher == "torchrun" else None
 
 
-__all__ = ["ServerRun", "server_worker", "transfer_seconds"]
+__all__ = ["ServerRun", "server_context", "server_worker", "transfer_seconds"]

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from communicators.async_diloco import AsyncDiLoCoCommunicator
-from exogym.core.pipeline import CommunicateOptimizeStrategy
+from communicators.async_diloco import AsyncDiLoCoServer
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
-class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
+class AsyncDiLoCoStrategy(ServerStrategy):
     """Asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135): each node pushes its
     pseudo-gradient to a simulated server when its local steps are done, on its own clock; the
     server applies it at once with delayed Nesterov momentum and sends the node its parameters.
 
-    Pipeline: ``[AsyncDiLoCoCommunicator(H, ...)]`` (see ``communicators.async_diloco``).
-    Needs modelled compute (``fit(..., network=Network(..., compute=<seconds per step>))``); node
-    speeds come from the network's ``compute_slowdown``. The run's steps are ticks of the
-    simulated timeline (``exogym.core.timeline``);
-    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
-    and the updates' staleness.
+    Server: [`AsyncDiLoCoServer`][communicators.AsyncDiLoCoServer]. Runs as a server and tasks
+    on the simulated clock (modelled compute: FLOPs or seconds per step; node speeds from the
+    network's ``compute_slowdown``); ``fit``'s steps are ticks of the clock, and
+    [`run_summary`][exogym.ServerStrategy.run_summary] gives each node's steps and the updates'
+    staleness.
 
     Args:
         H: local steps per segment (the fastest node's, with ``dylu``; default 100).
@@ -44,8 +43,7 @@ class AsyncDiLoCoStrategy(CommunicateOptimizeStrategy):
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        self.server = AsyncDiLoCoCommunicator(H, outer_lr, outer_momentum, dn_period, dn_c, dylu)
-        super().__init__([self.server], **strategy_kwargs)
+        super().__init__(AsyncDiLoCoServer(H, outer_lr, outer_momentum, dn_period, dn_c, dylu), **strategy_kwargs)
 
 
 __all__ = ["AsyncDiLoCoStrategy"]

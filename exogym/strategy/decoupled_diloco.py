@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from communicators.decoupled_diloco import DecoupledDiLoCoCommunicator
-from exogym.core.pipeline import CommunicateOptimizeStrategy
+from communicators.decoupled_diloco import DecoupledDiLoCoServer
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
-class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
+class DecoupledDiLoCoStrategy(ServerStrategy):
     """Decoupled DiLoCo (Douillard et al. 2026, arXiv 2604.21428): every node (a learner) trains
     without ever waiting and sends a fragment of its parameters when its step count says so; a
     simulated synchronizer merges a fragment once ``quorum`` learners sent it, after an adaptive
@@ -18,10 +18,10 @@ class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
     merged fragments as they arrive. Nodes the network's availability trace takes away skip
     their steps and pull the model when they return; training never stops for them.
 
-    Pipeline: ``[DecoupledDiLoCoCommunicator(H, ...)]`` (see ``communicators.decoupled_diloco``).
-    Needs modelled compute; node speeds come from ``compute_slowdown``, absences from
+    Server: [`DecoupledDiLoCoServer`][communicators.DecoupledDiLoCoServer], on the simulated
+    clock. Needs modelled compute; node speeds come from ``compute_slowdown``, absences from
     ``Network(availability=...)``.
-    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
+    [`run_summary`][exogym.ServerStrategy.run_summary] gives each node's steps
     and utilisation, the contributions' staleness and the merges.
 
     Args:
@@ -57,11 +57,11 @@ class DecoupledDiLoCoStrategy(CommunicateOptimizeStrategy):
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        self.server = DecoupledDiLoCoCommunicator(
+        server = DecoupledDiLoCoServer(
             H, fragments, quorum, grace, tau, outer_lr, outer_momentum,
             outer=outer, cgad_alpha=cgad_alpha, cgad_cutoff=cgad_cutoff, cgad_betas=cgad_betas, cgad_eps=cgad_eps,
         )  # fmt: skip
-        super().__init__([self.server], **strategy_kwargs)
+        super().__init__(server, **strategy_kwargs)
 
 
 __all__ = ["DecoupledDiLoCoStrategy"]

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from communicators.fedbuff import FedBuffCommunicator
-from exogym.core.pipeline import CommunicateOptimizeStrategy
+from communicators.fedbuff import FedBuffServer
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
-class FedBuffStrategy(CommunicateOptimizeStrategy):
+class FedBuffStrategy(ServerStrategy):
     """FedBuff (Nguyen et al. 2022, arXiv 2106.06639): ``concurrency`` of the run's nodes
     (clients) train at once on their own clocks; the server buffers their staleness-scaled
     updates and steps once ``buffer_size`` have arrived; each arrival frees a slot for a client
     drawn from the shared seed.
 
-    Pipeline: ``[FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)]`` (see
-    ``communicators.fedbuff``). Needs modelled compute (``fit(..., network=Network(...,
-    compute=<seconds per step>))``). The run's steps are ticks of the simulated timeline
-    (``exogym.core.timeline``);
-    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each client's
-    steps and the updates' staleness.
+    Server: [`FedBuffServer`][communicators.FedBuffServer]. Runs as a server and tasks on the
+    simulated clock (modelled compute: FLOPs or seconds per step); a client no draw names is
+    never built. ``fit``'s steps are ticks of the clock;
+    [`run_summary`][exogym.ServerStrategy.run_summary] gives each client's steps and the updates'
+    staleness.
 
     Args:
         local_steps: a client's steps per participation (default 10).
@@ -40,8 +39,7 @@ class FedBuffStrategy(CommunicateOptimizeStrategy):
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        self.server = FedBuffCommunicator(local_steps, buffer_size, concurrency, server_lr)
-        super().__init__([self.server], **strategy_kwargs)
+        super().__init__(FedBuffServer(local_steps, buffer_size, concurrency, server_lr), **strategy_kwargs)
 
 
 __all__ = ["FedBuffStrategy"]

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from communicators.halos import HALoSCommunicator
-from exogym.core.pipeline import CommunicateOptimizeStrategy
+from communicators.halos import HALoSServer
+from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
 
 
-class HALoSStrategy(CommunicateOptimizeStrategy):
+class HALoSStrategy(ServerStrategy):
     """HALoS (Kim et al. 2025, arXiv 2506.04531): each node pushes its pseudo-gradient to its
     region's local parameter server (LPS) after its local steps, on its own clock; each LPS
     applies updates at once with delayed Nesterov momentum, and every ``accumulation`` updates
     pushes its progress to the global parameter server (GPS), whose parameters it merges back
     with weight ``merge_weight`` when they arrive.
 
-    Pipeline: ``[HALoSCommunicator(H, ...)]`` (see ``communicators.halos``). Regions come from
+    Server: [`HALoSServer`][communicators.HALoSServer], on the simulated clock. Regions come from
     the network's world (``fit(..., network="two-datacenters")``, ``Network.regions``); on a
     homogeneous network every node is in one region. Needs modelled compute; node speeds come
     from ``compute_slowdown``.
-    [`run_summary`][exogym.strategy.CommunicateOptimizeStrategy.run_summary] gives each node's steps
+    [`run_summary`][exogym.ServerStrategy.run_summary] gives each node's steps
     and utilisation, the staleness of the workers' and the LPSs' updates, and the bytes moved
     between the servers.
 
@@ -52,10 +52,12 @@ class HALoSStrategy(CommunicateOptimizeStrategy):
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        self.server = HALoSCommunicator(
-            H, accumulation, merge_weight, lps_lr, lps_momentum, lps_period, gps_lr, gps_momentum, gps_period, dylu
+        super().__init__(
+            HALoSServer(
+                H, accumulation, merge_weight, lps_lr, lps_momentum, lps_period, gps_lr, gps_momentum, gps_period, dylu
+            ),
+            **strategy_kwargs,
         )
-        super().__init__([self.server], **strategy_kwargs)
 
 
 __all__ = ["HALoSStrategy"]

@@ -1,19 +1,17 @@
-"""HALoS against its event-driven reference written from the paper (``tests/references/halos.py``)
-on a world of two regions of two nodes with speeds 1, 1, 2, 4: every node's steps, every worker
-update's receipt time, sender and staleness, every LPS push's and merge's time and region, the
-run's end and the final (GPS) parameters; plus the preset's errors, its summary and a resume
-with pushes in flight at both levels."""
+"""HALoS's dynamic local updates, its summary of the servers' traffic against its event-driven
+reference (``tests/references/halos.py``), and its errors (the values and the timeline against
+the reference: ``tests/server/test_halos_server.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from communicators.halos import HALoSCommunicator, halos_steps
+from communicators.halos import HALoSServer, halos_steps
 from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
 from exogym.strategy import HALoSStrategy, OptimSpec
-from tests.fake_world import train_ranks
+from tests.fake_world import train_server
 from tests.helpers import TinyNet, regression_data
 from tests.references.halos import reference_halos
 
@@ -52,61 +50,6 @@ def _reference(ds, **kw):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {},
-        {"dylu": False, "accumulation": 3},  # fast nodes push more often; pushes pile up at an LPS
-        {"merge_weight": 1.0, "lps_momentum": 0.0, "gps_period": 1},
-    ],
-)
-def test_halos_equals_its_event_driven_reference(settings: dict) -> None:
-    ds = regression_data(4 * 8 * STEPS)
-    out = train_ranks(4, _strategy(**settings), STEPS, dataset=ds, network=_world())
-    ref = _reference(ds, **settings)
-    comm = out[0]["strategy"].server
-    tl = comm.timeline
-    assert tl.steps == ref["steps"]
-    assert [(r, s) for _, r, s in tl.updates] == [(r, s) for _, r, s in ref["updates"]]
-    assert [t for t, _, _ in tl.updates] == pytest.approx([t for t, _, _ in ref["updates"]], abs=1e-9)
-    pushes, merges = tl.records.get("region_updates", []), tl.records.get("merges", [])
-    assert len(ref["region_updates"]) >= 2  # the servers do talk
-    assert [(q, s) for _, q, s in pushes] == [(q, s) for _, q, s in ref["region_updates"]]
-    assert [t for t, _, _ in pushes] == pytest.approx([t for t, _, _ in ref["region_updates"]], abs=1e-9)
-    assert [(q, v) for _, q, v in merges] == [(q, v) for _, q, v in ref["merges"]]
-    assert [t for t, _, _ in merges] == pytest.approx([t for t, _, _ in ref["merges"]], abs=1e-9)
-    assert tl.end_time == pytest.approx(ref["end_time"], abs=1e-9)
-    for node in out:  # every node ends with the GPS's parameters
-        for a, b in zip(node["params"], ref["params"], strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    for q in range(2):  # and holds the same LPS replicas
-        flat = torch.cat([p.reshape(-1) for p in ref["lps_params"][q]])
-        torch.testing.assert_close(comm.lps[q], flat, rtol=1e-6, atol=1e-7)
-
-
-def test_by_default_each_lps_of_unequal_regions_pushes_after_as_many_updates_as_its_region_has_workers() -> None:
-    # regions {0} and {1, 2, 3}: the lone worker's LPS pushes after each of its updates, the
-    # other's after three (not after three each, the largest region's count)
-    ds = regression_data(4 * 8 * STEPS)
-    world = Network.regions({"a": [0], "b": [1, 2, 3]}, INTRA, INTER, compute=1.0, compute_slowdown=SLOWDOWN)
-    settings = dict(H=2, accumulation=None, merge_weight=0.5, lps_lr=0.8, lps_momentum=0.5, lps_period=1)
-    settings.update(gps_lr=0.9, gps_momentum=0.3, gps_period=2, dylu=True)
-    out = train_ranks(4, lambda: HALoSStrategy(**settings, optim_spec=OptimSpec(torch.optim.SGD, lr=0.05)), STEPS,
-                      dataset=ds, network=world)  # fmt: skip
-    settings["accumulation"] = [1, 3]
-    ref = reference_halos(
-        ds, 4, STEPS, slowdown=SLOWDOWN, step_seconds=1.0, region=[0, 1, 1, 1],
-        worker_transfer=[_seconds(INTRA)] * 4, region_transfer=[_seconds(INTRA), _seconds(INTER)], **settings,
-    )  # fmt: skip
-    tl = out[0]["strategy"].server.timeline
-    pushes = tl.records.get("region_updates", [])
-    assert [(q, s) for _, q, s in pushes] == [(q, s) for _, q, s in ref["region_updates"]]
-    region_a = sum(1 for _, r, _ in ref["updates"] if r == 0)
-    assert sum(1 for _, q, _ in pushes if q == 0) == region_a  # one push per update of the lone worker
-    for a, b in zip(out[0]["params"], ref["params"], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-
-
 def test_dylu_gives_each_node_steps_in_proportion_to_its_speed_rounded_up() -> None:
     assert halos_steps(4, [1.0, 1.0, 0.5, 0.25], True) == [1, 1, 2, 4]
     assert halos_steps(4, [1.0, 0.3], True) == [2, 4]  # 4 * 0.3 = 1.2 steps: 2
@@ -115,8 +58,8 @@ def test_dylu_gives_each_node_steps_in_proportion_to_its_speed_rounded_up() -> N
 
 def test_halos_summary_counts_the_servers_traffic() -> None:
     ds = regression_data(4 * 8 * STEPS)
-    out = train_ranks(4, _strategy(), STEPS, dataset=ds, network=_world())
-    summary = out[0]["strategy"].run_summary()
+    out = train_server(4, _strategy(), STEPS, dataset=ds, network=_world())
+    summary = out[0]["summary"]
     ref = _reference(ds)
     nbytes = 4 * sum(p.numel() for p in TinyNet().parameters())
     assert summary["steps"] == ref["steps"]
@@ -141,4 +84,4 @@ def test_halos_summary_counts_the_servers_traffic() -> None:
 )
 def test_halos_refuses_bad_settings_naming_them(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        HALoSCommunicator(**{"H": 2, **kwargs})
+        HALoSServer(**{"H": 2, **kwargs})

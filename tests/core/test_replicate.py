@@ -184,9 +184,9 @@ class _CopiesItself:
 
 def test_strategy_copies_equal_a_deepcopy_and_share_no_state_with_the_job_or_each_other():
     from exogym.runtime.replicate import strategy_replicator
-    from exogym.strategy import DiLoCoStrategy, FedBuffStrategy
+    from exogym.strategy import DiLoCoStrategy, FedAvgStrategy
 
-    for strategy in (DiLoCoStrategy(H=5, outer_lr=0.5), FedBuffStrategy(local_steps=3, buffer_size=2)):
+    for strategy in (DiLoCoStrategy(H=5, outer_lr=0.5), FedAvgStrategy(H=3, client_sampling=0.5)):
         rep = strategy_replicator(strategy)
         assert rep.fast
         a, b = rep.replica(), rep.replica()

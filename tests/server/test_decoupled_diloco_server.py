@@ -54,7 +54,9 @@ def test_decoupled_diloco_server_equals_its_event_driven_reference(settings, wor
     bandwidth, latency = world.get("bandwidth", 1e8), world.get("latency", 0.0)
     k = len(slowdown)
     ds = regression_data(k * 8 * STEPS)
-    net = Network(bandwidth, latency, compute=1.0, compute_slowdown=slowdown, availability=_trace(down) if down else None)
+    net = Network(
+        bandwidth, latency, compute=1.0, compute_slowdown=slowdown, availability=_trace(down) if down else None
+    )
     out = train_server(
         k, lambda: ServerStrategy(DecoupledDiLoCoServer(**settings), optim_spec=SGD), STEPS, dataset=ds, network=net,
         workers=workers,

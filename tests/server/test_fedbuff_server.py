@@ -50,3 +50,17 @@ def test_fedbuff_server_equals_its_event_driven_reference(latency, slowdown, wor
     for rank in out:
         for a, b in zip(rank["params"], ref["params"], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_draw_among_a_million_clients_is_the_references_draw_among_the_free_ones() -> None:
+    from communicators.fedbuff import draw_free_client
+    from tests.references.fedbuff import draw_client
+
+    rng = torch.Generator().manual_seed(0)
+    for draw in range(40):
+        k = int(torch.randint(2, 60, (1,), generator=rng))
+        in_flight = sorted(set(torch.randint(0, k, (k // 2,), generator=rng).tolist()))
+        free = [c for c in range(k) if c not in in_flight]
+        assert draw_free_client(7, draw, k, in_flight) == draw_client(7, draw, free)
+    busy = sorted(range(0, 10**6, 10**4))  # the cost follows the clients in flight, not the million
+    assert draw_free_client(7, 0, 10**6, busy) not in busy

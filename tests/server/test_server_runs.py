@@ -1,0 +1,250 @@
+"""The asynchronous presets (FedBuff, Async DiLoCo, HALoS, Decoupled DiLoCo) as ``fit`` runs them:
+as a server and tasks on worker processes, the same schedule and values on 1, 2 and 4 workers,
+bit-identical resumes from checkpoints taken with updates in flight, their synchronous limits,
+and their errors before any process starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import exogym
+import exogym.trainer
+from exogym import Trainer
+from exogym.core.comm.links import Link
+from exogym.core.comm.network import Network
+from exogym.strategy import (
+    AsyncDiLoCoStrategy,
+    DecoupledDiLoCoStrategy,
+    DiLoCoStrategy,
+    FedBuffStrategy,
+    HALoSStrategy,
+    OptimSpec,
+)
+from tests.fake_world import train_ranks, train_server
+from tests.helpers import TinyNet, regression_data
+
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+#: Speeds 1, 1, 2, 4 (a step of 1 s on the slowest nodes), 10 ms each way to the server.
+SPEEDS = Network(1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+#: The same speeds on two regions of two nodes (HALoS's servers: one per region and a global one).
+REGIONS = Network.regions(
+    {"a": [0, 1], "b": [2, 3]}, Link(1e9, 0.01), Link(1e8, 0.3), compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+)
+#: The same speeds, node 1 away from 3 s to 6 s (Decoupled DiLoCo follows the trace).
+AWAY = Network(
+    1e9, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25),
+    availability=[{"time": 3.0, "node": 1, "available": 0}, {"time": 6.0, "node": 1, "available": 1}],
+)  # fmt: skip
+#: Columns measured on this machine; every other column is simulated and must match exactly.
+MEASURED = ("wall_time", "comm_time", "peak_memory")
+
+STRATEGIES = {
+    "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, optim_spec=SGD),
+    "fedbuff": lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD),
+    "halos": lambda: HALoSStrategy(H=4, accumulation=2, lps_momentum=0.5, optim_spec=SGD),
+    "decoupled_diloco": lambda: DecoupledDiLoCoStrategy(H=4, fragments=2, quorum=2, optim_spec=SGD),
+}
+NETWORKS = {"halos": REGIONS, "decoupled_diloco": AWAY}
+
+
+def _fit(strategy: Any, num_nodes: int, examples: int, network: Network, steps: int, **kw: Any) -> tuple:
+    """A run (TinyNet, regression data, batch 8, no validation): its final parameters, its metric
+    rows less the measured columns, its summary and its per-node table."""
+    trainer = Trainer(TinyNet(), regression_data(examples))
+    model = trainer.fit(
+        strategy, num_nodes=num_nodes, max_steps=steps, batch_size=8, network=network, logger=False,
+        progress=False, val_size=0, **kw,
+    )  # fmt: skip
+    rows = [{c: v for c, v in r.items() if c not in MEASURED} for r in trainer.history]
+    params = [p.detach().clone() for p in model.parameters()]
+    return params, rows, trainer.result["summary"], trainer.result["nodes"]
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_one_two_and_four_workers_run_the_same_schedule_and_values(name: str) -> None:
+    net = NETWORKS.get(name, SPEEDS)
+    try:
+        runs = {w: _fit(STRATEGIES[name](), 4, 4 * 8 * 40, net, 24, workers=w, log_interval=4) for w in (4, 1, 2)}
+    finally:
+        exogym.shutdown()
+    params, rows, summary, nodes = runs[4]
+    assert summary["updates"] > 0 and rows
+    for w in (1, 2):
+        assert runs[w][2] == summary and runs[w][3] == nodes  # every node's steps and clock, every update
+        assert runs[w][1] == rows  # bytes, simulated times and losses: the same results in the same order
+        for x, y in zip(runs[w][0], params, strict=True):
+            assert torch.equal(x, y)
+
+
+def test_the_clock_is_one_the_table_the_summary_and_the_last_row_agree() -> None:
+    out = train_server(4, STRATEGIES["halos"], 24, network=REGIONS, workers=2)
+    end = out[0]["summary"]["end_time"]
+    assert out[0]["history"][-1]["sim_time"] == end
+    for row, util in zip(out[0]["nodes"], out[0]["summary"]["utilisation"], strict=True):
+        assert row["clock"] == end
+        assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(end, abs=1e-9)
+        assert row["utilisation"] == pytest.approx(util, abs=1e-12)
+
+
+#: Nodes at different paces (no DyLU): updates are in flight across the checkpoint at step 8.
+RESUMED = {
+    "async_diloco": lambda: AsyncDiLoCoStrategy(H=4, outer_momentum=0.5, dylu=False, optim_spec=SGD),
+    "fedbuff": STRATEGIES["fedbuff"],
+    "halos": lambda: HALoSStrategy(H=4, accumulation=1, lps_momentum=0.5, dylu=False, optim_spec=SGD),
+    "decoupled_diloco": STRATEGIES["decoupled_diloco"],
+    "decoupled_diloco_cgad": lambda: DecoupledDiLoCoStrategy(
+        H=4, fragments=2, quorum=2, outer="cgad", outer_lr=0.05, optim_spec=SGD
+    ),
+}
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name: str, tmp_path) -> None:
+    # 0.4 s each way to the server, steps of 0.25-1 s: updates are in flight across step 8
+    net = Network(1e9, 0.4, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+    if name == "halos":  # 0.4 s to the regional servers, 1.2 s more between them and the global one
+        links = {("a", "a"): Link(1e9, 0.4), ("b", "b"): Link(1e9, 0.4), ("a", "b"): Link(1e9, 1.6)}
+        net = Network.regions(
+            {"a": [0, 1], "b": [2, 3]}, links=links, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25)
+        )
+
+    def fit(steps: int, **kw: Any) -> tuple:
+        return _fit(RESUMED[name](), 4, 1024, net, steps, log_interval=2, **{"workers": 2, **kw})
+
+    try:
+        whole = fit(16)
+        fit(16, checkpoint_dir=str(tmp_path), checkpoint_interval=8)
+        state = torch.load(tmp_path / "step-00000008" / "node-00000.pt", weights_only=True)["loop"]
+        in_flight = [e for e in state["events"] if e[4] in ("receive", "contribution", "region_receive", "merge")]
+        assert in_flight  # results or contributions on their way at the checkpoint
+        resumed = fit(16, resume_from=str(tmp_path), workers=1)  # on another number of workers
+    finally:
+        exogym.shutdown()
+    assert all(torch.equal(x, y) for x, y in zip(whole[0], resumed[0], strict=True))
+    assert resumed[1] == whole[1] and resumed[2] == whole[2] and resumed[3] == whole[3]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_with_equal_speeds_and_dylu_off_async_diloco_equals_synchronous_diloco(k: int) -> None:
+    # every node's update arrives at one instant; DN with N = K and c = 0 takes one Nesterov
+    # step on their mean, which every node then pulls
+    steps, ds = 12, regression_data(k * 8 * 12)
+    net = Network(1e9, 0.01, compute=1.0)
+    a = train_server(
+        k, lambda: AsyncDiLoCoStrategy(H=3, outer_lr=0.7, outer_momentum=0.5, dylu=False, optim_spec=SGD), steps,
+        dataset=ds, network=net,
+    )  # fmt: skip
+    b = train_ranks(
+        k, lambda: DiLoCoStrategy(H=3, outer_lr=0.7, outer_momentum=0.5, optim_spec=SGD), steps, dataset=ds, network=net
+    )
+    for x, y in zip(a[0]["params"], b[0]["params"], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)  # the mean summed in another order
+    assert a[0]["summary"]["steps"] == [steps] * k
+
+
+def test_with_dylu_the_fastest_node_takes_four_times_the_steps_of_the_slowest() -> None:
+    out = train_server(4, lambda: AsyncDiLoCoStrategy(H=4, optim_spec=SGD), 12, network=SPEEDS)
+    assert out[0]["summary"]["steps"] == [3, 3, 6, 12]
+
+
+def test_a_fedbuff_client_never_drawn_is_never_built() -> None:
+    out = train_server(
+        50, lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=2, optim_spec=SGD), 8,
+        dataset=regression_data(50 * 8 * 8), network=SPEEDS,
+    )  # fmt: skip
+    trained = {r for r, s in enumerate(out[0]["summary"]["steps"]) if s}
+    sent = {row["rank"] for row in out[0]["nodes"]}  # the table lists the clients a send named
+    assert 2 <= len(trained) and trained <= sent and len(sent) <= len(trained) + 2  # (drawn as the run drains)
+    # no clock exists for a client no send named, and no stored state for one that ran no task
+    assert set(out[0]["loop"].clients) == sent
+    assert set(out[0]["clients"]) == trained
+
+
+def _no_start(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("worker processes were started")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "network", "match"),
+    [
+        (lambda: AsyncDiLoCoStrategy(H=2), Network(1e9, 0.01, compute="measured"), "modelled compute.*'measured'"),
+        (lambda: FedBuffStrategy(concurrency=5), SPEEDS, "concurrency=5 is more than num_nodes=3"),
+        (lambda: DecoupledDiLoCoStrategy(H=4, quorum=4), SPEEDS, "quorum=4 is more than num_nodes=3"),
+    ],
+)
+def test_a_server_run_refuses_settings_the_run_cannot_have_before_any_process_starts(
+    strategy, network, match, monkeypatch
+) -> None:
+    monkeypatch.setattr(exogym.trainer, "run_nodes", _no_start)
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(strategy(), num_nodes=3, max_steps=4, network=network, progress=False, logger=False)
+
+
+@pytest.mark.parametrize("bad", [{"H": 0}, {"outer_momentum": 1.0}, {"dn_period": 0}, {"dn_c": -1.0}])
+def test_async_diloco_names_a_bad_argument(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        AsyncDiLoCoStrategy(**{"H": 4, **bad})
+
+
+def _clients(rank: int, num_nodes: int, train: bool) -> Any:
+    """Client ``rank``'s 16 examples (drawn with its own seed): 1,000 clients share 2,048."""
+    data = regression_data(2048)
+    idx = torch.randint(0, len(data), (16,), generator=torch.Generator().manual_seed(rank))
+    return torch.utils.data.Subset(data, idx.tolist())
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fedbuff_on_1000_clients_runs_the_same_schedule_and_values_on_one_and_two_workers() -> None:
+    net = Network(1e9, 0.01, compute=0.01, compute_slowdown=tuple(1.0 + (r % 7) * 0.37 for r in range(1000)))
+
+    def run(workers: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        trainer = Trainer(TinyNet(), _clients)
+        model = trainer.fit(
+            FedBuffStrategy(local_steps=2, buffer_size=4, concurrency=20, optim_spec=SGD), num_nodes=1000,
+            workers=workers, max_steps=30, batch_size=8, network=net, logger=False, progress=False, val_size=0,
+            log_interval=10,
+        )  # fmt: skip
+        return [p.detach().clone() for p in model.parameters()], trainer.result["summary"]
+
+    try:
+        one, two = run(1), run(2)
+    finally:
+        exogym.shutdown()
+    assert one[1] == two[1] and one[1]["updates"] >= 20  # the schedule: exactly the same
+    assert sum(s > 0 for s in one[1]["steps"]) > 20  # more clients than the concurrency took part
+    for x, y in zip(one[0], two[0], strict=True):
+        assert torch.equal(x, y)  # each task runs on one worker: the same values
+
+
+@pytest.mark.procs
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compare_of_the_four_asynchronous_presets_runs_one_schedule_on_one_two_and_four_workers(tmp_path) -> None:
+    from exogym.cli.compare import compare
+
+    def run(workers: int):
+        return compare(
+            "digits", ["async_diloco", "fedbuff", "halos", "decoupled_diloco"], nodes=4, steps=24, batch_size=8,
+            H=4, network=REGIONS, compute=0.05, out_dir=str(tmp_path / f"w{workers}"), progress=False, val_size=64,
+            workers=workers, raise_on_failure=True,
+        )  # fmt: skip
+
+    try:
+        runs = {w: run(w) for w in (4, 1, 2)}
+    finally:
+        exogym.shutdown()
+    kept = ("strategy", "sim_time", "bytes_sent_per_node", "utilisation", "staleness", "staleness_max", "val_loss")
+    want = [{c: row.get(c) for c in kept} for row in runs[4].summary]
+    assert [row["strategy"] for row in want] == ["async_diloco", "fedbuff", "halos", "decoupled_diloco"]
+    for w in (1, 2):
+        assert [{c: row.get(c) for c in kept} for row in runs[w].summary] == want
