@@ -248,3 +248,44 @@ def test_compare_of_the_four_asynchronous_presets_runs_one_schedule_on_one_two_a
     assert [row["strategy"] for row in want] == ["async_diloco", "fedbuff", "halos", "decoupled_diloco"]
     for w in (1, 2):
         assert [{c: row.get(c) for c in kept} for row in runs[w].summary] == want
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(300)
+def test_on_a_two_region_world_file_every_figure_of_an_asynchronous_run_comes_from_one_clock(tmp_path) -> None:
+    import csv
+    import json
+
+    from exogym.cli.compare import compare
+
+    world = tmp_path / "world.json"
+    world.write_text(
+        json.dumps(
+            {
+                "regions": {"us": [0, 1], "eu": [2, 3]},
+                "intra": {"bandwidth": "100Gbit/s", "latency": "1ms"},
+                "inter": {"bandwidth": "100Mbit/s", "latency": "100ms"},
+                "compute_slowdown": [1, 0.5, 1, 0.333],
+                "compute": 0.02,
+            }
+        )
+    )
+    try:
+        result = compare(
+            "digits", ["async_diloco", "fedbuff"], nodes=4, steps=40, batch_size=8, H=4, network=str(world),
+            out_dir=str(tmp_path / "out"), progress=False, val_size=64, raise_on_failure=True,
+        )  # fmt: skip
+    finally:
+        exogym.shutdown()
+    assert "compute 0.02 s/step (world.json)" in result.caption  # the file's compute holds
+    with open(tmp_path / "out" / "latest" / "summary.csv") as f:
+        csv_rows = {row["strategy"]: row for row in csv.DictReader(f)}
+    for name in ("async_diloco", "fedbuff"):
+        nodes, history = result.nodes[name], result.histories[name]
+        end = history[-1]["sim_time"]
+        assert float(csv_rows[name]["sim_time"]) == pytest.approx(end, abs=1e-6)
+        for row in nodes:
+            assert row["clock"] == pytest.approx(end, abs=1e-6)
+            assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(end, abs=1e-6)
+        for row in (r for r in nodes if r["rank"] in (2, 3)):  # in eu: each transfer crosses 100 ms
+            assert row["comm"] >= 0.1 * 2  # at least one task: its download or start, and its upload
