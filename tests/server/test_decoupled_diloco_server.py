@@ -14,6 +14,7 @@ from communicators.decoupled_diloco import DecoupledDiLoCoServer
 from exogym.core.comm.network import Network
 from exogym.core.server import ServerStrategy
 from exogym.strategy import OptimSpec
+from tests.communicators.test_decoupled_diloco import _trace
 from tests.fake_world import train_server
 from tests.helpers import regression_data
 from tests.references.decoupled_diloco import reference_decoupled_diloco
@@ -21,16 +22,6 @@ from tests.references.decoupled_diloco import reference_decoupled_diloco
 SLOWDOWN = (1.0, 1.0, 0.5, 0.25)
 STEPS = 24
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
-
-
-def _trace(down: dict[int, list[tuple[float, float]]]) -> list[dict]:
-    rows = []
-    for r, spans in down.items():
-        for a, b in spans:
-            rows.append({"time": a, "node": r, "available": 0})
-            if not math.isinf(b):
-                rows.append({"time": b, "node": r, "available": 1})
-    return rows
 
 
 CASES = [
