@@ -256,13 +256,16 @@ def percent(x: float | None) -> str:
     return "<1%" if 0 < x < 0.005 else f"{x:.0%}"
 
 
-def format_summary(summary: dict[str, object]) -> str:
+def format_summary(summary: dict[str, object], limit: int = 16) -> str:
     """A strategy's [`run_summary`][exogym.strategy.Strategy.run_summary] in one line for logs:
-    ``key=value`` pairs, floats (also in lists) to 4 significant digits."""
+    ``key=value`` pairs, floats (also in lists) to 4 significant digits; a list of more than
+    ``limit`` numbers (one per node of a large run) as its length, mean, minimum and maximum."""
 
     def text(v: object) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
+        if isinstance(v, list) and len(v) > limit and all(isinstance(x, (int, float)) for x in v):
+            return f"[{len(v)} values: mean {sum(v) / len(v):.4g}, min {text(min(v))}, max {text(max(v))}]"
         if isinstance(v, list):
             return "[" + ", ".join(text(x) for x in v) + "]"
         return str(v)

@@ -227,3 +227,10 @@ def test_a_meeting_pays_the_bandwidth_of_the_trace_epoch_it_starts_in() -> None:
     alone = NodeClocks(2, changes=[2.0])
     alone.replay(np.array([[[1.0, 1.0, 0.0, 0.5, 1.0]], [[1.0, 3.0, 0.0, 0.5, 1.0]]]))
     assert alone.clock.tolist() == [1.5, 4.0]
+
+
+def test_the_summary_line_gives_a_long_per_node_list_as_its_length_mean_and_range() -> None:
+    from exogym.clocks import format_summary
+
+    line = format_summary({"steps": [0] * 999 + [10], "utilisation": [0.5, 0.25], "updates": 3})
+    assert line == "steps=[1000 values: mean 0.01, min 0, max 10], utilisation=[0.5, 0.25], updates=3"
