@@ -73,7 +73,8 @@ class RunPlan:
     Attributes:
         config: the settings every node reads.
         transport: how the workers talk (close it in the parent after the run).
-        placement: which worker hosts which nodes.
+        placement: which worker hosts which nodes (``None`` for a server strategy: its tasks
+            run where the clock starts them, no node is placed).
         run_name: the run's name in the logs.
         logger: rank 0's logger, or ``None``.
         checkpoint_meta: what a checkpoint records of the run, or ``None`` without checkpoints.
@@ -83,7 +84,7 @@ class RunPlan:
 
     config: FitConfig
     transport: TransportPlan
-    placement: Placement
+    placement: Placement | None
     run_name: str
     logger: Logger | None
     checkpoint_meta: dict[str, Any] | None
@@ -135,8 +136,10 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     meta = _checkpoint_meta(model, strategy, config)
     # (the bound copy states an asynchronous run's ticks, which need the run's network)
     placed = bound if bound is not None and steps is not None else strategy
-    placement = place_nodes(placed, run.num_nodes, layout.workers, run.seed, config.max_steps)
-    placement = placement.with_dormant(dormant_nodes(placed, config))
+    placement = None
+    if not isinstance(strategy, ServerStrategy):  # (a million clients: nothing per client here)
+        placement = place_nodes(placed, run.num_nodes, layout.workers, run.seed, config.max_steps)
+        placement = placement.with_dormant(dormant_nodes(placed, config))
     return RunPlan(
         config=config,
         transport=_transport(args.transport, layout, device, config, state_bytes),
