@@ -27,8 +27,8 @@ derives from that statement (``exogym.runtime.schedule``). Capabilities are clas
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -116,31 +116,11 @@ class Participation:
         replaces: whether the round's communication replaces a non-participant's state
             (FedAvg: it receives the participants' mean). Then a node idle in two rounds in a
             row may sleep through the first round's communication: the second replaces it.
-        receives: nodes that do not train in the round but must take part in its
-            communication whatever ``replaces`` says (an asynchronous client waiting for the
-            server's state, or following it); never asleep.
-        wakes: optional, for a module that knows its rounds ahead (a simulated timeline):
-            ``wakes(rank)`` for a rank idle in this round and not in ``receives``, the
-            first later step whose round it trains in or receives in, or where the module
-            stops stating rounds. Every round from this one up to that step must idle the rank,
-            with ``replaces`` and this period; the module may communicate at their ends or not.
-            A node then plans a sleep through thousands of rounds without asking each; ``None``
-            (the default): it asks round by round. It changes no result, only the time to plan.
-        due: optional, likewise: ``due(rank, start, stop)``, the steps in ``[start, stop)`` at
-            which node ``rank``, asleep through them, calls the module's ``communicate``,
-            ascending: those where its ``is_due`` holds, less any whose calls the module makes
-            at the next step listed, before that step's own (the last step of the range where
-            ``is_due`` holds is always listed). A node asleep through thousands of rounds then
-            communicates at those without asking at each; ``None`` (the default): it asks at
-            each round end.
     """
 
     period: int
     trains: frozenset[int]
     replaces: bool = True
-    receives: frozenset[int] = frozenset()
-    wakes: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
-    due: Callable[[int, int, int], Sequence[int]] | None = field(default=None, compare=False, repr=False)
 
     def idle(self, rank: int) -> bool:
         """Whether ``rank`` sits this round out."""

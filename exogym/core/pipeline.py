@@ -102,8 +102,7 @@ class Pipeline(Communicator):
         if len({p.period for p in stated}) != 1:
             return None
         trains = frozenset.intersection(*(p.trains for p in stated))
-        receives = frozenset().union(*(p.receives for p in stated))
-        return Participation(stated[0].period, trains, all(p.replaces for p in stated), receives - trains)
+        return Participation(stated[0].period, trains, all(p.replaces for p in stated))
 
     def finish(self) -> None:
         """Every module's [`finish`][communicators.Communicator.finish], in order. Collective."""

@@ -48,7 +48,6 @@ def dormant_nodes(strategy: Any, config: FitConfig) -> frozenset[int]:
         if st is None:  # every node trains in this round
             return frozenset()
         active.update(st.trains)
-        active.update(st.receives)
         if len(active) == k:
             return frozenset()
         step += st.period - step % st.period

@@ -201,10 +201,7 @@ class IdleSteps:
     def _sit_out(self, ends: list[int]) -> None:
         """The communication of the slept round ends ``ends``: the parameter-space phase at each
         end where a module is due; for a strategy of one plain module (no wrapper, no wire
-        format), what that phase runs: the module's ``communicate`` where it is due, or at the
-        steps its statement lists where it lists them
-        (``due``: an asynchronous client asleep
-        through a thousand ticks)."""
+        format), what that phase runs: the module's ``communicate`` where it is due."""
         strategy = self.strategy
         modules = strategy.pipeline.modules
         due = modules[0].is_due if len(modules) == 1 else strategy.pipeline.is_due
@@ -213,11 +210,6 @@ class IdleSteps:
             (m,) = modules
             if m.space == "param" and type(m).run is Communicator.run and strategy.wire_comm is None:
                 communicate = m.communicate
-                st = self.schedule.statement(ends[0], keep=False)
-                if st is not None and st.due is not None and ends[-1] - ends[0] + 1 == len(ends):
-                    for end in st.due(self.schedule.rank, ends[0], ends[-1] + 1):  # (rounds of one step)
-                        communicate(end)
-                    return
         for end in ends:
             if due(end):
                 communicate(end)

@@ -150,11 +150,6 @@ class NodeSchedule:
             if st is None or not st.idle(self.rank):
                 break
             end += st.period
-            if st.wakes is not None and self.rank not in st.receives:
-                # the rounds that start before the node wakes idle it too: no statement to ask
-                wakes = min(stop, st.wakes(self.rank))
-                while end + 1 < wakes and not module.is_due(end):
-                    end += st.period
         return end - step + 1
 
     def overwritten_at(self, step: int, keep: bool = True) -> int | None:
@@ -166,7 +161,7 @@ class NodeSchedule:
         if not self.can_sit_out:
             return None
         st = self.statement(step, keep)
-        if st is None or not st.idle(self.rank) or self.rank in st.receives:
+        if st is None or not st.idle(self.rank):
             return None
         due = [m for m in self.leaves if m.is_due(step)]
         if not due:  # no module communicates at this step: nothing to replace
@@ -206,9 +201,7 @@ class NodeSchedule:
         which communicates at most at each round's last step): each round's statement is asked
         once, and the next round's answers both whether this round's communication is replaced
         and whether the node sleeps on (what ``idle_steps`` and ``overwritten_at`` say,
-        step by step, for one module); a statement that says when the node wakes
-        (``wakes``) answers for all the rounds
-        before at once. Asynchronous runs sleep through thousands of one-step rounds."""
+        step by step, for one module)."""
         ends: list[int] = []
         if not self.can_sit_out:
             return ends
@@ -220,17 +213,7 @@ class NodeSchedule:
                 break
             period = st.period
             end = s + period - s % period - 1
-            if st.wakes is not None and rank not in st.receives:
-                # The rounds up to the one before the node wakes are slept through whole: each
-                # idles it and the next replaces its communication. The boundary is asked below.
-                last = min(st.wakes(rank) - 2, stop - 1, self.max_steps - 1 - period, read_at - 1 - period)
-                if last >= end:
-                    last -= (last - end) % period
-                    ends.extend(range(end, last + 1, period))
-                    s = last + 1
-                    st = self.statement(s, keep=False)
-                    continue
-            if end >= stop or rank in st.receives:
+            if end >= stop:
                 break
             until = end + period
             if until >= self.max_steps or until >= read_at:
