@@ -142,7 +142,7 @@ class Communicator:
     [`describe`][communicators.Communicator.describe] (a label with its settings: logs, and the
     check that a resumed run has the settings of the checkpoint). Capabilities are class attributes:
     ``supports_dropout``, ``stable_payloads``, ``locates_payloads``, ``coded_payloads``,
-    ``needs_step_seconds``, ``follows_availability``, ``uniform_idle_calls``.
+    ``needs_step_seconds``, ``uniform_idle_calls``.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -178,10 +178,6 @@ class Communicator:
     #: ``is_completed()`` (``exogym.core.comm.handles``). With ``compute="flops"`` the run
     #: then counts one training step's FLOPs before it starts.
     needs_step_seconds: ClassVar[bool] = False
-    #: Whether the module follows the network's availability trace itself, in its simulated
-    #: timeline (a node absent from a time on takes no step and misses what arrives until it
-    #: returns): the runtime then neither refuses the trace nor turns it into rounds dropped.
-    follows_availability: ClassVar[bool] = False
     #: Whether the module codes its payloads into bytes itself (values and indices packed into
     #: one buffer, values already at a chosen precision): a wire transform that acts on float
     #: payloads would pass them through unchanged, so a quantizing wire refuses the module
@@ -314,10 +310,6 @@ class Wrapper(Communicator):
     @property  # type: ignore[override]
     def coded_payloads(self) -> bool:
         return self.inner.coded_payloads
-
-    @property  # type: ignore[override]
-    def follows_availability(self) -> bool:
-        return self.inner.follows_availability
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""

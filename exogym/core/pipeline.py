@@ -64,10 +64,6 @@ class Pipeline(Communicator):
     def coded_payloads(self) -> bool:
         return any(m.coded_payloads for m in self.modules)
 
-    @property  # type: ignore[override]
-    def follows_availability(self) -> bool:
-        return any(m.follows_availability for m in self.modules)
-
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
@@ -227,10 +223,6 @@ class CommunicateOptimizeStrategy(Strategy):
     @property
     def needs_step_seconds(self) -> bool:
         return self.pipeline.needs_step_seconds
-
-    @property
-    def follows_availability(self) -> bool:
-        return self.pipeline.follows_availability
 
     @property
     def communication_modules(self) -> list[Communicator]:

@@ -196,7 +196,8 @@ class Strategy(ABC):
     @property
     def follows_availability(self) -> bool:
         """Whether the strategy follows the network's availability trace in its own timeline
-        (see ``exogym.core.communicator.Communicator.follows_availability``)."""
+        (a server algorithm reads it from its network; lock-step pipelines have the trace turned
+        into rounds nodes drop out of)."""
         return False
 
     def finish(self) -> None:

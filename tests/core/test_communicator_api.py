@@ -38,7 +38,6 @@ def test_the_overridable_surface_is_at_most_ten_documented_members() -> None:
         "locates_payloads",
         "needs_step_seconds",
         "coded_payloads",
-        "follows_availability",
         "uniform_idle_calls",
     }
     public = {n for n in vars(Communicator) if not n.startswith("_")} - runtime - capabilities
