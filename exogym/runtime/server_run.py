@@ -166,10 +166,11 @@ class ServerRun:
 
     # -- between ticks: validation, checkpoints ------------------------------------------------
     def _between_ticks(self, done: int) -> None:
-        """After ``done`` ticks: validate and checkpoint where due (the same on every rank)."""
+        """After ``done`` ticks: validate (at the start, every ``val_interval`` ticks and at the
+        end, as a node's loop does) and checkpoint where due (the same on every rank)."""
         cfg = self.cfg
         last = done == self.max_steps
-        if self.val_loader is not None and (last or (cfg.val_interval and done % cfg.val_interval == 0)):
+        if self.val_loader is not None and (done == 0 or last or (cfg.val_interval and done % cfg.val_interval == 0)):
             self._validate(done)
         if cfg.checkpoint_dir is not None and cfg.checkpoint_interval and 0 < done < self.max_steps:
             if done % cfg.checkpoint_interval == 0:
@@ -182,7 +183,11 @@ class ServerRun:
         if self.transport is not None:
             self.transport.all_reduce(stats, "sum")
         loss, count, correct, labelled = stats.tolist()
-        row: dict[str, Any] = {"step": done, "val_loss_global": loss / max(count, 1.0), "sim_time": self._now(done)}
+        now = self._now(done)
+        sent = sum(b for t, b, _ in self.loop.transfers if t <= now) / self.cfg.num_nodes
+        row: dict[str, Any] = {
+            "step": done, "val_loss_global": loss / max(count, 1.0), "bytes_sent": sent, "sim_time": now,
+        }  # fmt: skip
         if labelled > 0:
             row["val_accuracy_global"] = correct / labelled
         self.validations.append(row)

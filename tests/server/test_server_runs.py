@@ -292,3 +292,11 @@ def test_on_a_two_region_world_file_every_figure_of_an_asynchronous_run_comes_fr
             assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(end, abs=1e-6)
         for row in (r for r in nodes if r["rank"] in (2, 3)):  # in eu: each transfer crosses 100 ms
             assert row["comm"] >= 0.1 * 2  # at least one task: its download or start, and its upload
+
+
+def test_the_server_model_is_validated_at_the_start_every_interval_and_at_the_end() -> None:
+    out = train_server(4, STRATEGIES["fedbuff"], 24, network=SPEEDS, val_dataset=regression_data(64, seed=1), workers=2)
+    rows = [r for r in out[0]["history"] if "val_loss_global" in r]
+    assert [r["step"] for r in rows] == [0, 24]  # no interval: the start and the end
+    assert all(r["val_loss_global"] > 0 and "bytes_sent" in r for r in rows)
+    assert rows[0]["bytes_sent"] == 0 and rows[-1]["bytes_sent"] == out[0]["history"][-2]["bytes_sent"]
