@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.server import Result, Server, ServerContext, Train, _Services, staleness_summary
+from exogym.core.server import Result, Server, ServerContext, Train, _Services, setup_server, staleness_summary
 
 #: Simulated times are kept to the nanosecond: instants meant to coincide (segments of 8 x
 #: 0.0025 s and 2 x 0.01 s) do, where float sums would leave them a few 1e-18 s apart.
@@ -144,7 +144,7 @@ class ServerLoop:
         self.transfers: list[tuple[float, int, int]] = []
         self.nbytes = ctx.params.numel() * ctx.params.element_size()
         server._services = _Services(lambda: self.time, lambda: not self.draining, self._send, self._schedule)
-        server.setup(ctx)
+        setup_server(server, ctx)
         self._started = False
 
     # -- scheduling ----------------------------------------------------------------------------

@@ -238,6 +238,17 @@ class Server:
         return self._services
 
 
+def setup_server(server: Server, ctx: ServerContext) -> None:
+    """``server.setup(ctx)``, then a ``TypeError`` naming the fix where a subclass's ``setup``
+    did not call ``super().setup(ctx)`` (which makes ``self.params``)."""
+    server.setup(ctx)
+    if not isinstance(getattr(server, "params", None), torch.Tensor) or getattr(server, "ctx", None) is not ctx:
+        raise TypeError(
+            f"{type(server).__name__}.setup(ctx) must call super().setup(ctx) first: it keeps ctx and makes "
+            "self.params, the server's parameters"
+        )
+
+
 def staleness_summary(updates: list[tuple[float, int, int]]) -> dict[str, Any]:
     """Of ``updates`` (``(time, client, staleness)``): their number, the staleness histogram
     (``{staleness: count}``), its mean and maximum."""
@@ -310,4 +321,4 @@ class ServerStrategy(Strategy):
         return {**super().config(), "server": self.server.describe()}
 
 
-__all__ = ["Result", "Server", "ServerContext", "ServerStrategy", "Train", "staleness_summary"]
+__all__ = ["Result", "Server", "ServerContext", "ServerStrategy", "Train", "setup_server", "staleness_summary"]

@@ -18,7 +18,7 @@ import torch
 
 from exogym import data as D
 from exogym.core.comm.transport import Transport
-from exogym.core.server import ServerStrategy
+from exogym.core.server import ServerStrategy, setup_server
 from exogym.core.strategy import Strategy
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.forward import call, described_call, forward_loss, loss_of
@@ -218,8 +218,7 @@ def _check_server(strategy: ServerStrategy, model: torch.nn.Module, num_nodes: i
     from exogym.runtime.server_run import server_context
 
     ctx = server_context(network.for_run(num_nodes, seed), num_nodes, seed, flat_params(model))
-    server = copy.deepcopy(strategy.server)
-    server.setup(ctx)
+    setup_server(copy.deepcopy(strategy.server), ctx)
 
 
 def _warn_periods(dry: Strategy, steps: int) -> None:

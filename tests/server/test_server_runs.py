@@ -15,6 +15,7 @@ import exogym.trainer
 from exogym import Trainer
 from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
+from exogym.core.events import DeadlockError
 from exogym.strategy import (
     AsyncDiLoCoStrategy,
     DecoupledDiLoCoStrategy,
@@ -300,3 +301,60 @@ def test_the_server_model_is_validated_at_the_start_every_interval_and_at_the_en
     assert [r["step"] for r in rows] == [0, 24]  # no interval: the start and the end
     assert all(r["val_loss_global"] > 0 and "bytes_sent" in r for r in rows)
     assert rows[0]["bytes_sent"] == 0 and rows[-1]["bytes_sent"] == out[0]["history"][-2]["bytes_sent"]
+
+
+class _Lazy(exogym.Server):
+    def start(self):
+        self.send(0, exogym.Train(2))
+
+    def on_result(self, result):
+        pass  # never sends again
+
+
+class _NoSuper(exogym.Server):
+    def setup(self, ctx):
+        self.count = 0
+
+    def start(self):
+        self.send(0, exogym.Train(2))
+
+    def on_result(self, result):
+        pass
+
+
+class _Twice(exogym.Server):
+    def start(self):
+        self.send(0, exogym.Train(2))
+        self.send(0, exogym.Train(2))
+
+    def on_result(self, result):
+        pass
+
+
+class _NotATask(exogym.Server):
+    def start(self):
+        self.send(0, 5)
+
+    def on_result(self, result):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("server", "error", "match"),
+    [
+        (_Lazy, DeadlockError, "after 2 of 12 steps: no client is in flight, and the server sends nothing more"),
+        (_Twice, RuntimeError, "sent client 0 a task at 0 s while its last one is in flight"),
+        (_NotATask, TypeError, r"send: task must be a Train\(steps\), got 5"),
+        (_NoSuper, TypeError, r"_NoSuper.setup\(ctx\) must call super\(\).setup\(ctx\) first"),
+    ],
+)
+def test_a_servers_mistakes_are_named(server, error, match) -> None:
+    with pytest.raises(error, match=match):
+        train_server(3, lambda: exogym.ServerStrategy(server(), optim_spec=SGD), 12, network=SPEEDS)
+
+
+def test_a_setup_without_super_is_refused_before_any_process_starts(monkeypatch) -> None:
+    monkeypatch.setattr(exogym.trainer, "run_nodes", _no_start)
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(TypeError, match="must call super"):
+        trainer.fit(exogym.ServerStrategy(_NoSuper(), optim_spec=SGD), 3, max_steps=4, network=SPEEDS, progress=False)
