@@ -183,10 +183,10 @@ class ServerRun:
         if self.transport is not None:
             self.transport.all_reduce(stats, "sum")
         loss, count, correct, labelled = stats.tolist()
-        now = self._now(done)
-        sent = sum(b for t, b, _ in self.loop.transfers if t <= now) / self.cfg.num_nodes
+        at = self._now(done)
+        sent = sum(b for t, b, _ in self.loop.transfers if t <= at) / self.cfg.num_nodes
         row: dict[str, Any] = {
-            "step": done, "val_loss_global": loss / max(count, 1.0), "bytes_sent": sent, "sim_time": now,
+            "step": done, "val_loss_global": loss / max(count, 1.0), "bytes_sent": sent, "sim_time": at,
         }  # fmt: skip
         if labelled > 0:
             row["val_accuracy_global"] = correct / labelled
