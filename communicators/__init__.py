@@ -33,7 +33,8 @@ the node's ledger through ``exogym.core.comm.comm.NodeComm``.
   overlaps the next inner phase (eager updates);
 * servers on the simulated clock ([`Server`][exogym.Server]):
   [`AsyncDiLoCoServer`][communicators.AsyncDiLoCoServer] (asynchronous DiLoCo, delayed Nesterov,
-  dynamic local updates), [`FedBuffServer`][communicators.FedBuffServer] (buffered asynchronous
+  dynamic local updates), [`FedAvgServer`][communicators.FedAvgServer] (federated averaging of
+  sampled clients), [`FedBuffServer`][communicators.FedBuffServer] (buffered asynchronous
   aggregation), [`HALoSServer`][communicators.HALoSServer] (regional and global servers) and
   [`DecoupledDiLoCoServer`][communicators.DecoupledDiLoCoServer] (learners merged by a quorum).
 """
@@ -44,6 +45,7 @@ from communicators.dct import DCTCompressCommunicator, DCTTopKExchange, DCTTopKR
 from communicators.decoupled_diloco import DecoupledDiLoCoServer
 from communicators.diloco import DiLoCoCommunicator
 from communicators.eager import EagerDiLoCoCommunicator
+from communicators.fedavg import FedAvgServer
 from communicators.fedbuff import FedBuffServer
 from communicators.halos import HALoSServer
 from communicators.islands import draw_islands, draw_participants
@@ -76,6 +78,7 @@ __all__ = [
     "DiLoCoCommunicator",
     "During",
     "EagerDiLoCoCommunicator",
+    "FedAvgServer",
     "FedBuffServer",
     "HALoSServer",
     "NoLoCoCommunicator",

@@ -12,6 +12,7 @@ import torch
 
 import exogym
 import exogym.trainer
+from communicators.fedavg import FedAvgServer
 from exogym import Trainer
 from exogym.core.comm.links import Link
 from exogym.core.comm.network import Network
@@ -47,6 +48,7 @@ STRATEGIES = {
     "fedbuff": lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD),
     "halos": lambda: HALoSStrategy(H=4, accumulation=2, lps_momentum=0.5, optim_spec=SGD),
     "decoupled_diloco": lambda: DecoupledDiLoCoStrategy(H=4, fragments=2, quorum=2, optim_spec=SGD),
+    "fedavg_islands": lambda: exogym.ServerStrategy(FedAvgServer(4, 0.5, island_size=2), optim_spec=SGD),
 }
 NETWORKS = {"halos": REGIONS, "decoupled_diloco": AWAY}
 
@@ -98,6 +100,7 @@ RESUMED = {
     "fedbuff": STRATEGIES["fedbuff"],
     "halos": lambda: HALoSStrategy(H=4, accumulation=1, lps_momentum=0.5, dylu=False, optim_spec=SGD),
     "decoupled_diloco": STRATEGIES["decoupled_diloco"],
+    "fedavg_islands": STRATEGIES["fedavg_islands"],
     "decoupled_diloco_cgad": lambda: DecoupledDiLoCoStrategy(
         H=4, fragments=2, quorum=2, outer="cgad", outer_lr=0.05, optim_spec=SGD
     ),
@@ -123,7 +126,9 @@ def test_a_run_checkpointed_with_updates_in_flight_resumes_bit_identically(name:
         whole = fit(16)
         fit(16, checkpoint_dir=str(tmp_path), checkpoint_interval=8)
         state = torch.load(tmp_path / "step-00000008" / "node-00000.pt", weights_only=True)["loop"]
-        in_flight = [e for e in state["events"] if e[4] in ("receive", "contribution", "region_receive", "merge")]
+        in_flight = [
+            e for e in state["events"] if e[4] in ("receive", "start", "contribution", "region_receive", "merge")
+        ]
         assert in_flight  # results or contributions on their way at the checkpoint
         resumed = fit(16, resume_from=str(tmp_path), workers=1)  # on another number of workers
     finally:

@@ -1,0 +1,129 @@
+"""Federated averaging with client sampling as a server and tasks (McMahan et al. 2017, "Communication-
+Efficient Learning of Deep Networks from Decentralized Data", arXiv 1602.05629, Algorithm 1).
+
+Each round the server draws ``max(1, round(client_sampling * K))`` of the ``K`` clients from the
+run's seed (or that fraction of each island of ``island_size`` clients, islands redrawn every
+round), sends each the model it holds, and once every drawn client's result has arrived replaces
+the model by the mean of their results (per island: every member of an island, drawn or not,
+then holds its island's mean). A client keeps its inner optimizer between rounds. With equal
+speeds and links a round is ``H`` ticks of the clock, and the rounds are the lock-step
+``FedAvgStrategy(H, client_sampling=...)``'s: the same draws, the same means.
+
+Only the drawn clients exist: a round without islands costs ``O(drawn)`` whatever ``K``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
+from exogym.core.seeding import generator
+from exogym.core.server import Result, Server, ServerContext, Train
+
+
+def drawn_clients(num_clients: int, fraction: float, seed: int, round_: int) -> list[int]:
+    """The clients of a round without islands, ascending: what
+    [`draw_participants`][communicators.draw_participants] draws from every client, drawn without
+    building the list of all ``num_clients``."""
+    m = max(1, round(fraction * num_clients))
+    if m >= num_clients:
+        return list(range(num_clients))
+    g = generator(seed, CLIENT_SALT, round_, 0)
+    return sorted(torch.randperm(num_clients, generator=g)[:m].tolist())
+
+
+class FedAvgServer(Server):
+    """Sampled federated averaging (see the module docstring).
+
+    Args:
+        H: local steps per round (``>= 1``).
+        client_sampling: the fraction of the clients (of each island) drawn per round, in ``(0, 1]``.
+        island_size: clients per island, redrawn every round from the seed; ``None``: one group.
+    """
+
+    def __init__(self, H: int, client_sampling: float, island_size: int | None = None) -> None:
+        super().__init__()
+        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+            raise ValueError(f"H must be an int >= 1 (local steps per round), got {H!r}")
+        if isinstance(client_sampling, bool) or not (
+            isinstance(client_sampling, (int, float)) and 0.0 < client_sampling <= 1.0
+        ):
+            raise ValueError(f"client_sampling must be in (0, 1], got {client_sampling!r}")
+        if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
+            raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
+        self.H, self.client_sampling, self.island_size = H, client_sampling, island_size
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        self.round = 0
+        #: With islands, the model each client holds (the mean of its last island), by client.
+        self.holds: dict[int, torch.Tensor] = {}
+        self.islands: list[list[int]] = []
+        self.groups: list[list[int]] = []
+        self.results: dict[int, torch.Tensor] = {}
+
+    def _model_of(self, client: int) -> torch.Tensor:
+        return self.holds.get(client, self.params)
+
+    def _start_round(self) -> None:
+        k, seed, r = self.ctx.num_clients, self.ctx.seed, self.round
+        if self.island_size:
+            self.islands = draw_islands(k, self.island_size, seed, r)
+            self.groups = [draw_participants(g, self.client_sampling, seed, r) for g in self.islands]
+        else:
+            self.islands, self.groups = [], [drawn_clients(k, self.client_sampling, seed, r)]
+        self.results = {}
+        for group in self.groups:
+            for client in group:
+                self.send(client, Train(self.H), state=self._model_of(client))
+
+    def start(self) -> None:
+        self._start_round()
+
+    def on_result(self, result: Result) -> None:
+        self.results[result.client] = result.local
+        self.record_update(result.client, 0)  # every result of a round is averaged in it: none is stale
+        if len(self.results) < sum(len(g) for g in self.groups):
+            return
+        for i, group in enumerate(self.groups):
+            total = torch.zeros_like(self.params)
+            for client in group:  # ascending: the sum's order
+                total.add_(self.results[client])
+            mean = total.div_(len(group))
+            if self.islands:
+                for member in self.islands[i]:  # every member holds its island's mean
+                    self.holds[member] = mean
+            else:
+                self.params.copy_(mean)
+        if self.islands:  # the run's model: the mean over every client's
+            k = self.ctx.num_clients
+            self.params.copy_(sum(self.holds[g[0]] * (len(g) / k) for g in self.islands))
+        self.round += 1
+        if self.open:
+            self._start_round()
+
+    def summary(self) -> dict[str, Any]:
+        """The rounds completed."""
+        return {"rounds": self.round}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round, "holds": dict(self.holds), "islands": self.islands, "groups": self.groups,
+            "results": dict(self.results),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self.holds = {int(c): t for c, t in state["holds"].items()}
+        self.islands = [list(g) for g in state["islands"]]
+        self.groups = [list(g) for g in state["groups"]]
+        self.results = {int(c): t for c, t in state["results"].items()}
+
+    def describe(self) -> str:
+        islands = "" if self.island_size is None else f", island_size={self.island_size}"
+        return f"FedAvg(H={self.H}, client_sampling={self.client_sampling}{islands})"
+
+
+__all__ = ["FedAvgServer", "drawn_clients"]
