@@ -1,14 +1,16 @@
-"""Cost against the number of clients at equal sampled work: FedBuff on 1,000 and on 1,000,000
-clients (concurrency 100), each from a dataset factory, side by side.
+"""Cost against the number of clients at equal sampled work: a server algorithm on 1,000 and on
+1,000,000 clients, each from a dataset factory, side by side. ``fedbuff``: FedBuff, concurrency
+100, buffer 10, ``--ticks`` ticks (default 400), client speeds 1 to 3.2 in seven groups;
+``fedavg``: FedAvg as a server (``FedAvgServer``), 10 clients a round, 20 rounds.
 
 The work: the bundled digits, the MLP 64-256-256-10, 80 digits per client (as
-``virtual_nodes.py``), plain SGD (lr 0.05), batch 8, 10 local steps per task, buffer 10,
-``--ticks`` ticks (default 400); the network: 1 Gbit/s, 10 ms, 10 ms of compute per step,
-client speeds 1 to 3.2 in seven groups. Each side runs in a fresh Python process timed from its
+``virtual_nodes.py``), plain SGD (lr 0.05), batch 8, 10 local steps per task; the network:
+1 Gbit/s, 10 ms, 10 ms of compute per step. Each side runs in a fresh Python process timed from its
 start; its peak memory is that of its whole process tree (the fork server and the workers
 included), sampled every 20 ms from ``/proc``. The ratios big / small are the figures:
 
-    python benchmarks/scale.py --repeat 3
+    python benchmarks/scale.py fedbuff --repeat 3
+    python benchmarks/scale.py fedavg --repeat 3
 """
 
 from __future__ import annotations
@@ -28,20 +30,27 @@ from virtual_nodes import BATCH, client_data  # this folder is the script's firs
 from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
 logger = logging.getLogger("benchmarks.scale")
-LOCAL, BUFFER, CONCURRENCY, LR = 10, 10, 100, 0.05
+LOCAL, BUFFER, CONCURRENCY, LR, ROUND_CLIENTS, ROUNDS = 10, 10, 100, 0.05, 10, 20
 
 
-def _fit(clients: int, ticks: int) -> dict:
-    from exogym import Network, Trainer
+def _fit(algorithm: str, clients: int, ticks: int) -> dict:
+    from communicators import FedAvgServer
+    from exogym import Network, ServerStrategy, Trainer
     from exogym.strategy import FedBuffStrategy
     from exogym.tasks import MLPClassifier
 
-    speeds = tuple(1.0 + g * 0.37 for g in range(7))  # client r: speeds[r % 7]
+    if algorithm == "fedbuff":
+        strategy = FedBuffStrategy(
+            local_steps=LOCAL, buffer_size=BUFFER, concurrency=CONCURRENCY, optim_spec="sgd", lr=LR
+        )
+        speeds = tuple(1.0 + g * 0.37 for g in range(7))  # client r: speeds[r % 7]
+    else:  # 10 clients a round, 20 rounds of LOCAL steps
+        strategy = ServerStrategy(FedAvgServer(LOCAL, ROUND_CLIENTS / clients), optim_spec="sgd", lr=LR)
+        speeds, ticks = (), LOCAL * ROUNDS
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
-        FedBuffStrategy(local_steps=LOCAL, buffer_size=BUFFER, concurrency=CONCURRENCY, optim_spec="sgd", lr=LR),
-        num_nodes=clients, max_steps=ticks, batch_size=BATCH, network=Network(1e9, 0.01, compute=0.01,
+        strategy, num_nodes=clients, max_steps=ticks, batch_size=BATCH, network=Network(1e9, 0.01, compute=0.01,
         compute_slowdown=speeds), log_interval=50, progress=False, logger=False, device="cpu", seed=42, val_size=0,
     )  # fmt: skip
     summary = trainer.result["summary"]
@@ -71,11 +80,12 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def _side(clients: int, ticks: int) -> dict:
+def _side(algorithm: str, clients: int, ticks: int) -> dict:
     """One side in a fresh Python: its result, wall seconds and peak process-tree memory."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--child", "--clients", str(clients), "--ticks", str(ticks)],
+        [sys.executable, os.path.abspath(__file__), algorithm, "--child", "--clients", str(clients),
+         "--ticks", str(ticks)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     peak = [0]
@@ -97,6 +107,7 @@ def _side(clients: int, ticks: int) -> dict:
 @quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
+    parser.add_argument("algorithm", choices=("fedbuff", "fedavg"), help="the server algorithm")
     parser.add_argument("--repeat", type=int_at_least(1), default=1, help="rounds of the two sides")
     parser.add_argument("--ticks", type=int_at_least(1), default=400, help="ticks of each run (default 400)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -106,20 +117,22 @@ def main() -> None:
         import exogym
 
         exogym.prestart()
-        sys.stdout.write(json.dumps(_fit(args.clients, args.ticks)) + "\n")
+        sys.stdout.write(json.dumps(_fit(args.algorithm, args.clients, args.ticks)) + "\n")
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     small, big = 1_000, 1_000_000
-    logger.info(
-        "FedBuff, concurrency %d, buffer %d, %d local steps, %d ticks; 2-core CPU", CONCURRENCY, BUFFER, LOCAL,
-        args.ticks,
-    )  # fmt: skip
+    if args.algorithm == "fedbuff":
+        logger.info(
+            "FedBuff, concurrency %d, buffer %d, %d local steps, %d ticks", CONCURRENCY, BUFFER, LOCAL, args.ticks
+        )
+    else:
+        logger.info("FedAvg as a server, %d clients a round, %d rounds of %d steps", ROUND_CLIENTS, ROUNDS, LOCAL)
     logger.info("%-4s %9s %9s %11s %11s %8s %8s %14s", "run", "1e3 s", "1e6 s", "1e3 MB", "1e6 MB", "time x",
                 "memory x", "client steps")  # fmt: skip
     times, memory = [], []
     for i in range(args.repeat):
         order = [small, big] if i % 2 == 0 else [big, small]
-        out = {k: _side(k, args.ticks) for k in order}
+        out = {k: _side(args.algorithm, k, args.ticks) for k in order}
         times.append(out[big]["total_s"] / out[small]["total_s"])
         memory.append(out[big]["peak_mb"] / out[small]["peak_mb"])
         logger.info(
