@@ -225,7 +225,7 @@ class DecoupledDiLoCoServer(Server):
         span = _blocking(self.down[r], self.now, self.step_seconds[r])
         if span is None:
             state = (lambda: self._adopt(r)) if adopt else self.learner[r]
-            self.send(r, Train(1), state=state, transfer=False, seconds=0.0)
+            self.send(r, Train(1), state=state, transfer=False, upload=False)
         elif not math.isinf(span[1]):
             self.schedule(span[1] - self.now, "pull", r)
 
@@ -254,6 +254,7 @@ class DecoupledDiLoCoServer(Server):
         for p, offset in enumerate(self.offsets):
             if s % self.sync_steps == offset:
                 sent = self._slice(self.learner[r], p).clone()
+                self.transfer(r, sent=sent.numel() * sent.element_size())  # it trains on meanwhile
                 self.schedule(self.fragment_seconds[r][p], "contribution", r, p, c[p], self.v[r][p], sent)
                 self.sends[r] += 1
         self._step_or_leave(r, adopt=True)
@@ -292,12 +293,14 @@ class DecoupledDiLoCoServer(Server):
         self.round[p], self.merging[p] = {}, False
         weights = tuple(float(c) / total for _, (c, _, _, _) in contributions)
         self.record("merges", self.now, p, tuple(r for r, _ in contributions), weights)
+        merged = theta.clone()  # (read only by the learners it reaches)
         for r in range(self.ctx.num_clients):
             arrival = self.now + self.fragment_seconds[r][p]
             if not _absent(self.down[r], arrival):
-                self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], theta.clone())
+                self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], merged)
 
     def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
+        self.transfer(r, received=merged.numel() * merged.element_size())  # it trains on meanwhile
         self.arrived[r][p] = max(self.arrived[r][p], version)
         self.inbox[r].setdefault(p, {})[version] = merged
 
@@ -305,6 +308,7 @@ class DecoupledDiLoCoServer(Server):
         self.schedule(self.pull_seconds[r], "restore", r, tuple(self.version), self.params.clone())
 
     def on_restore(self, r: int, versions: tuple[int, ...], model: torch.Tensor) -> None:
+        self.transfer(r, received=self.ctx.nbytes, seconds=self.pull_seconds[r])  # it waited for the model
         self.learner[r] = model
         self.v[r] = list(versions)
         self.c[r] = [0] * self.fragments

@@ -53,12 +53,6 @@ def halos_steps(H: int, step_seconds: list[float], dylu: bool) -> list[int]:
     return [max(1, math.ceil(H * fastest / s - 1e-9)) for s in step_seconds]
 
 
-def regions_of(network: Network, num_nodes: int) -> list[int]:
-    """Per node, its region (one region on a homogeneous network)."""
-    world = network.world
-    return [0] * num_nodes if world is None else [world.region_of[r] for r in range(num_nodes)]
-
-
 def worker_transfer_seconds(network: Network, rank: int, nbytes: int) -> float:
     """Seconds to move ``nbytes`` between node ``rank`` and its region's LPS: as the clock
     prices a transfer between two nodes of the region."""
@@ -139,7 +133,7 @@ class HALoSServer(Server):
         super().setup(ctx)
         k, network = ctx.num_clients, ctx.network
         self.region = [ctx.region_of(r) for r in range(k)]
-        regions = 1 + max(self.region)
+        regions = ctx.regions
         self.region_transfer = [
             region_transfer_seconds(network, q, ctx.nbytes) if network is not None else 0.0 for q in range(regions)
         ]
@@ -242,6 +236,5 @@ __all__ = [
     "HALoSServer",
     "halos_steps",
     "region_transfer_seconds",
-    "regions_of",
     "worker_transfer_seconds",
 ]

@@ -58,12 +58,16 @@ class Task:
     info: Any
     #: Seconds of one transfer between the client and the server it talks to.
     seconds: float = 0.0
+    #: Whether the result is sent to the server (a transfer of ``seconds``).
+    upload: bool = True
+    #: The simulated second it was sent, and the seconds of its download (``0``: none), charged
+    #: when its first step starts (a task the drain stops before its first step cost nothing).
+    sent_at: float = 0.0
+    download: float = 0.0
     #: The tick of each of its steps that ran.
     ticks: list[int] = field(default_factory=list)
     #: Whether its last step has started (or the run drained first): it can be computed.
     ready: bool = False
-    #: Whether all its steps ran (its result arrives).
-    complete: bool = False
     local: torch.Tensor | None = None
     #: Per step that ran, its training loss.
     losses: list[float] = field(default_factory=list)
@@ -72,16 +76,20 @@ class Task:
         """The task as plain data (checkpoints)."""
         return {
             "client": self.client, "steps": self.train.steps, "fresh": self.train.fresh_optimizer,
-            "start": self.start, "info": self.info, "seconds": self.seconds, "ticks": list(self.ticks),
-            "ready": self.ready, "complete": self.complete, "local": self.local, "losses": list(self.losses),
+            "start": self.start, "info": self.info, "seconds": self.seconds, "upload": self.upload,
+            "sent_at": self.sent_at, "download": self.download, "ticks": list(self.ticks),
+            "ready": self.ready, "local": self.local, "losses": list(self.losses),
         }  # fmt: skip
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Task:
         """The task ``state_dict`` gave."""
         train = Train(int(s["steps"]), bool(s["fresh"]))
-        task = cls(int(s["client"]), train, s["start"], s["info"], float(s["seconds"]), list(s["ticks"]))
-        task.ready, task.complete, task.local, task.losses = s["ready"], s["complete"], s["local"], list(s["losses"])
+        task = cls(
+            int(s["client"]), train, s["start"], s["info"], float(s["seconds"]), bool(s["upload"]),
+            float(s["sent_at"]), float(s["download"]), list(s["ticks"]),
+        )  # fmt: skip
+        task.ready, task.local, task.losses = s["ready"], s["local"], list(s["losses"])
         return task
 
 
@@ -142,8 +150,8 @@ class ServerLoop:
         self._between = -1  # the last ``done`` between_ticks was called with
         #: Every transfer: ``(simulated second it starts, bytes clients sent, bytes they received)``.
         self.transfers: list[tuple[float, int, int]] = []
-        self.nbytes = ctx.params.numel() * ctx.params.element_size()
-        server._services = _Services(lambda: self.time, lambda: not self.draining, self._send, self._schedule)
+        self.nbytes = ctx.nbytes or ctx.params.numel() * ctx.params.element_size()
+        server._services = _Services(lambda: self.time, self._open, self._send, self._schedule, self._transfer)
         setup_server(server, ctx)
         self._started = False
 
@@ -153,16 +161,30 @@ class ServerLoop:
         heapq.heappush(self._heap, (round(time, TIME_DIGITS), self._order[kind], key, self._seq, kind, payload))
 
     def _send(
-        self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool, seconds: float | None
+        self,
+        client: int,
+        train: Train,
+        state: torch.Tensor | None,
+        info: Any,
+        transfer: bool,
+        seconds: float | None,
+        upload: bool,
     ) -> None:
         if not isinstance(train, Train):
             raise TypeError(f"send: task must be a Train(steps), got {train!r}")
         if not (isinstance(client, int) and 0 <= client < self.ctx.num_clients):
             raise ValueError(f"send: client must be a rank in [0, {self.ctx.num_clients}), got {client!r}")
-        self._push(self.time, "serve", client, (train, state, info, transfer, seconds))
+        self._push(self.time, "serve", client, (train, state, info, transfer, seconds, upload))
 
     def _schedule(self, delay: float, kind: str, key: int, data: tuple) -> None:
         self._push(self.time + delay, kind, key, data)
+
+    def _transfer(self, client: int, sent: int, received: int, seconds: float) -> None:
+        c = self._clock(client)
+        c.comm += seconds
+        c.sent += sent
+        c.received += received
+        self.transfers.append((self.time, sent, received))
 
     def _clock(self, client: int) -> ClientClock:
         c = self.clients.get(client)
@@ -180,6 +202,7 @@ class ServerLoop:
         while self._heap:
             time, _, key, _, kind, payload = self._heap[0]
             if kind == "start" and self._opens_tick(time):
+                self.time = time  # between the ticks: the next one's instant
                 self._call_between(len(self.ticks))
             heapq.heappop(self._heap)
             self.time = time
@@ -203,6 +226,11 @@ class ServerLoop:
         self._compute(self._cut)  # cut short by the drain: their losses
         self._cut = []
         self._call_between(self.max_ticks)
+
+    def _open(self) -> bool:
+        """Whether a step could still start: not draining, and not past the last tick's instant."""
+        last = len(self.ticks) == self.max_ticks and self.time > self.ticks[-1]
+        return not (self.draining or last)
 
     def _opens_tick(self, time: float) -> bool:
         return not self.draining and len(self.ticks) < self.max_ticks and (not self.ticks or time > self.ticks[-1])
@@ -234,7 +262,14 @@ class ServerLoop:
                 self._cut.append(task)
 
     def _on_serve(
-        self, client: int, train: Train, state: torch.Tensor | None, info: Any, transfer: bool, seconds: float | None
+        self,
+        client: int,
+        train: Train,
+        state: torch.Tensor | None,
+        info: Any,
+        transfer: bool,
+        seconds: float | None,
+        upload: bool,
     ) -> None:
         if client in self.in_flight:
             raise RuntimeError(
@@ -245,18 +280,18 @@ class ServerLoop:
             state = state()
         start = (self.server.params if state is None else state).detach().clone()
         link = self.ctx.transfer_seconds(client) if seconds is None else seconds
-        task = self.in_flight[client] = Task(client, train, start, info() if callable(info) else info, link)
-        delay = 0.0
-        if transfer:
-            delay = link
-            c = self._clock(client)
-            c.comm += delay
-            c.received += self.nbytes
-            self.transfers.append((self.time, 0, self.nbytes))
+        delay = link if transfer else 0.0
+        info = info() if callable(info) else info
+        task = self.in_flight[client] = Task(client, train, start, info, link, upload, self.time, delay)
+        self._clock(client)  # (a client a send names is in the table)
         self._push(self.time + delay, "start", client, task)
 
     def _on_start(self, task: Task) -> None:
         c = self._clock(task.client)
+        if not task.ticks and task.download > 0:  # its download, now that its first step runs
+            c.comm += task.download
+            c.received += self.nbytes
+            self.transfers.append((task.sent_at, 0, self.nbytes))
         seconds = self.ctx.step_seconds(task.client)
         c.steps += 1
         c.compute += seconds
@@ -266,12 +301,13 @@ class ServerLoop:
         if len(task.ticks) < task.train.steps:
             self._push(end, "start", task.client, task)
             return
-        task.ready = task.complete = True
+        task.ready = True
         self._ready.append(task)
-        up = task.seconds
-        c.comm += up
-        c.sent += self.nbytes
-        self.transfers.append((end, self.nbytes, 0))
+        up = task.seconds if task.upload else 0.0
+        if task.upload:
+            c.comm += up
+            c.sent += self.nbytes
+            self.transfers.append((end, self.nbytes, 0))
         self._push(end + up, "receive", task.client, task)
 
     def _on_receive(self, task: Task) -> None:

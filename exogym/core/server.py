@@ -125,6 +125,7 @@ class _Services:
     open: Callable[[], bool]
     send: Callable[..., None]
     schedule: Callable[..., None]
+    transfer: Callable[..., None]
 
 
 class Server:
@@ -193,10 +194,11 @@ class Server:
         client: int,
         task: Train,
         *,
-        state: torch.Tensor | None = None,
+        state: torch.Tensor | Callable[[], torch.Tensor] | None = None,
         info: Any = None,
         transfer: bool = True,
         seconds: float | None = None,
+        upload: bool = True,
     ) -> None:
         """Send ``client`` the task ``task`` from ``state`` (default ``self.params``; a function
         returning it is called then) as it is at this instant, after the results and server
@@ -208,10 +210,20 @@ class Server:
         that it sees what the state has then (``info=lambda: self.version``: the version sent,
         after every result of this instant). ``seconds``: of one transfer each way, where the state
         does not come from the server's own place (``None``: ``ctx.transfer_seconds(client)``;
-        HALoS's workers talk to a server in their own region). A client runs one task at a time."""
+        HALoS's workers talk to a server in their own region). ``upload=False``: the result is not
+        sent (the client keeps its parameters, and the server reads them where it has them:
+        Decoupled DiLoCo's learners, whose every step is a task); it reaches ``on_result`` at the
+        end of the last step. A client runs one task at a time."""
         if seconds is not None and not (seconds >= 0 and math.isfinite(seconds)):
             raise ValueError(f"send: seconds must be a finite number >= 0 or None, got {seconds!r}")
-        self._bound().send(client, task, state, info, transfer, seconds)
+        self._bound().send(client, task, state, info, transfer, seconds, upload)
+
+    def transfer(self, client: int, sent: int = 0, received: int = 0, seconds: float = 0.0) -> None:
+        """Count a transfer the server's own events make with ``client``: ``sent`` bytes from it,
+        ``received`` bytes to it, and ``seconds`` the client waits for it (``0`` for one it does
+        not wait for, a fragment sent while it trains on). The run's bytes and the client's
+        clock include it."""
+        self._bound().transfer(client, sent, received, seconds)
 
     def schedule(self, delay: float, kind: str, key: int, *data: Any) -> None:
         """A server-side event ``kind`` (one of ``kinds``) ``delay`` seconds after this instant, handled by

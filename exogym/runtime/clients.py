@@ -19,6 +19,7 @@ import torch
 
 from exogym import data as D
 from exogym.core.events import Task, flat_params, load_flat
+from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.forward import backward, forward_loss
 
 
@@ -27,7 +28,7 @@ class ClientState:
     """What a client keeps between its tasks."""
 
     strategy: dict[str, Any]
-    rng: torch.Tensor
+    rng: dict[str, Any]
     data: dict[str, Any]
 
 
@@ -100,7 +101,7 @@ class Clients:
         if task.train.fresh_optimizer:
             strategy.optim.state.clear()
         if state is not None:
-            torch.set_rng_state(state.rng)
+            ckpt.set_rng_state(state.rng, self.device)
         else:
             torch.manual_seed(cfg.seed + client)
         batches = self._batches(client, state)
@@ -117,7 +118,9 @@ class Clients:
             task.losses.append(loss / cfg.accumulation)
             strategy.step()
         task.local = flat_params(self.model).cpu()
-        self.states[client] = ClientState(strategy.state_dict(), torch.get_rng_state(), batches.state_dict())
+        if task.train.fresh_optimizer:  # its next task starts afresh too: keep no state of it
+            strategy.optim.state.clear()
+        self.states[client] = ClientState(strategy.state_dict(), ckpt.rng_state(self.device), batches.state_dict())
 
 
 __all__ = ["ClientState", "Clients"]

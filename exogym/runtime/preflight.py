@@ -217,6 +217,14 @@ def _check_server(strategy: ServerStrategy, model: torch.nn.Module, num_nodes: i
     from exogym.core.events import flat_params
     from exogym.runtime.server_run import server_context
 
+    tracked = [name for name, m in model.named_modules() if getattr(m, "track_running_stats", False)]
+    if tracked:
+        raise ValueError(
+            f"{type(strategy).__name__} runs as a server and tasks, whose server keeps the model's trainable "
+            f"parameters; the model's {tracked[0] or 'root'} ({type(model.get_submodule(tracked[0])).__name__}) "
+            "updates running statistics as it trains, which no server would hold: build it with "
+            "track_running_stats=False (or a normalization without them, e.g. GroupNorm or LayerNorm)"
+        )
     ctx = server_context(network.for_run(num_nodes, seed), num_nodes, seed, flat_params(model))
     setup_server(copy.deepcopy(strategy.server), ctx)
 

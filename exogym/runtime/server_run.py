@@ -7,7 +7,7 @@ keeps that client's state, ``exogym.runtime.clients``), and its result reaches e
 broadcast. The same run on 1 or 2 workers, or under torchrun, computes the same values.
 
 What the run reports comes from the clock alone: each row's ``sim_time`` is the simulated
-second of its last tick (the run's end for the last row), the per-node table gives each
+second at which the tick after its last begins (the run's end for the last row), the per-node table gives each
 client's compute, transfers and waiting over the run's simulated seconds, and the summary
 every client's steps and utilisation and the staleness of the updates.
 """
@@ -61,6 +61,11 @@ def _step_seconds(network: Any) -> float:
         raise ValueError(
             f"server algorithms follow a simulated clock, which needs modelled compute: the network has compute={c!r}; "
             "pass fit(..., network=Network(..., compute=<seconds per step>)) or compute='flops'"
+        )
+    if not float(c) > 0:
+        raise ValueError(
+            f"server algorithms count steps on a clock: a step must take time, the network has compute={c!r}; "
+            "pass a number of seconds per step > 0"
         )
     return float(c)
 
@@ -193,9 +198,12 @@ class ServerRun:
         self.validations.append(row)
 
     def _now(self, done: int) -> float:
-        """The simulated second after ``done`` ticks: the next tick's, or the run's end."""
+        """The simulated second after ``done`` ticks: the instant the next tick begins, or the
+        run's end after the last."""
         loop = self.loop
-        return loop.end_time if done >= self.max_steps or done >= len(loop.ticks) else loop.ticks[done]
+        if done >= self.max_steps:
+            return loop.end_time
+        return loop.ticks[done] if done < len(loop.ticks) else loop.time  # (between ticks: the next one's)
 
     def _save(self, done: int) -> None:
         """Checkpoint after ``done`` ticks: every rank writes its clients' state, rank 0 the clock
@@ -231,13 +239,7 @@ class ServerRun:
         self.clients.load_state_dict(mine)
         assert loop_state is not None
         self.loop.load_state_dict(loop_state)
-        step = int(meta["step"])
-        self.validations = [v for v in self.validations if v["step"] != step or self._val_due(step)]
-        self._progressed = step
-
-    def _val_due(self, step: int) -> bool:
-        interval = self.cfg.val_interval
-        return bool(interval and step % interval == 0)
+        self._progressed = int(meta["step"])
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -266,7 +268,8 @@ class ServerRun:
     def _rows(self, wall: float) -> list[dict[str, Any]]:
         """The train rows, every ``log_interval`` ticks and at the last: per row the mean loss of
         the steps of its ticks, the examples and bytes so far (bytes: mean per client of the
-        run), the learning rate, and the simulated second after its last tick."""
+        run), the learning rate of its last tick, and the simulated second at which the next tick
+        begins (the run's end for the last row)."""
         cfg, loop, k = self.cfg, self.loop, self.cfg.num_nodes
         transfers = sorted(loop.transfers)
         rows: list[dict[str, Any]] = []

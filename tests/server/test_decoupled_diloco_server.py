@@ -70,3 +70,21 @@ def test_decoupled_diloco_server_equals_its_event_driven_reference(settings, wor
     for rank in out:
         for a, b in zip(rank["params"], ref["params"], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_learner_is_charged_its_fragments_the_merges_it_receives_and_its_pulls_not_its_steps() -> None:
+    ds = regression_data(4 * 8 * STEPS)
+    down = {2: [(1.5, 4.5)]}  # learner 2 away, then it pulls the whole model
+    net = Network(1e8, 0.1, compute=1.0, compute_slowdown=SLOWDOWN, availability=_trace(down))
+    make = lambda: ServerStrategy(DecoupledDiLoCoServer(H=2, quorum=2, grace=0.0), optim_spec=SGD)  # noqa: E731
+    out = train_server(4, make, STEPS, dataset=ds, network=net)
+    server, loop = out[0]["server"], out[0]["loop"]
+    nbytes = loop.nbytes
+    pull = 0.1 + 8 * nbytes / 1e8
+    for r, clock in loop.clients.items():
+        assert clock.sent == server.sends[r] * nbytes  # one fragment (the model) per send, no step's upload
+        assert clock.received > 0 and clock.received % nbytes == 0  # merged fragments (and a pull)
+        assert clock.comm == pytest.approx(pull if r == 2 else 0.0)  # only the pull is waited for
+    assert loop.clients[2].received >= nbytes  # the pull
+    for row in out[0]["nodes"]:
+        assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(row["clock"], abs=1e-9)

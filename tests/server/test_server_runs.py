@@ -363,3 +363,57 @@ def test_a_setup_without_super_is_refused_before_any_process_starts(monkeypatch)
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(TypeError, match="must call super"):
         trainer.fit(exogym.ServerStrategy(_NoSuper(), optim_spec=SGD), 3, max_steps=4, network=SPEEDS, progress=False)
+
+
+def test_a_validation_row_is_timed_as_the_train_row_of_its_step() -> None:
+    slow = Network(1e8, 0.01, compute=1.0, compute_slowdown=(1.0, 1.0, 0.5, 0.25))
+    out = train_server(
+        4, STRATEGIES["async_diloco"], 16, network=slow, val_dataset=regression_data(64, seed=1), workers=1
+    )
+    # (a validation needs val_interval: the helper's run validates at the start and the end only)
+    train = {r["step"]: r for r in out[0]["history"] if "train_loss" in r}
+    for row in (r for r in out[0]["history"] if "val_loss_global" in r and r["step"] in train):
+        assert row["sim_time"] == train[row["step"]]["sim_time"]
+        assert row["bytes_sent"] == train[row["step"]]["bytes_sent"]
+
+
+class _SendsAtTheEnd(exogym.Server):
+    """Sends client 0 one step at a time; records whether the run is open at each result."""
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        self.seen = []
+
+    def start(self):
+        self.send(0, exogym.Train(1), transfer=False)
+
+    def on_result(self, result):
+        self.seen.append(self.open)
+        self.send(0, exogym.Train(1))
+
+
+def test_the_run_is_closed_to_sends_once_its_last_tick_has_passed() -> None:
+    out = train_server(2, lambda: exogym.ServerStrategy(_SendsAtTheEnd(), optim_spec=SGD), 3, network=SPEEDS)
+    server, loop = out[0]["server"], out[0]["loop"]
+    assert server.seen == [True, True, False]  # the third result arrives after the third (last) tick
+    assert loop.clients[0].steps == 3
+    row = out[0]["nodes"][0]
+    assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(row["clock"], abs=1e-9)
+
+
+def test_steps_that_take_no_time_are_refused_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="a step must take time"):
+        train_server(2, STRATEGIES["fedbuff"], 4, network=Network(1e9, 0.0, compute=0.0))
+
+
+def test_a_model_with_running_statistics_is_refused_before_any_process_starts(monkeypatch) -> None:
+    monkeypatch.setattr(exogym.trainer, "run_nodes", _no_start)
+
+    class WithBatchNorm(TinyNet):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(8)
+
+    trainer = Trainer(WithBatchNorm(), regression_data(256))
+    with pytest.raises(ValueError, match="norm .BatchNorm1d. updates running statistics.*track_running_stats=False"):
+        trainer.fit(STRATEGIES["fedbuff"](), 3, max_steps=4, network=SPEEDS, progress=False)
