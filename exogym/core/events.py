@@ -288,7 +288,7 @@ class ServerLoop:
 
     def _on_start(self, task: Task) -> None:
         c = self._clock(task.client)
-        if not task.ticks and task.download > 0:  # its download, now that its first step runs
+        if not task.ticks and task.download > 0:  # its download, charged as its first step runs
             c.comm += task.download
             c.received += self.nbytes
             self.transfers.append((task.sent_at, 0, self.nbytes))
