@@ -93,6 +93,18 @@ class Task:
         return task
 
 
+@dataclass(frozen=True)
+class _Send:
+    """What a ``Server.send`` asked for, read when its ``serve`` event happens."""
+
+    train: Train
+    state: Any
+    info: Any
+    transfer: bool
+    seconds: float | None
+    upload: bool
+
+
 @dataclass
 class ClientClock:
     """What the clock counted of one client: steps, compute and transfer seconds, bytes."""
@@ -160,31 +172,24 @@ class ServerLoop:
         self._seq += 1
         heapq.heappush(self._heap, (round(time, TIME_DIGITS), self._order[kind], key, self._seq, kind, payload))
 
-    def _send(
-        self,
-        client: int,
-        train: Train,
-        state: torch.Tensor | None,
-        info: Any,
-        transfer: bool,
-        seconds: float | None,
-        upload: bool,
-    ) -> None:
-        if not isinstance(train, Train):
-            raise TypeError(f"send: task must be a Train(steps), got {train!r}")
+    def _send(self, client: int, *args: Any) -> None:
+        send = _Send(*args)
+        if not isinstance(send.train, Train):
+            raise TypeError(f"send: task must be a Train(steps), got {send.train!r}")
         if not (isinstance(client, int) and 0 <= client < self.ctx.num_clients):
             raise ValueError(f"send: client must be a rank in [0, {self.ctx.num_clients}), got {client!r}")
-        self._push(self.time, "serve", client, (train, state, info, transfer, seconds, upload))
+        self._push(self.time, "serve", client, send)
 
     def _schedule(self, delay: float, kind: str, key: int, data: tuple) -> None:
         self._push(self.time + delay, kind, key, data)
 
-    def _transfer(self, client: int, sent: int, received: int, seconds: float) -> None:
+    def _transfer(self, client: int, sent: int, received: int, seconds: float, at: float | None = None) -> None:
+        """Count a transfer of ``client`` that starts at ``at`` (default: now)."""
         c = self._clock(client)
         c.comm += seconds
         c.sent += sent
         c.received += received
-        self.transfers.append((self.time, sent, received))
+        self.transfers.append((self.time if at is None else at, sent, received))
 
     def _clock(self, client: int) -> ClientClock:
         c = self.clients.get(client)
@@ -217,7 +222,7 @@ class ServerLoop:
                 self.end_time = max(self.end_time, time)
                 self._on_receive(payload)
             elif kind == "serve":
-                self._on_serve(key, *payload)
+                self._on_serve(key, payload)
             else:
                 self.end_time = max(self.end_time, time)
                 self._handlers[kind](key, *payload)
@@ -261,37 +266,25 @@ class ServerLoop:
                 task.ready = True
                 self._cut.append(task)
 
-    def _on_serve(
-        self,
-        client: int,
-        train: Train,
-        state: torch.Tensor | None,
-        info: Any,
-        transfer: bool,
-        seconds: float | None,
-        upload: bool,
-    ) -> None:
+    def _on_serve(self, client: int, send: _Send) -> None:
         if client in self.in_flight:
             raise RuntimeError(
                 f"{type(self.server).__name__} sent client {client} a task at {self.time:.6g} s while its last one "
                 "is in flight: a client runs one task at a time"
             )
-        if callable(state):
-            state = state()
+        state = send.state() if callable(send.state) else send.state
         start = (self.server.params if state is None else state).detach().clone()
-        link = self.ctx.transfer_seconds(client) if seconds is None else seconds
-        delay = link if transfer else 0.0
-        info = info() if callable(info) else info
-        task = self.in_flight[client] = Task(client, train, start, info, link, upload, self.time, delay)
+        link = self.ctx.transfer_seconds(client) if send.seconds is None else send.seconds
+        delay = link if send.transfer else 0.0
+        info = send.info() if callable(send.info) else send.info
+        task = self.in_flight[client] = Task(client, send.train, start, info, link, send.upload, self.time, delay)
         self._clock(client)  # (a client a send names is in the table)
         self._push(self.time + delay, "start", client, task)
 
     def _on_start(self, task: Task) -> None:
-        c = self._clock(task.client)
         if not task.ticks and task.download > 0:  # its download, charged as its first step runs
-            c.comm += task.download
-            c.received += self.nbytes
-            self.transfers.append((task.sent_at, 0, self.nbytes))
+            self._transfer(task.client, 0, self.nbytes, task.download, at=task.sent_at)
+        c = self._clock(task.client)
         seconds = self.ctx.step_seconds(task.client)
         c.steps += 1
         c.compute += seconds
@@ -305,9 +298,7 @@ class ServerLoop:
         self._ready.append(task)
         up = task.seconds if task.upload else 0.0
         if task.upload:
-            c.comm += up
-            c.sent += self.nbytes
-            self.transfers.append((end, self.nbytes, 0))
+            self._transfer(task.client, self.nbytes, 0, up, at=end)
         self._push(end + up, "receive", task.client, task)
 
     def _on_receive(self, task: Task) -> None:
