@@ -17,6 +17,7 @@ import glob
 import importlib
 import inspect
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -200,6 +201,19 @@ def one_script(page: str) -> str:
         text = f.read()
     assert ONE_SCRIPT in text, page
     return "\n".join(re.findall(r"```python\n(.*?)```", text, re.DOTALL))
+
+
+def run_one_script(page: str, folder: pathlib.Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``one_script(page)`` as a script in ``folder`` (with this checkout importable); what it
+    printed, after checking that it exited 0."""
+    script = folder / "page.py"
+    script.write_text(one_script(page))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=folder, env=env, timeout=timeout
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
 
 
 def _runnable_blocks() -> list[tuple[str, str]]:

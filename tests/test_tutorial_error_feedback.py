@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +18,7 @@ import torch
 from exogym.strategy import CommunicateOptimizeStrategy, OptimSpec
 from tests.fake_world import train_ranks
 from tests.helpers import TinyNet, node_batches, regression_data
-from tests.test_docs import ROOT, one_script
+from tests.test_docs import ROOT, one_script, run_one_script
 
 PAGE = "writing-algorithms/tutorial-error-feedback.md"
 STEPS = 10
@@ -110,13 +108,7 @@ def _rows(text: str) -> dict[str, list[str]]:
 @pytest.mark.procs
 @pytest.mark.timeout(600)
 def test_the_tutorial_runs_as_one_script_and_prints_the_table_the_page_shows(tmp_path) -> None:
-    script = tmp_path / "tutorial.py"
-    script.write_text(one_script(PAGE))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=580
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_one_script(PAGE, tmp_path, timeout=580)
     ran = _rows(out.stdout)
     with open(os.path.join(ROOT, "docs", PAGE)) as f:
         shown = _rows(f.read())

@@ -5,8 +5,6 @@ page runs as a script."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from exogym.strategy import OptimSpec
 from tests.fake_world import train_server
 from tests.helpers import regression_data
 from tests.references.fedasync import reference_fedasync
-from tests.test_docs import one_script
+from tests.test_docs import one_script, run_one_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = "writing-algorithms/servers.md"
@@ -57,10 +55,6 @@ def test_the_tutorials_fedasync_equals_its_event_driven_reference(latency, a, wo
 @pytest.mark.procs
 @pytest.mark.timeout(300)
 def test_the_tutorial_page_runs_as_a_script_and_prints_both_servers(tmp_path) -> None:
-    script = tmp_path / "servers.py"
-    script.write_text(one_script(PAGE))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_one_script(PAGE, tmp_path, timeout=280)
     lines = [line for line in out.stdout.splitlines() if line.startswith(("fedasync", "fedbuff"))]
     assert [line.split()[0] for line in lines] == ["fedasync", "fedbuff"]
