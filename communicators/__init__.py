@@ -4,7 +4,7 @@ Each module is small, does one kind of communication, and charges every byte it 
 the node's ledger through ``exogym.core.comm.comm.NodeComm``.
 
 * [`AveragingCommunicator`][communicators.AveragingCommunicator]: mean of params or grads,
-  optionally in islands / over sampled clients;
+  optionally in islands;
 * [`SparseCommunicator`][communicators.SparseCommunicator]: SPARTA sparse averaging with shared-seed
   (or top-k) selectors;
 * [`DiLoCoCommunicator`][communicators.DiLoCoCommunicator]: DiLoCo's outer step on the averaged
@@ -58,7 +58,7 @@ from communicators.sparseloco import SparseLoCoCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
 from communicators.topk import TopKCommunicator
 from communicators.window import During
-from exogym.core.pipeline import Communicator, NodeContext, Participation, Pipeline, Wrapper
+from exogym.core.pipeline import Communicator, NodeContext, Pipeline, Wrapper
 
 __all__ = [
     "BF16",
@@ -67,7 +67,6 @@ __all__ = [
     "AsyncDiLoCoServer",
     "AveragingCommunicator",
     "Int8",
-    "Participation",
     "Quantize",
     "Wrapper",
     "DCTCompressCommunicator",

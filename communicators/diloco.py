@@ -82,7 +82,7 @@ class DiLoCoCommunicator(Communicator):
         #: The exact outer step averages among the present nodes; a custom reducer may not.
         self.supports_dropout = reducer is None  # type: ignore[misc]
         #: The mean pseudo-gradient holds every entry every round; a reducer's may not.
-        self.stable_payloads = reducer is None  # type: ignore[misc]
+        self.payloads = "stable" if reducer is None else "varying"  # type: ignore[misc]
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)

@@ -50,7 +50,7 @@ class EagerDiLoCoCommunicator(Communicator):
 
     space: ClassVar[str] = "param"
     #: The mean pseudo-gradient holds every entry every round.
-    stable_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "stable"
     supports_dropout: ClassVar[bool] = True
 
     def __init__(self, H: int = 100, outer_optim: OptimSpec | None = None) -> None:

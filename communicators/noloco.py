@@ -54,7 +54,7 @@ class NoLoCoCommunicator(Communicator):
 
     space: ClassVar[str] = "param"
     #: Every payload holds the same entries every round.
-    stable_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "stable"
     #: A mean all-reduce within each pair: a node whose peer is missing steps on its own.
     supports_dropout: ClassVar[bool] = True
 

@@ -35,7 +35,7 @@ class OptimizerStateAveraging(Communicator):
 
     space: ClassVar[str] = "param"
     #: Every payload holds the same entries every round.
-    stable_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "stable"
     #: A mean all-reduce: averages among the present nodes.
     supports_dropout: ClassVar[bool] = True
 

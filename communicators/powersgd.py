@@ -96,7 +96,7 @@ class PowerSGDCommunicator(Communicator):
 
     space: ClassVar[str] = "grad"
     #: Every payload holds the same entries every round.
-    stable_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "stable"
     #: Sum and mean all-reduces only: a round can go on without missing nodes.
     supports_dropout: ClassVar[bool] = True
 

@@ -207,30 +207,6 @@ class QuantizedComm(WireComm):
             return self.base.wire_payload(tensor, tag)
         return quantized_bytes(tensor.numel(), self.fmt, self.chunk), f"{tag}+{self.fmt}"
 
-    @property
-    def can_sit_out(self) -> bool:
-        """Without error feedback, as the base (zeros quantize to zero codes); with it, never:
-        a node's zero payload carries its residual, so every node sends."""
-        return not self.error_feedback and self.base.can_sit_out
-
-    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
-        """As ``NodeComm.all_reduce_receive``; with error feedback the node sends its zero
-        payload (its residual) and returns the sum."""
-        if not self.error_feedback or not like.is_floating_point() or op != "sum":
-            return self.base.all_reduce_receive(like, op, groups)
-        return self.all_reduce(torch.zeros(like.shape, dtype=like.dtype, device=like.device), op, groups, False)
-
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
-    ) -> None:
-        """As ``NodeComm.all_reduce_absent``; with error feedback the node sends its zero
-        payload (its residual) each time."""
-        if not self.error_feedback or not like.is_floating_point() or op != "sum":
-            self.base.all_reduce_absent(like, op, groups, repeat)
-            return
-        for _ in range(repeat):
-            self.all_reduce_receive(like, op, groups)
-
     def broadcast(
         self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
     ) -> torch.Tensor | CollectiveHandle:
@@ -253,9 +229,9 @@ class Quantize(Wire):
         chunk: entries per int8/fp8 scale.
         error_feedback: carry the quantization error into later payloads: per payload site
             where the payloads hold the same entries every round
-            (``stable_payloads``), per parameter
+            (``payloads = "stable"``), per parameter
             entry where they say which entries they hold
-            (``locates_payloads``: SPARTA).
+            (``payloads = "located"``: SPARTA).
     """
 
     fmt = "int8"
@@ -273,21 +249,22 @@ class Quantize(Wire):
 
     def check(self, module: Communicator) -> None:
         """Raise ``ValueError`` where the transform cannot apply to ``module``: it codes its
-        payloads into bytes itself (``coded_payloads``: nothing to quantize, the wire would do
+        payloads into bytes itself (``payloads = "coded"``: nothing to quantize, the wire would do
         nothing), or error feedback is asked for and its payloads hold different entries each
-        round without saying which (``locates_payloads``)."""
-        if module.coded_payloads:
+        round without saying which (``payloads = "varying"``)."""
+        if module.payloads == "coded":
             raise ValueError(
                 f"a quantizing wire ({self.describe()}) acts on float payloads, but {module.describe()} codes its "
-                "payload into bytes itself (coded_payloads: values and indices in one buffer, at the precision the "
+                "payload into bytes itself (payloads='coded': values and indices in one buffer, at the precision the "
                 "module sets), so the wire would pass it through unchanged; leave the quantizing wire out for this "
                 "module (no wire= on the strategy, no QuantizeCommunicator around it)"
             )
-        if self.error_feedback and not module.stable_payloads and not module.locates_payloads:
+        if self.error_feedback and module.payloads == "varying":
             raise ValueError(
-                f"error_feedback=True needs payloads that hold the same entries every round, or that say which "
-                f"entries they hold (locates_payloads), but {module.describe()} sends different entries each round "
-                "without saying which (its residuals would be added to the wrong entries); use error_feedback=False"
+                f"error_feedback=True needs payloads that hold the same entries every round (payloads = 'stable' on "
+                f"the module's class), or that say which entries they hold (payloads = 'located'), but "
+                f"{module.describe()} sends different entries each round without saying which (payloads = "
+                f"{module.payloads!r}: its residuals would be added to the wrong entries); use error_feedback=False"
             )
 
     def describe(self) -> str:

@@ -112,10 +112,9 @@ class SparseCommunicator(Communicator):
     """
 
     space: ClassVar[str] = "param"
-    #: The averaged entries change from round to round.
-    stable_payloads: ClassVar[bool] = False
-    #: Every all-reduce says which parameter entries it carries (error feedback per entry).
-    locates_payloads: ClassVar[bool] = True
+    #: The averaged entries change from round to round; every all-reduce says which parameter
+    #: entries it carries (error feedback per entry).
+    payloads: ClassVar[str] = "located"
 
     def __init__(
         self,

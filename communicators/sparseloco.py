@@ -132,7 +132,7 @@ class SparseLoCoCommunicator(Communicator):
 
     State: the last synchronised parameters and each node's error buffer (they differ per node).
     The payload is an all-gather, which cannot leave a node out of a round: faults that drop
-    nodes are refused with this module. The payload is coded bytes (``coded_payloads``; its
+    nodes are refused with this module. The payload is coded bytes (``payloads = "coded"``; its
     values' precision is ``bits``), so a quantizing wire transform is refused with it too.
 
     Args:
@@ -152,7 +152,7 @@ class SparseLoCoCommunicator(Communicator):
 
     space: ClassVar[str] = "param"
     #: Few-bit codes packed into bytes (``bits`` sets the values' precision): a quantizing wire is refused.
-    coded_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "coded"
 
     def __init__(
         self,

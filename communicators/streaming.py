@@ -59,7 +59,7 @@ class StreamingDiLoCoCommunicator(Communicator):
 
     space: ClassVar[str] = "param"
     #: Each payload says which entries (its fragment's) it carries: error feedback per entry.
-    locates_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "located"
 
     def __init__(
         self,

@@ -46,17 +46,15 @@ class TopKCommunicator(Communicator):
     The residuals (one per parameter, the parameter's shape) are the module's state. The payload
     is an all-gather, which cannot leave a node out of a round: faults that drop nodes are
     refused with this module. The payload is coded bytes (values and indices in one buffer,
-    ``coded_payloads``), so a quantizing wire transform is refused with it too.
+    ``payloads = "coded"``), so a quantizing wire transform is refused with it too.
 
     Args:
         k: fraction of each tensor's entries sent per step, in ``(0, 1]`` (``1`` is DDP).
     """
 
     space: ClassVar[str] = "grad"
-    #: Each step selects other entries.
-    stable_payloads: ClassVar[bool] = False
     #: Values and indices travel in one byte buffer: a quantizing wire is refused.
-    coded_payloads: ClassVar[bool] = True
+    payloads: ClassVar[str] = "coded"
 
     def __init__(self, k: float = 0.01) -> None:
         super().__init__(H=1)

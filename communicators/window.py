@@ -18,7 +18,7 @@ class During(Wrapper):
 
     def __init__(self, inner: Communicator, start: int = 0, stop: int | None = None) -> None:
         super().__init__(inner)
-        if inner.leaves() != [inner]:
+        if inner._leaves() != [inner]:
             raise TypeError(f"During wraps one module, got {inner.describe()}: wrap each module instead")
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise ValueError(f"start must be an int >= 0, got {start!r}")
@@ -33,7 +33,7 @@ class During(Wrapper):
     def is_due(self, step: int) -> bool:
         return self.active(step) and self.inner.is_due(step)
 
-    def leaves(self) -> list[Communicator]:
+    def _leaves(self) -> list[Communicator]:
         """This module: the runtime asks it, not ``inner``, which steps communicate."""
         return [self]
 

@@ -30,6 +30,9 @@ original's default ``save_dir``; ``correlation_interval`` (the model correlation
 every validation, so it sets ``val_interval`` when that is not given); ``wandb_project`` (a
 [`WandbLogger`][exogym.logger.WandbLogger] for that project, named ``run_name``).
 ``Trainer(start_port=...)`` is accepted and ignored: ExoGym finds its own ports.
+``fit(offload_idle_nodes=True)`` is accepted and does nothing but log a warning
+(``offload_idle_nodes``): every node of a lock-step run trains every step, and sampled clients
+run as a server's tasks, where a client not drawn is never built.
 
 **Optimizers**: ``OptimSpec.build(model)`` builds over the model's parameters, as the original's
 strategies call it in ``_init_node``
@@ -39,8 +42,8 @@ scheduler again for the optimizer a strategy built itself, as the original's str
 after ``build``.
 
 **Communicators**: ``_init_node(ctx)`` is [`setup`][communicators.Communicator.setup]
-(a subclass may define either; [`Communicator.bind`][communicators.Communicator.bind] calls the one
-it defines); ``supports_dropout`` defined as a method is read as the capability it returns
+(a subclass may define either; the pipeline calls the one it defines); ``supports_dropout``
+defined as a method is read as the capability it returns
 (``exogym.core.communicator.supports_dropout``); ``QuantizeCommunicator(inner, fmt)`` is
 the [`Quantize`][communicators.Quantize] wire transform applied to one module.
 """
@@ -96,6 +99,20 @@ def legacy_fit_order(strategy: Any, num_nodes: Any, num_epochs: Any) -> tuple[An
     if isinstance(num_nodes, Strategy) and isinstance(strategy, int) and not isinstance(strategy, bool):
         return num_nodes, num_epochs, strategy
     return strategy, num_nodes, num_epochs
+
+
+def offload_idle_nodes(value: Any) -> None:
+    """``fit(offload_idle_nodes=...)``: ``TypeError`` unless a bool; where ``True``, a warning
+    that it has no effect (no node of a run sits steps out: sampled clients are a server's
+    tasks, and only the drawn ones are built)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"offload_idle_nodes must be True or False, got {value!r}")
+    if value:
+        logger.warning(
+            "offload_idle_nodes=True has no effect: every node of a lock-step run trains every step, and sampled "
+            "clients (FedAvgStrategy(client_sampling=...)) run as a server's tasks, where only the drawn clients "
+            "are built; drop the argument"
+        )
 
 
 def resolve_fit_legacy(
@@ -164,7 +181,7 @@ class CommunicationModule(Communicator):
     def _init_node(self, ctx: NodeContext) -> None:  # type: ignore[override]
         super()._init_node(ctx)
 
-    def run(self, space: str, step: int) -> None:
+    def _run(self, space: str, step: int) -> None:
         """After every optimizer step: the original's ``communicate(model, rank, num_nodes, local_step)``."""
         if space == "param":
             self.communicate(self.ctx.model, self.ctx.rank, self.ctx.num_nodes, step)  # type: ignore[call-arg]
@@ -181,5 +198,6 @@ __all__ = [
     "CommunicationModule",
     "legacy_fit_order",
     "legacy_keywords",
+    "offload_idle_nodes",
     "resolve_fit_legacy",
 ]

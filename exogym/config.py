@@ -56,8 +56,6 @@ class FitConfig:
             or ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
         dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
-        offload_idle_nodes: a node's state is on the device only while it works (see
-            ``exogym.runtime.offload``).
     """
 
     num_nodes: int
@@ -88,7 +86,6 @@ class FitConfig:
     faults: Faults | None = None
     fault_round_steps: int = 1
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
-    offload_idle_nodes: bool = False
 
     @property
     def accumulation(self) -> int:

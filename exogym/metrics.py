@@ -102,8 +102,6 @@ class StepSample(NamedTuple):
 _SUMMED = slice(0, 5)
 _MAXED = slice(7, 10)
 _COMPUTE, _COMM, _KEY = 5, 6, 11
-#: A step in which a node did nothing (the template of a sleep's rows).
-_NOTHING = StepSample(*(0.0,) * len(StepSample._fields))
 
 
 @functools.cache
@@ -212,95 +210,10 @@ class MetricsBuffer:
         if comms is not None and self.epochs > 1:
             row[len(sample) :] = comms
 
-    def add_idle(self, steps: int, lr: float, wall: float) -> None:
-        """Record ``steps`` steps this node sat out (no compute, no bytes)."""
-        block = self._reserve(steps)
-        block[:] = 0.0
-        block[:, 8] = wall
-        block[:, 10] = lr
-
-    def add_rounds(
-        self,
-        idle: Sequence[int] | np.ndarray,
-        idle_lr: Sequence[float] | float,
-        lr: Sequence[float] | float,
-        sent: Sequence[float] | float,
-        received: Sequence[float] | float,
-        comm_sim: Sequence[float] | float,
-        comm_wall: float,
-        wall: float,
-        keys: Sequence[tuple[float, ...]] | None = None,
-        comms: Sequence[Sequence[float]] | None = None,
-    ) -> None:
-        """Record rounds this node sat out whole, in one write: per round ``i``, ``idle[i]``
-        idle steps (as ``add_idle``, at ``idle_lr[i]``), then the round's last step (as
-        ``add`` with no compute: ``sent[i]``, ``received[i]``, ``comm_sim[i]``, ``lr[i]``
-        and ``comm_wall`` transport seconds, meeting ``keys[i]``, with traces ``comms[i]`` per
-        epoch); ``wall`` is the wall time of every one. A number in place of a per-round
-        sequence is every round's (a sleep through a thousand rounds alike)."""
-        counts = np.asarray(idle, dtype=np.int64) + 1
-        block = self._reserve(int(counts.sum()))
-        uniform = keys is None or keys.count(keys[0]) == len(keys)
-        if uniform and comms is None and all(type(v) is float for v in (idle_lr, lr, sent, received, comm_sim)):
-            # every round alike (a sleep through ticks of nothing): a row for its idle steps and
-            # one for its last, each written at once
-            key = keys[0] if keys else ()
-            epochs = (0.0,) * (block.shape[1] - len(StepSample._fields))  # (no traces given)
-            if len(block) > len(counts):
-                block[:] = _NOTHING._replace(wall=wall, lr=idle_lr) + epochs
-            last_row = _NOTHING._replace(
-                sent=sent, received=received, comm_sim=comm_sim, comm_wall=comm_wall, wall=wall, lr=lr,
-                key=key[0] if key else 0.0,
-            )  # fmt: skip
-            block[self._last_rows(counts, len(block))] = last_row + epochs
-            if len(key) > 1:
-                base = self._n - len(block)
-                for row in np.cumsum(counts).tolist():
-                    self._more_keys[base + row - 1] = key[1:]
-            return
-        block[:] = 0.0
-        block[:, 8] = wall
-        if isinstance(idle_lr, float):
-            block[:, 10] = idle_lr
-        elif len(set(idle_lr)) == 1:
-            block[:, 10] = idle_lr[0]
-        else:
-            block[:, 10] = np.repeat(idle_lr, counts)
-        last = self._last_rows(counts, len(block))
-        block[last, 3] = sent
-        block[last, 4] = received
-        block[last, 6] = comm_sim
-        block[last, 7] = comm_wall
-        block[last, 10] = lr
-        if comms is not None and self.epochs > 1:
-            block[last, len(StepSample._fields) :] = comms
-        if keys is not None:
-            if keys.count(keys[0]) == len(keys):  # every round meets alike (a sleep's mostly no one)
-                block[last, _KEY] = keys[0][0] if keys[0] else 0.0
-                more = len(keys[0]) > 1
-            else:
-                block[last, _KEY] = [ks[0] if ks else 0.0 for ks in keys]
-                more = any(len(ks) > 1 for ks in keys)
-            if more:
-                base = self._n - len(block)
-                for row, ks in zip(np.arange(len(block))[last].tolist(), keys, strict=True):
-                    if len(ks) > 1:
-                        self._more_keys[base + row] = ks[1:]
-
-    @staticmethod
-    def _last_rows(counts: np.ndarray, rows: int) -> slice | np.ndarray:
-        """The rows of the rounds' last steps in a block of ``rows`` rows of rounds of
-        ``counts`` steps each."""
-        if rows == len(counts):  # rounds of one step
-            return slice(None)
-        if (counts[1:] == counts[-1]).all():  # rounds of one length after the first: a strided view
-            return slice(int(counts[0]) - 1, None, int(counts[-1]))
-        return np.cumsum(counts) - 1
-
     def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they
         complete (on rank 0; other ranks return ``[]``). ``peak_memory``: this node's peak now,
-        folded into the last pending step (idle steps do not read it)."""
+        folded into the last pending step."""
         if not self._n:
             return []
         # (The column slices below are copies: the rows are reused once this returns.)

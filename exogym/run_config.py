@@ -7,7 +7,7 @@ section                        ``fit`` keywords
 ``RunConfig``             ``num_nodes``, ``num_epochs``, ``max_steps``, ``batch_size``,
                                ``minibatch_size``, ``gradient_accumulation``, ``device``,
                                ``devices``, ``autocast``, ``seed``, ``max_memory_usage``,
-                               ``network``, ``stop_on_nonfinite_loss``, ``offload_idle_nodes``
+                               ``network``, ``stop_on_nonfinite_loss``
 ``DataConfig``            ``val_size``, ``val_interval``, ``shuffle``, ``dataloader_kwargs``
 ``TransportConfig``       ``transport``, ``collective_timeout``, ``shm_slot_mb``,
                                ``workers``, ``torchrun_mode``
@@ -75,10 +75,6 @@ class RunConfig:
     stop_on_nonfinite_loss: bool = True
     """End the run with an error naming the node and step when a training loss is NaN or
     infinite (``False``: train on)."""
-    offload_idle_nodes: bool = False
-    """Keep a virtual node's state in CPU memory while it sits steps out, on ``device`` only
-    while it trains or communicates (see ``exogym.runtime.offload``). Needs an
-    accelerator; with one node per worker it has no effect."""
     network_model: Network = field(init=False, repr=False)
     """The [`Network`][exogym.Network] that ``network`` names."""
 
@@ -92,8 +88,6 @@ class RunConfig:
         if not 0.0 < self.max_memory_usage <= 1.0:
             raise ValueError(f"max_memory_usage must be in (0, 1], got {self.max_memory_usage}")
         self._check_minibatch()
-        if not isinstance(self.offload_idle_nodes, bool):
-            raise TypeError(f"offload_idle_nodes must be True or False, got {self.offload_idle_nodes!r}")
         self.network_model = resolve_network(self.network, num_nodes=self.num_nodes, seed=self.seed)
 
     def _check_minibatch(self) -> None:

@@ -124,8 +124,7 @@ class Trainer:
           ``max_steps`` (steps per node; overrides ``num_epochs``), ``batch_size`` (per node per
           step), ``minibatch_size`` or ``gradient_accumulation`` (neither: the largest divisor of
           ``batch_size`` that fits in ``max_memory_usage`` of the device), ``device``,
-          ``devices``, ``autocast``, ``seed``, ``network``, ``stop_on_nonfinite_loss``,
-          ``offload_idle_nodes``;
+          ``devices``, ``autocast``, ``seed``, ``network``, ``stop_on_nonfinite_loss``;
         * data (``DataConfig``): ``val_size``, ``val_interval``,
           ``shuffle``, ``dataloader_kwargs``;
         * transport (``TransportConfig``): ``transport``,
@@ -143,7 +142,8 @@ class Trainer:
         ``correlation_interval`` sets ``val_interval`` when that is not given (every validation
         logs ``model_correlation``); ``wandb_project`` logs to that Weights & Biases project.
         ``fit(num_epochs, strategy, num_nodes)`` in that order is accepted too, and
-        ``checkpoint_interval`` alone writes to ``./checkpoints``.
+        ``checkpoint_interval`` alone writes to ``./checkpoints``. ``offload_idle_nodes`` is
+        accepted and does nothing (see ``exogym.compat``).
 
         Returns:
             A copy of the model holding the mean of the nodes' final parameters and buffers
@@ -154,6 +154,7 @@ class Trainer:
             exogym.runtime.launch.NodeFailedError: when a node raises; carries its traceback.
         """
         check_main_guard()
+        compat.offload_idle_nodes(offload_idle_nodes)
         strategy, num_nodes, num_epochs = compat.legacy_fit_order(strategy, num_nodes, num_epochs)
         checkpoint_dir, val_interval, logger = compat.resolve_fit_legacy(
             checkpoint_dir, checkpoint_interval, val_interval, logger, run_name, save_dir, correlation_interval,
@@ -164,7 +165,7 @@ class Trainer:
                 num_nodes=num_nodes, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size,
                 minibatch_size=minibatch_size, gradient_accumulation=gradient_accumulation, device=device,
                 devices=devices, autocast=autocast, seed=seed, max_memory_usage=max_memory_usage, network=network,
-                stop_on_nonfinite_loss=stop_on_nonfinite_loss, offload_idle_nodes=offload_idle_nodes,
+                stop_on_nonfinite_loss=stop_on_nonfinite_loss,
             ),
             data=DataConfig(
                 val_size=val_size, val_interval=val_interval, shuffle=shuffle, dataloader_kwargs=dataloader_kwargs

@@ -93,7 +93,6 @@ def _config(
     faults: Any = None,
     rounds: int = 1,
     val_interval: int | None = None,
-    offload_idle_nodes: bool = False,
 ) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
@@ -121,7 +120,6 @@ def _config(
         network=resolve_network(network, num_nodes=k, seed=seed),
         faults=faults,
         fault_round_steps=rounds,
-        offload_idle_nodes=offload_idle_nodes,
     )
 
 
@@ -165,7 +163,6 @@ def train_ranks(
     faults: Any = None,
     val_dataset: Any = None,
     val_interval: int | None = None,
-    offload_idle_nodes: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (``exogym.runtime.node.TrainNode``) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
@@ -175,28 +172,26 @@ def train_ranks(
 
     ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
     ``fit(faults=...)`` takes; ``val_dataset`` is validated (all of it, split over the nodes)
-    every ``val_interval`` steps and after the last; ``offload_idle_nodes`` as in ``fit`` (the
-    nodes run on the CPU: a test makes the moves visible by patching
-    ``exogym.runtime.offload``'s copies).
+    every ``val_interval`` steps and after the last.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
     "node"}``.
     """
-    from exogym.runtime.placement import place_nodes
+    from exogym.runtime.placement import Placement
     from exogym.runtime.virtual import VirtualHub
     from tests.helpers import TinyNet, regression_data
 
     base = (make_model or TinyNet)()  # built once: the global RNG is not thread-safe
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    from exogym.runtime.schedule import round_steps
+    from exogym.runtime.faults import round_steps
 
     interval = (val_interval or steps) if val_dataset is not None else None
     rounds = round_steps(make_strategy())
-    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, rounds, interval, offload_idle_nodes)
+    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, rounds, interval)
     body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)
-    placement = place_nodes(make_strategy(), k, workers, seed, steps)  # as fit places them
+    placement = Placement.blocks(k, workers)  # as fit places them
     hubs = [
         VirtualHub(placement, w, None, torch.device("cpu"), seed) for w in range(workers)
     ]  # made here, one after another: each seeds its nodes' random streams through the global one

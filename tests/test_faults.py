@@ -17,8 +17,7 @@ from exogym import Faults, Trainer
 from exogym.core.comm.network import Network
 from exogym.logger import CSVLogger
 from exogym.runtime import checkpoint as ckpt
-from exogym.runtime.faults import FaultPlan
-from exogym.runtime.schedule import round_steps
+from exogym.runtime.faults import FaultPlan, round_steps
 from exogym.strategy import (
     DeMoStrategy,
     DiLoCoStrategy,
@@ -148,20 +147,18 @@ def test_ddp_with_a_node_missing_steps_averages_the_present_nodes_gradients() ->
 
 
 @pytest.mark.parametrize(
-    ("make", "sampled"),
+    "make",
     [
-        (lambda: FedAvgStrategy(H=2), False),
-        (lambda: FedAvgStrategy(H=2, client_sampling=0.5), True),
-        (lambda: SPARTAStrategy(p_sparta=0.3), False),
-        (lambda: SPARTADiLoCoStrategy(p_sparta=0.3, H=4), False),
-        (lambda: DiLoCoStrategy(H=2, island_size=2), False),
+        lambda: FedAvgStrategy(H=2),
+        lambda: SPARTAStrategy(p_sparta=0.3),
+        lambda: SPARTADiLoCoStrategy(p_sparta=0.3, H=4),
+        lambda: DiLoCoStrategy(H=2, island_size=2),
     ],
-    ids=["fedavg", "fedavg_sampling", "sparta", "sparta_diloco", "diloco_islands"],
+    ids=["fedavg", "sparta", "sparta_diloco", "diloco_islands"],
 )
-def test_random_dropouts_leave_every_node_with_a_survivors_state_at_each_round_end(make, sampled: bool) -> None:
+def test_random_dropouts_leave_every_node_with_a_survivors_state_at_each_round_end(make) -> None:
     """With nodes dropping at random, a node that missed the last round ends holding exactly the
-    lowest survivor's parameters; every node trains only in steps it was present for (all of
-    them, unless clients are sampled)."""
+    lowest survivor's parameters; every node trains in exactly the steps it was present for."""
     steps = 8
     faults = Faults(drop_probability=0.4, seed=3)
     out = train_ranks(K, make, steps, faults=faults)
@@ -175,25 +172,7 @@ def test_random_dropouts_leave_every_node_with_a_survivors_state_at_each_round_e
             assert torch.equal(a, b)
     missed = {n: sum(e["steps"][1] - e["steps"][0] + 1 for e in events if n in e["dropped"]) for n in range(K)}
     drawn = [o["node"].batches_drawn for o in out]
-    if sampled:
-        assert all(d <= steps - missed[n] for n, d in enumerate(drawn))
-        assert sum(drawn) < sum(steps - missed[n] for n in range(K))
-    else:
-        assert drawn == [steps - missed[n] for n in range(K)]
-
-
-def test_a_sampled_client_dropped_rejoins_from_a_client_that_never_trained_and_nothing_is_zeroed() -> None:
-    """FedAvg with one client of four sampled per round: round 0's only participant drops out.
-    No one trains in that round, so every node keeps the initial model (nothing averaged to
-    zeros), and the dropped client, whose optimizer had state, rejoins from one that has none."""
-    from communicators.islands import draw_round
-
-    (sampled,) = draw_round(K, None, 0.25, 0, 0).participants
-    out = train_ranks(K, lambda: FedAvgStrategy(H=2, client_sampling=0.25), 2, faults=Faults(drop={0: sampled}))
-    initial = list(TinyNet().parameters())
-    for rank in range(K):
-        assert all(torch.equal(a, b) for a, b in zip(out[rank]["params"], initial, strict=True)), rank
-    assert out[sampled[0]]["strategy"].optim.state_dict()["state"] == {}  # took the survivor's (empty) state
+    assert drawn == [steps - missed[n] for n in range(K)]
 
 
 def test_nodes_alive_and_the_rounds_participants_are_reported() -> None:
@@ -315,57 +294,3 @@ def test_fit_with_a_node_dropped_ends_with_every_node_identical(transport: str, 
     assert trainer.result["faults"] == [{"round": 1, "steps": (2, 3), "dropped": [3], "participants": [0, 1, 2]}]
     with open(tmp_path / "logs" / "faults" / "latest" / "metrics.csv") as f:
         assert [r["nodes_alive"] for r in csv.DictReader(f) if r["train_loss"]] == ["4", "4", "3", "3", "4", "4"]
-
-
-def _sampled_fedavg_reference(ds, k: int, h: int, rounds: int, frac: float, faults: Faults) -> list[torch.Tensor]:
-    """FedAvg with client sampling and dropouts on one global model: each round the sampled
-    clients that are present train ``h`` SGD steps from the global model on their own batches,
-    and their mean becomes the global model (no sampled client present: it stays); a client
-    that misses a round, or is not sampled, draws no batch."""
-    from communicators.islands import draw_round
-
-    plan = FaultPlan(faults, k, h, h * rounds, seed=0)
-    glob = TinyNet()
-    data = [node_batches(ds, k, r) for r in range(k)]
-    for r in range(rounds):
-        (sampled,) = draw_round(k, None, frac, 0, r).participants
-        trained = []
-        for n in sorted(set(sampled) - plan.dropped(r)):
-            local = copy.deepcopy(glob)
-            opt = torch.optim.SGD(local.parameters(), lr=0.1)
-            for _ in range(h):
-                opt.zero_grad()
-                local(next(data[n])).backward()
-                opt.step()
-            trained.append(list(local.parameters()))
-        if trained:
-            with torch.no_grad():
-                for i, p in enumerate(glob.parameters()):
-                    p.copy_(sum(t[i] for t in trained) / len(trained))
-    return [p.detach().clone() for p in glob.parameters()]
-
-
-@pytest.mark.parametrize("workers", [None, 3], ids=["node_per_thread", "virtual_nodes"])
-def test_fedavg_with_client_sampling_and_dropouts_ends_as_a_plain_fedavg_loop(workers: int | None) -> None:
-    """FedAvg on 12 clients, 2 sampled per round, a client dropped with probability 0.25 and
-    both of round 5's sampled clients dropped (no one trains in it): every node ends with the
-    parameters of a plain FedAvg loop."""
-    from communicators.islands import draw_round
-
-    k, h, rounds, frac = 12, 2, 12, 0.17
-    faults = Faults(drop={5: draw_round(k, None, frac, 0, 5).participants[0]}, drop_probability=0.25, seed=4)
-    ds = regression_data(k * B * h * rounds)
-    out = train_ranks(
-        k,
-        lambda: FedAvgStrategy(H=h, client_sampling=frac, optim_spec=OptimSpec(torch.optim.SGD, lr=0.1)),
-        h * rounds,
-        dataset=ds,
-        workers=workers,
-        faults=faults,
-    )
-    plan = FaultPlan(faults, k, h, h * rounds, seed=0)
-    assert sum(bool(plan.dropped(r)) for r in range(rounds)) >= rounds // 2  # a run with many dropouts
-    ref = _sampled_fedavg_reference(ds, k, h, rounds, frac, faults)
-    for rank in range(k):
-        for a, b in zip(out[rank]["params"], ref, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

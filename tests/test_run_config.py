@@ -81,7 +81,8 @@ def test_every_fit_keyword_is_in_one_section_with_fits_default() -> None:
     fields = [f for section in SECTIONS for f in dataclasses.fields(section) if f.init]
     names = [f.name for f in fields] + ["faults"]
     assert sorted(names) == sorted(
-        set(fit_defaults) - {"self", "strategy", "save_dir", "correlation_interval", "wandb_project"}
+        set(fit_defaults)
+        - {"self", "strategy", "save_dir", "correlation_interval", "wandb_project", "offload_idle_nodes"}  # (compat)
     )
     for f in fields:
         default = REQUIRED if f.default is dataclasses.MISSING else f.default
@@ -107,7 +108,6 @@ BAD = [
         "minibatch_size=4 and gradient_accumulation=4 disagree for batch_size=8; give one of them",
     ),
     (_section(RunConfig, num_nodes=2, max_memory_usage=1.5), ValueError, r"max_memory_usage must be in \(0, 1\]"),
-    (_section(RunConfig, num_nodes=2, offload_idle_nodes="yes"), TypeError, "offload_idle_nodes must be True or"),
     (_section(RunConfig, num_nodes=2, network="moon"), ValueError, "network must be a Network or one of"),
     (_section(DataConfig, val_size=-1), ValueError, "val_size must be an int >= 0"),
     (_section(DataConfig, val_interval=0), ValueError, "val_interval must be >= 1"),
@@ -197,3 +197,15 @@ def test_the_plan_without_max_steps_counts_the_epochs() -> None:
     # 64 examples over 2 nodes: 32 per node, 4 steps of 8 per epoch
     assert (plan.config.max_steps, plan.config.val_interval, plan.config.val_size) == (12, 5, 256)
     assert plan.checkpoint_meta is None and plan.run_name == "SimpleReduceStrategy"
+
+
+def test_offload_idle_nodes_is_accepted_and_warns_that_it_has_no_effect(caplog: pytest.LogCaptureFixture) -> None:
+    from exogym import compat
+
+    with pytest.raises(TypeError, match="offload_idle_nodes must be True or False, got 'yes'"):
+        compat.offload_idle_nodes("yes")
+    with caplog.at_level("WARNING", logger="exogym.compat"):
+        compat.offload_idle_nodes(False)
+        assert not caplog.records
+        compat.offload_idle_nodes(True)
+    assert "offload_idle_nodes=True has no effect" in caplog.text and "only the drawn clients" in caplog.text

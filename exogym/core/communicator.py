@@ -1,4 +1,4 @@
-"""The ``Communicator``: one building block of a strategy's communication.
+"""The ``Communicator``: one building block of a lock-step strategy's communication.
 
 A researcher writes a communicator with four things (the rest has defaults):
 
@@ -13,15 +13,16 @@ A researcher writes a communicator with four things (the rest has defaults):
 
 Optional:
 [`state_dict`][communicators.Communicator.state_dict]/[`load_state_dict`][communicators.Communicator.load_state_dict]
-(checkpoints), [`describe`][communicators.Communicator.describe] (logs), and one statement of
-participation, [`participation`][communicators.Communicator.participation], for modules that let
-only some nodes train in a round (client sampling). Everything the runtime needs to run such rounds
-fast (which steps a node is idle, when it may sleep through a round, where to place nodes) it
-derives from that statement (``exogym.runtime.schedule``). Capabilities are class attributes:
-``supports_dropout``, ``stable_payloads``, ``locates_payloads``, ``coded_payloads``,
-``needs_step_seconds``.
+(checkpoints), [`describe`][communicators.Communicator.describe] (logs),
+[`finish`][communicators.Communicator.finish] (the end of the run). Capabilities are class
+attributes: ``payloads`` (what a wire transform may assume of what the module sends) and
+``supports_dropout`` (faults may drop nodes from its rounds). A module whose schedule follows
+the simulated clock sets ``needs_step_seconds = True``.
 
-[`Wrapper`][communicators.Wrapper] wraps another communicator and forwards all of the above to it.
+Every node trains every step; algorithms where only some clients train, or clients train on
+clocks of their own, are servers ([`Server`][exogym.Server]).
+
+[`Wrapper`][communicators.Wrapper] wraps another communicator and passes all of the above on.
 """
 
 from __future__ import annotations
@@ -101,30 +102,8 @@ class NodeContext:
         return replace(self, comm=comm)
 
 
-@dataclass(frozen=True)
-class Participation:
-    """Who trains in one round of a module that lets only some nodes train.
-
-    Round ``r`` is local steps ``[r * period, (r + 1) * period)``; the module communicates after
-    its last step. A node not in ``trains`` is idle through the round: it neither computes
-    nor reads its data, and takes part only in the round's communication.
-
-    Attributes:
-        period: steps per round (the module's ``H``).
-        trains: the ranks that train in the round (drawn from the shared seed: the same answer
-            on every rank and before any node exists).
-        replaces: whether the round's communication replaces a non-participant's state
-            (FedAvg: it receives the participants' mean). Then a node idle in two rounds in a
-            row may sleep through the first round's communication: the second replaces it.
-    """
-
-    period: int
-    trains: frozenset[int]
-    replaces: bool = True
-
-    def idle(self, rank: int) -> bool:
-        """Whether ``rank`` sits this round out."""
-        return rank not in self.trains
+#: The values of ``Communicator.payloads``.
+PAYLOADS = ("varying", "stable", "located", "coded")
 
 
 class Communicator:
@@ -136,13 +115,12 @@ class Communicator:
     [`setup`][communicators.Communicator.setup] and does its work in
     [`communicate`][communicators.Communicator.communicate], a collective: every rank calls it on
     the same steps, the ones where [`is_due`][communicators.Communicator.is_due] holds. Optional:
-    [`participation`][communicators.Communicator.participation] (who trains in a round),
     [`state_dict`][communicators.Communicator.state_dict]/[`load_state_dict`][communicators.Communicator.load_state_dict]
     (every tensor it keeps between steps, for checkpoints),
     [`describe`][communicators.Communicator.describe] (a label with its settings: logs, and the
-    check that a resumed run has the settings of the checkpoint). Capabilities are class attributes:
-    ``supports_dropout``, ``stable_payloads``, ``locates_payloads``, ``coded_payloads``,
-    ``needs_step_seconds``, ``uniform_idle_calls``.
+    check that a resumed run has the settings of the checkpoint),
+    [`finish`][communicators.Communicator.finish]. Capabilities are class attributes:
+    ``payloads`` and ``supports_dropout``.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -164,36 +142,19 @@ class Communicator:
 
     #: ``"grad"``: runs before the optimizer step on ``p.grad``; ``"param"``: after it.
     space: ClassVar[str] = "param"
-    #: Whether each payload holds the same entries every round, so per-payload quantization
-    #: error feedback applies to it (see ``communicators.quantize``). ``False`` unless a
-    #: module says so: error feedback on payloads whose entries change would add residuals
-    #: to the wrong entries, so it is refused.
-    stable_payloads: ClassVar[bool] = False
-    #: Whether each all-reduce says which parameter entries its payload holds
-    #: (``entries=``, ``Entries``): then error feedback keeps
-    #: its residual per entry, whatever the round's selection.
-    locates_payloads: ClassVar[bool] = False
-    #: Whether the module needs every node's step seconds before the run: it follows a simulated
-    #: timeline or asks a handle's
-    #: ``is_completed()`` (``exogym.core.comm.handles``). With ``compute="flops"`` the run
-    #: then counts one training step's FLOPs before it starts.
-    needs_step_seconds: ClassVar[bool] = False
-    #: Whether the module codes its payloads into bytes itself (values and indices packed into
-    #: one buffer, values already at a chosen precision): a wire transform that acts on float
-    #: payloads would pass them through unchanged, so a quantizing wire refuses the module
-    #: rather than do nothing (see ``communicators.quantize``).
-    coded_payloads: ClassVar[bool] = False
+    #: What the module's payloads are, for wire transforms (``communicators.quantize``):
+    #: ``"varying"`` (the default: entries that change from round to round, so per-payload
+    #: error feedback is refused), ``"stable"`` (each payload holds the same entries every
+    #: round), ``"located"`` (each all-reduce says which parameter entries it holds,
+    #: ``entries=``: error feedback keeps its residual per entry) or ``"coded"`` (the module
+    #: codes values and indices into bytes itself: a quantizing wire refuses it rather than do
+    #: nothing).
+    payloads: ClassVar[str] = "varying"
     #: Whether the module can run a round with nodes missing (fault injection, see
     #: ``exogym.runtime.faults``): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
     #: ``comm.present()``. ``False`` makes ``fit(faults=...)`` with dropouts refuse the strategy.
     supports_dropout: ClassVar[bool] = False
-    #: Whether a node that never trains in the run (no round samples it, no event names it)
-    #: makes the same calls as every other such node: they follow from the rounds' statements
-    #: and the module's settings, not from the node's rank (no group drawn per rank, no state
-    #: of its own sent). A worker then runs one of its dormant nodes and makes its calls for
-    #: the others (``exogym.runtime.dormant``).
-    uniform_idle_calls: ClassVar[bool] = False
 
     def __init__(self, H: int = 1) -> None:
         if not isinstance(H, int) or isinstance(H, bool) or H < 1:
@@ -218,13 +179,6 @@ class Communicator:
         """Do this module's communication for ``step``. Collective."""
         raise NotImplementedError(f"{type(self).__name__} must implement communicate(step)")
 
-    def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
-        """Who trains in the round of ``step`` where this module lets only some nodes train, or
-        ``None`` (the default): every node trains every step. A function of the module's
-        settings and of ``(step, num_nodes, seed)`` only: it is asked on every node and before
-        the nodes exist (to place them). Only parameter-space modules make nodes idle."""
-        return None
-
     def state_dict(self) -> dict[str, Any]:
         """This module's state for checkpoints (tensors are returned as they are)."""
         return {}
@@ -240,39 +194,33 @@ class Communicator:
 
     def finish(self) -> None:
         """End of the run, after the last step, before the final state is read: the work a
-        module has left (an asynchronous server applies the updates still in flight). The
-        default does nothing. Collective: every rank calls it."""
+        module has left (e.g. a collective still in flight). The default does nothing.
+        Collective: every rank calls it."""
         return None
 
-    def summary(self) -> dict[str, Any]:
-        """What the module reports of the run as a whole (``Trainer.result["summary"]``):
-        ``{}`` by default; the asynchronous servers give every node's steps and the staleness
-        of the updates."""
-        return {}
-
     # -- what the pipeline runs (not for subclasses to override) -----------------------------
-    def bind(self, ctx: NodeContext) -> None:
-        """Set the module up on a node: [`setup`][communicators.Communicator.setup], or a subclass's
-        own ``_init_node`` where it defines that spelling instead (see ``exogym.compat``)."""
+    def _bind(self, ctx: NodeContext) -> None:
+        """Set the module up on a node: ``setup``, or a subclass's own ``_init_node`` where it
+        defines that spelling instead (see ``exogym.compat``)."""
         if type(self)._init_node is not Communicator._init_node:
             self._init_node(ctx)
         else:
             self.setup(ctx)
 
-    def leaves(self) -> list[Communicator]:
-        """The modules that communicate: this one (a [`Pipeline`][communicators.Pipeline]
-        lists its modules', a [`Wrapper`][communicators.Wrapper] its inner module's)."""
+    def _leaves(self) -> list[Communicator]:
+        """The modules that communicate: this one (a pipeline lists its modules', a wrapper its
+        inner module's)."""
         return [self]
 
-    def run(self, space: str, step: int) -> None:
+    def _run(self, space: str, step: int) -> None:
         """Communicate at ``step`` if this module works in ``space`` and is due."""
         if self.space == space and self.is_due(step):
             self.communicate(step)
 
 
 class Wrapper(Communicator):
-    """A communicator around another one (``inner``), forwarding its schedule, space,
-    participation, capabilities, state and description. A subclass overrides what it changes,
+    """A communicator around another one (``inner``), passing on its schedule, space,
+    capabilities, lifecycle (setup, finish), state and description. A subclass overrides what it changes,
     e.g. [`wrap_comm`][communicators.Wrapper.wrap_comm] to transform what ``inner`` sends, or
     [`communicate`][communicators.Communicator.communicate] to act around ``inner.communicate``
     (call ``super().communicate(step)``).
@@ -292,24 +240,16 @@ class Wrapper(Communicator):
         return self.inner.space
 
     @property  # type: ignore[override]
-    def stable_payloads(self) -> bool:
-        return self.inner.stable_payloads
+    def payloads(self) -> str:
+        return self.inner.payloads
 
     @property  # type: ignore[override]
     def supports_dropout(self) -> bool:
         return supports_dropout(self.inner)
 
-    @property  # type: ignore[override]
-    def locates_payloads(self) -> bool:
-        return self.inner.locates_payloads
-
-    @property  # type: ignore[override]
+    @property
     def needs_step_seconds(self) -> bool:
-        return self.inner.needs_step_seconds
-
-    @property  # type: ignore[override]
-    def coded_payloads(self) -> bool:
-        return self.inner.coded_payloads
+        return needs_step_seconds(self.inner)
 
     def wrap_comm(self, comm: Comm) -> Comm:
         """The communication object ``inner`` talks through (the default: ``comm`` itself)."""
@@ -317,7 +257,7 @@ class Wrapper(Communicator):
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
-        self.inner.bind(ctx.with_comm(self.wrap_comm(ctx.comm)))
+        self.inner._bind(ctx.with_comm(self.wrap_comm(ctx.comm)))
 
     def is_due(self, step: int) -> bool:
         return self.inner.is_due(step)
@@ -339,24 +279,18 @@ class Wrapper(Communicator):
         """
         yield
 
-    def run(self, space: str, step: int) -> None:
-        if self.inner.leaves() == [self.inner]:  # a single module: through this one's communicate
-            super().run(space, step)
-        elif any(m.space == space and m.is_due(step) for m in self.inner.leaves()):
+    def _run(self, space: str, step: int) -> None:
+        if self.inner._leaves() == [self.inner]:  # a single module: through this one's communicate
+            super()._run(space, step)
+        elif any(m.space == space and m.is_due(step) for m in self.inner._leaves()):
             with self.around(step):
-                self.inner.run(space, step)
+                self.inner._run(space, step)
 
-    def leaves(self) -> list[Communicator]:
-        return self.inner.leaves()
+    def _leaves(self) -> list[Communicator]:
+        return self.inner._leaves()
 
     def finish(self) -> None:
         self.inner.finish()
-
-    def summary(self) -> dict[str, Any]:
-        return self.inner.summary()
-
-    def participation(self, step: int, num_nodes: int, seed: int) -> Participation | None:
-        return self.inner.participation(step, num_nodes, seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict()}
@@ -375,4 +309,11 @@ def supports_dropout(module: Communicator) -> bool:
     return bool(value() if callable(value) else value)
 
 
-__all__ = ["Communicator", "NodeContext", "Participation", "Wrapper", "supports_dropout"]
+def needs_step_seconds(module: Communicator) -> bool:
+    """Whether ``module`` follows the simulated clock, so the run needs every node's step
+    seconds before it starts (``needs_step_seconds = True`` on the module; with
+    ``compute="flops"`` the run then counts one training step's FLOPs first)."""
+    return bool(getattr(module, "needs_step_seconds", False))
+
+
+__all__ = ["PAYLOADS", "Communicator", "NodeContext", "Wrapper", "needs_step_seconds", "supports_dropout"]

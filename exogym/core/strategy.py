@@ -126,8 +126,8 @@ class Strategy(ABC):
         self.local_step = 0
 
     #: The strategy's communicator pipeline where it has one
-    #: (``CommunicateOptimizeStrategy``); the runtime reads the
-    #: modules' participation statements from it (``exogym.runtime.schedule``).
+    #: (``CommunicateOptimizeStrategy``); the runtime reads the modules' periods from it (the
+    #: rounds of fault injection).
     pipeline: Any = None
 
     # -- binding inside a node --------------------------------------------------------------
@@ -189,8 +189,7 @@ class Strategy(ABC):
     @property
     def needs_step_seconds(self) -> bool:
         """Whether the strategy follows a simulated timeline that needs every node's step
-        seconds before the run (see
-        ``exogym.core.communicator.Communicator.needs_step_seconds``)."""
+        seconds before the run (see ``exogym.core.communicator.needs_step_seconds``)."""
         return False
 
     @property

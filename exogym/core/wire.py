@@ -44,7 +44,7 @@ class Wire:
         the pipeline it is given to), naming the module and the fix: it is called when the
         strategy is made, before any process starts. The default accepts every module; a
         transform of float payloads refuses modules that code their payloads into bytes
-        themselves (``module.coded_payloads``), on which it would do nothing."""
+        themselves (``module.payloads == "coded"``), on which it would do nothing."""
 
     def describe(self) -> str:
         """A short label for logs."""

@@ -7,7 +7,7 @@ without a message who is missing, a resumed run sees the same faults, and two ru
 same seeds see the same faults.
 
 **Dropouts.** A *round* is the period of the strategy's slowest communication: ``H`` steps for
-DiLoCo and FedAvg, one step for DDP and SPARTA (``exogym.runtime.schedule.round_steps``). A node
+DiLoCo and FedAvg, one step for DDP and SPARTA (``round_steps``). A node
 dropped for a round
 
 - trains nothing in it: it draws no batches and its step time is not counted;
@@ -82,6 +82,13 @@ def check_can_drop(strategy: Any, what: str) -> None:
         )
 
 
+def round_steps(strategy: Any) -> int:
+    """Steps per fault round: the largest ``H`` among the strategy's communicators (1 without
+    any)."""
+    pipeline = strategy.pipeline
+    return max((m.H for m in pipeline.leaves()), default=1) if pipeline is not None else 1
+
+
 def with_availability(
     faults: Faults | None, network: Any, num_nodes: int, round_steps: int, max_steps: int, strategy: Any = None
 ) -> Faults | None:
@@ -109,7 +116,7 @@ class FaultPlan:
     Args:
         faults: the run's faults.
         num_nodes: K.
-        round_steps: steps per round (``exogym.runtime.schedule.round_steps``).
+        round_steps: steps per round (``round_steps``).
         max_steps: the run's length.
         seed: the run's seed (used when ``faults.seed`` is ``None``).
     """

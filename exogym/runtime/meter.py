@@ -138,10 +138,6 @@ class StepMeter:
             comms,
         )
 
-    def add_idle(self, steps: int, lr: float) -> None:
-        """``steps`` steps sat out (no compute, no bytes) at learning rate ``lr``."""
-        self.metrics.add_idle(steps, lr, time.perf_counter() - self.start)
-
     def flush(self) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes and return the train rows they complete (on
         rank 0; ``[]`` elsewhere), with the nodes alive where faults drop nodes. Collective."""
@@ -160,7 +156,7 @@ class StepMeter:
         """Whether step ``step`` ends a train row. The peak memory is a high-water mark, so
         reading it at these steps (and at each flush) gives every row the value a read per step
         would, without a ``getrusage`` per step (it walks every thread: slow with hundreds of
-        virtual nodes); idle steps never read it."""
+        virtual nodes)."""
         done = step + 1
         return done % self.log_interval == 0 or done == self.max_steps
 

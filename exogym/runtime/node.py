@@ -2,8 +2,7 @@
 
 It knows nothing of processes: it gets its comm, its job and its device, and the caller decides
 where it runs (a node process: ``exogym.runtime.worker``; a thread: the tests' thread world).
-The loop draws on its neighbours: ``exogym.runtime.idle`` (the steps a node does not train),
-``exogym.runtime.meter`` (each step's measurements), ``exogym.runtime.evaluation``
+The loop draws on its neighbours: ``exogym.runtime.meter`` (each step's measurements), ``exogym.runtime.evaluation``
 (validation and the averaged model), ``exogym.runtime.node_state`` (what a checkpoint holds
 of the node) and ``exogym.runtime.progress`` (rank 0's progress bar).
 """
@@ -26,17 +25,29 @@ from exogym.core.comm.comm import NodeComm
 from exogym.core.strategy import Strategy
 from exogym.runtime import faults as F
 from exogym.runtime import node_state
-from exogym.runtime import schedule as S
 from exogym.runtime.evaluation import Evaluator
 from exogym.runtime.forward import backward, forward_loss
-from exogym.runtime.idle import IdleSteps, flush_interval
 from exogym.runtime.meter import StepMeter
-from exogym.runtime.offload import Offloader
 from exogym.runtime.placement import Placement
 from exogym.runtime.progress import Progress
 from exogym.runtime.replicate import ModelReplicator, Replicator, strategy_replicator
 
 logger = logging.getLogger(__name__)
+
+
+#: Pending step samples are exchanged across nodes at least this often (in steps), times the
+#: number of whole multiples of it in the nodes a worker hosts (see ``flush_interval``).
+_FLUSH_STEPS = 64
+
+
+def flush_interval(log_interval: int, num_nodes: int, workers: int) -> int:
+    """Steps between two exchanges of the nodes' metric samples: a multiple of
+    ``log_interval`` of at least 64 steps, and of 64 x ``hosted // 64`` where a worker hosts
+    ``hosted`` nodes (a flush costs each worker in proportion to the nodes it hosts). The same
+    on every node."""
+    hosted = -(-num_nodes // max(1, workers))
+    steps = _FLUSH_STEPS * max(1, hosted // _FLUSH_STEPS)
+    return log_interval * max(1, -(-steps // log_interval))
 
 
 @dataclass
@@ -76,14 +87,6 @@ class NodeJob:
             devices = {t.device for t in itertools.chain(m.parameters(), m.buffers())}
             self._layout = (devices, all(sub.training for sub in m.modules()))
         return self._layout
-
-    def twins(self, rank: int) -> tuple[int, ...]:
-        """The dormant nodes whose calls node ``rank`` makes, as its worker's lead
-        (``exogym.runtime.dormant``); ``()`` for every other node."""
-        p = self.placement
-        if p is None or rank not in p.dormant:
-            return ()
-        return p.twins(p.worker_of(rank)).get(rank, ())
 
     def strategy_copy(self) -> Strategy:
         """A node's own copy of ``strategy`` (equal to ``copy.deepcopy(strategy)``; made from a
@@ -135,22 +138,16 @@ class TrainNode:
         self.logger = job.logger if rank == 0 else None
         self.run_name = job.run_name
         self.history: list[dict[str, Any]] = []
-        #: Training batches this node has taken from its data (nodes that sit steps out take none).
+        #: Training batches this node has taken from its data (a node dropped by faults takes none).
         self.batches_drawn = 0
         #: FLOPs of a training step, for ``Network(compute="flops")`` (counted at the first).
         self.step_flops: float | None = None
-        self._holds_grads = False  # it trained since it last slept
         # The node is built for its own data's steps per epoch, then the nodes agree on the
         # fewest (a collective, last: virtual nodes take turns, and what a node built after a
         # collective would run after rank 0 has started training and its clock). A node whose
         # data gives more is built again for the agreed count.
         local = D.steps_per_epoch(len(train_ds), shared, cfg.num_nodes, cfg.batch_size)
         self._check_steps_per_epoch(local, rank)
-        if not shared:  # a lead agrees for its twins too: the fewest of their datasets' steps
-            for twin in job.twins(rank):
-                theirs = len(D.node_dataset(job.train_dataset, twin, cfg.num_nodes, train=True))
-                local = min(local, D.steps_per_epoch(theirs, shared, cfg.num_nodes, cfg.batch_size))
-                self._check_steps_per_epoch(local, twin)
         self._build(job, local)
         if not shared:
             agreed = self._agree_on_steps_per_epoch(local)
@@ -158,18 +155,14 @@ class TrainNode:
                 self._build(job, agreed)
 
     def _build(self, job: NodeJob, steps_per_epoch: int) -> None:
-        """The node's model copy, strategy, offloader, fault plan, idle steps and evaluator,
-        for ``steps_per_epoch``."""
+        """The node's model copy, strategy, fault plan and evaluator, for ``steps_per_epoch``."""
         cfg, device = self.cfg, self.device
         self.steps_per_epoch = steps_per_epoch
         self.max_steps = cfg.max_steps or steps_per_epoch * cfg.num_epochs
         # An own copy of the model: several nodes may share one job's model (threads).
         self.model = job.model_copy()
-        # Only virtual nodes offload: a node with a process of its own frees nothing for others.
-        # An offloading node's state starts in host memory; it goes to the device at first work.
-        offloads = cfg.offload_idle_nodes and cfg.workers < cfg.num_nodes
         devices, training = job.model_layout()  # (what every copy has: asked of the model once)
-        if not (offloads and device.type != "cpu") and devices != {device}:
+        if devices != {device}:
             self.model.to(device)  # (a walk of every module: skipped where nothing would move)
         if not training:
             self.model.train()
@@ -177,8 +170,6 @@ class TrainNode:
         self.strategy = job.strategy_copy()
         self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network)
         self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
-        self.schedule = S.NodeSchedule(self.strategy, self.rank, cfg.num_nodes, cfg.seed, self.max_steps)
-        self._offloader = Offloader(self.model, self.strategy, device) if offloads else None
         self.faults = None
         faults = F.with_availability(
             cfg.faults, cfg.network, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, self.strategy
@@ -186,10 +177,7 @@ class TrainNode:
         if faults is not None:
             self.faults = F.FaultPlan(faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
             self.faults.check()  # again: a dataset factory's length is known only here
-        validates = self.val_loader is not None
-        self.idle = IdleSteps(
-            cfg, self.max_steps, self.strategy, self.comm, self.schedule, self.faults, validates, self._rejoin
-        )
+        self.flush_every = flush_interval(cfg.log_interval, cfg.num_nodes, cfg.workers)
         self.evaluator = Evaluator(
             self.comm, self.model, device, self.val_loader, self._forward, self._autocast, self.rank, cfg.num_nodes
         )
@@ -230,14 +218,9 @@ class TrainNode:
         while step < self.max_steps:
             run.meter.begin_step(step)
             missing = self._missing(step)
-            idle = self.idle.idle_steps(step)
-            run.meter.trains = not idle and self.rank not in missing  # (what a handle's clock counts)
-            if self._offloader is not None and not (idle and self.rank not in missing):
-                self._offloader.to_device()  # it works this step
+            run.meter.trains = self.rank not in missing  # (what a handle's clock counts)
             if self.rank in missing:
                 done = self._missing_step(run, step, missing)
-            elif idle:
-                done = self._idle_span(run, step, idle, missing)
             else:
                 done = self._training_step(run, step, missing)
             self._end_steps(run, step, done)
@@ -251,10 +234,8 @@ class TrainNode:
         cfg = self.cfg
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
-        samples = self.rank == 0 and S.samples_clients(self.strategy, cfg.num_nodes, cfg.seed)
-        rounds = S.round_steps(self.strategy) if samples else None
         run = _Run(
-            Progress(self.max_steps, enabled=cfg.progress and self.rank == 0, rounds=rounds),
+            Progress(self.max_steps, enabled=cfg.progress and self.rank == 0),
             D.BatchStream(self.loader, self.sampler, cfg.dataloader_kwargs),
             StepMeter(self.comm, cfg.network, self.faults, self.rank, self.device, cfg.log_interval, self.max_steps),
         )
@@ -284,34 +265,6 @@ class TrainNode:
         run.meter.add(step, self.strategy.lr)
         return self._steps_done(step)
 
-    def _idle_span(self, run: _Run, step: int, idle: int, missing: frozenset[int]) -> int:
-        """Sit out the ``idle`` steps from ``step`` (no data, no compute), or those before the
-        loop's own next collective: quiet steps, then the idle step that receives the round's
-        result, or a sleep through it and the rounds after (``exogym.runtime.idle``). The
-        step counter after them."""
-        n = min(idle, self.idle.next_sync(step) - step)
-        quiet = n if n < idle else n - 1
-        sit_out = n == idle and self.idle.may_sit_out(step + n - 1)
-        if sit_out and self._holds_grads:
-            # Idle spans communicate parameters only: its gradients are not read before its
-            # next step clears them. A client that sits rounds out holds its state only
-            # (on virtual nodes, every client that had trained kept a model's worth).
-            self.strategy.zero_grad()
-            self._holds_grads = False
-        if self._offloader is not None:  # receiving the round's result needs the state on the device
-            (self._offloader.to_host if n < idle or sit_out else self._offloader.to_device)()
-        if sit_out:
-            self.idle.sleep(step, n, run.meter)
-        else:
-            self.strategy.skip_steps(quiet)
-            run.meter.add_idle(quiet, self.strategy.lr)
-            if n == idle:
-                with self.comm.leaving_out(missing):
-                    self.idle.idle_step(step + n - 1)
-                self._rejoin(step + n - 1)  # idle spans end at communications, so at round ends
-                run.meter.add(step + n - 1, self.strategy.lr)
-        return self._steps_done(step)
-
     def _training_step(self, run: _Run, step: int, missing: frozenset[int]) -> int:
         """Train on the next batch (``_train_step``), check the loss, record the sample;
         the step counter after it."""
@@ -337,9 +290,7 @@ class TrainNode:
         any of those is due."""
         validate = self._validates(done)
         save = self._checkpoints(done)
-        if self._offloader is not None and (validate or save):
-            self._offloader.to_device()
-        if done % self.idle.flush_every == 0 or done == self.max_steps or validate or save:
+        if done % self.flush_every == 0 or done == self.max_steps or validate or save:
             for row in run.meter.flush():
                 self._emit(row)
                 run.progress.row(row)
@@ -352,8 +303,6 @@ class TrainNode:
     def _finish(self, run: _Run, keep_state: bool) -> dict[str, Any] | None:
         """End the run: the averaged final state (collective) and, on rank 0, the result."""
         run.progress.close()
-        if self._offloader is not None:
-            self._offloader.to_device()
         self.strategy.finish()
         self.comm.clock.finish()  # handles still in flight: results into their tensors
         state = self.evaluator.averaged_state(needed=self.rank == 0 or keep_state)
@@ -372,8 +321,8 @@ class TrainNode:
 
     def close(self) -> None:
         """Drop everything the node holds (model copy, strategy, data, evaluator, history); it
-        cannot train afterwards. Its parts refer back to it through bound methods (the idle
-        steps' rejoin, the evaluator's forward), so without this a finished node is freed only
+        cannot train afterwards. Its parts refer back to it through bound methods (the
+        evaluator's forward), so without this a finished node is freed only
         by the cyclic garbage collector: in a worker of 500 virtual nodes, a scan of some 80,000
         objects per run. What ``train`` returned stays valid."""
         self.__dict__.clear()
@@ -412,7 +361,7 @@ class TrainNode:
 
     def _steps_done(self, step: int) -> int:
         """The step counter after the work begun at ``step``: the strategy's, which owns it
-        (``super().step()`` advances it, the runtime skips it over idle steps)."""
+        (``super().step()`` advances it)."""
         done = self.strategy.local_step
         if done <= step:
             raise RuntimeError(
@@ -428,8 +377,6 @@ class TrainNode:
         if back is None:
             return
         nodes, source = back
-        if self._offloader is not None:
-            self._offloader.to_device()
         F.rejoin(self.comm, self.model, self.strategy, nodes, source)
         if self.rank == 0:
             logger.log(
@@ -451,7 +398,6 @@ class TrainNode:
         ``missing`` nodes); the summed loss."""
         cfg = self.cfg
         self.strategy.zero_grad()
-        self._holds_grads = True
         count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
         loss_value, flops = backward(self._forward, batch, cfg.accumulation, self.device, count)
         if flops is not None:

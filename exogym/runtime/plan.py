@@ -33,12 +33,10 @@ from exogym.logger import Logger, default_run_name
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster, pool, preflight
-from exogym.runtime.dormant import dormant_nodes
-from exogym.runtime.faults import FaultPlan, Faults, check_can_drop, check_supported, with_availability
+from exogym.runtime.faults import FaultPlan, Faults, check_can_drop, check_supported, round_steps, with_availability
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
-from exogym.runtime.placement import Placement, place_nodes
-from exogym.runtime.schedule import round_steps
+from exogym.runtime.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +119,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
             run.network_model, model, train_dataset, run.num_nodes, run.batch_size, collate_fn
         )
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    bound = preflight.check_strategy_builds(
+    preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
     )
     if steps is not None:
@@ -134,12 +132,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
-    # (the bound copy states an asynchronous run's ticks, which need the run's network)
-    placed = bound if bound is not None and steps is not None else strategy
-    placement = None
-    if not isinstance(strategy, ServerStrategy):  # (a million clients: nothing per client here)
-        placement = place_nodes(placed, run.num_nodes, layout.workers, run.seed, config.max_steps)
-        placement = placement.with_dormant(dormant_nodes(placed, config))
+    placement = None if isinstance(strategy, ServerStrategy) else Placement.blocks(run.num_nodes, layout.workers)
     return RunPlan(
         config=config,
         transport=_transport(args.transport, layout, device, config, state_bytes),
@@ -181,15 +174,9 @@ def check_devices(devices: list[int] | None, device: str) -> None:
 
 
 def _device(run: RunConfig) -> str:
-    """The nodes' device type, checked against ``devices`` and ``offload_idle_nodes``."""
+    """The nodes' device type, checked against ``devices``."""
     device = resolve_device(run.device)
     check_devices(run.devices, device)
-    if run.offload_idle_nodes and device == "cpu":
-        picked = "device='cpu'" if run.device is not None else "device=None picked 'cpu': no GPU here"
-        raise ValueError(
-            "offload_idle_nodes=True moves idle nodes' state from the device to CPU memory, but the nodes train "
-            f"on the CPU already ({picked}): drop it, or train on device='cuda'"
-        )
     return device
 
 
@@ -246,12 +233,6 @@ def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:
         # A lane of runs side by side (a packed sweep) gives each worker one core's thread.
         threads = pool.lane_threads() or max(1, usable_cpus() // workers)
         layout = Layout(workers, gpus, kind, devices, threads)
-    if run.offload_idle_nodes and layout.workers == run.num_nodes:
-        logger.warning(
-            "offload_idle_nodes=True has no effect with one node per worker (workers=num_nodes=%d): only virtual "
-            "nodes, several per worker, move their state off the device while they sit steps out",
-            run.num_nodes,
-        )
     return layout
 
 
@@ -313,7 +294,6 @@ def _fit_config(
         faults=args.faults,
         fault_round_steps=fault_round,
         dataloader_kwargs=data.loader_kwargs,
-        offload_idle_nodes=run.offload_idle_nodes,
     )
 
 

@@ -184,14 +184,10 @@ def check_strategy_builds(
     """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
     as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
     raises before any process starts; then warn (one log line each) about periods and warm-ups
-    longer than the run, and outer momentum that the run's rounds cannot build up. The
-    participation statement of the first round is checked too. Returns the bound copy (rank
-    0's: its statements are those of the run, a simulated timeline's included), or ``None``
-    where the model is too large to copy here."""
+    longer than the run, and outer momentum that the run's rounds cannot build up. Returns the
+    bound copy (rank 0's), or ``None`` where the model is too large to copy here."""
     from exogym.core.comm.comm import NodeComm, set_current
-    from exogym.runtime import schedule
 
-    schedule.statement(strategy, 0, num_nodes, seed)
     if isinstance(strategy, ServerStrategy):  # its server's settings against the run's, here
         _check_server(strategy, model, num_nodes, seed, network)
     if state_bytes > DRY_INIT_MAX_BYTES:

@@ -1,5 +1,4 @@
-"""Rank 0's progress bar: the steps done and, beside them, the loss (and the round, where
-clients are sampled)."""
+"""Rank 0's progress bar: the steps done and, beside them, the loss."""
 
 from __future__ import annotations
 
@@ -9,13 +8,12 @@ from typing import Any
 class Progress:
     """The run's progress bar (shown only where ``enabled``: on rank 0 with ``fit(progress=True)``).
 
-    Beside the step count it shows rank 0's training loss or, where clients are sampled per
-    round (``rounds``: steps per round; rank 0 may sit rounds out), the round and the sampled
-    clients' mean loss as metric rows come in.
+    Beside the step count it shows the training loss: rank 0's at every train row of a
+    lock-step run, the row's (the clients' mean) as metric rows come in.
     """
 
-    def __init__(self, total: int, enabled: bool, rounds: int | None) -> None:
-        self.total, self.rounds = total, rounds
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
         self._bar = _bar(total, enabled)
         self._postfix: dict[str, str] = {}
 
@@ -24,20 +22,17 @@ class Progress:
         self._bar.update(step)
 
     def loss(self, done: int, log_interval: int, loss: float) -> None:
-        """Rank 0's training loss of the step that ends at ``done`` (shown at train rows,
-        where the bar does not show rounds)."""
-        if done % log_interval == 0 and not self.rounds:
+        """Rank 0's training loss of the step that ends at ``done`` (shown at train rows)."""
+        if done % log_interval == 0:
             self._postfix["loss"] = f"{loss:.4f}"
 
     def row(self, row: dict[str, Any]) -> None:
-        """A train row came in: where the bar shows rounds, its loss (the sampled clients' mean)."""
-        if self.rounds and row["train_loss"] == row["train_loss"]:  # (not NaN: some node trained in the row)
+        """A train row came in: its loss (the clients' mean)."""
+        if row["train_loss"] == row["train_loss"]:  # (not NaN: some client trained in the row)
             self._postfix["loss"] = f"{row['train_loss']:.4f}"
 
     def advance(self, step: int, done: int) -> None:
         """The work from ``step`` to ``done`` is done."""
-        if self.rounds:
-            self._postfix["round"] = f"{-(-done // self.rounds)}/{-(-self.total // self.rounds)}"
         if self._postfix:
             self._bar.set_postfix(self._postfix, refresh=False)
         self._bar.update(done - step)

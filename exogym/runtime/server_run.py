@@ -123,7 +123,7 @@ class ServerRun:
             None, self.model, device, self.val_loader, self.clients.forward_with, _plain, rank, world
         )  # type: ignore[arg-type]
         self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute, self._between_ticks)
-        self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0, rounds=None)
+        self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0)
         self._progressed = 0
 
     def _val_loader(self) -> DataLoader | None:

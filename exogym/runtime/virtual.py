@@ -13,16 +13,12 @@ whose transport is a ``VirtualTransport``.
 Each node keeps its own torch random stream (swapped at every hand-over), so dropout and other
 random draws match those of a run with one process per node.
 
-A node may also *sit out* an all-reduce (``VirtualTransport.all_reduce_absent``: it
-contributes nothing and needs no result, e.g. a FedAvg client that is not sampled in this round
-nor the next) or only *contribute* to one (``VirtualTransport.all_reduce_contribute``: it
-needs no result, e.g. a node's metrics that rank 0 alone turns into rows): the call is queued
-and the node runs on without parking. Each node's calls form a queue; a collective runs when
-every node has one queued, and only the nodes that wait for its result get the turn back. A
-node that has ``MAX_QUEUED`` calls queued waits for them, which bounds the memory they hold
-and how far apart in the run the worker's nodes are. Nodes that sit rounds out therefore cost
-no hand-over per round, and a worker all of whose nodes sit a collective out still makes its
-transport calls.
+A node may also only *contribute* to a collective (``VirtualTransport.all_reduce_contribute``:
+it needs no result, e.g. a node's metrics that rank 0 alone turns into rows): the call is
+queued and the node runs on without parking. Each node's calls form a queue; a collective runs
+when every node has one queued, and only the nodes that wait for its result get the turn back.
+A node that has ``MAX_QUEUED`` calls queued waits for them, which bounds the memory they hold
+and how far apart in the run the worker's nodes are.
 
 Why threads and not greenlets or one swapped module per worker: see docs/internals/virtual-nodes.md
 (threads keep torch's per-thread state, e.g. grad mode and autocast, separate per node; a
@@ -31,7 +27,6 @@ hand-over costs about 20-70 µs).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import threading
@@ -42,7 +37,7 @@ from typing import Any
 
 import torch
 
-from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_identity, reduce_rows_into
+from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_rows_into
 from exogym.runtime.placement import Placement
 from exogym.runtime.virtual_calls import Call, VirtualTransport
 
@@ -109,26 +104,8 @@ class VirtualHub:
         self._queued: list[deque[Call]] = [deque() for _ in self.ranks]
         #: How many of those queues are empty (a collective can run when none is).
         self._empty = self.n
-        #: The nodes whose first queued call each collective handles, ascending: every node
-        #: but those *parked* on a run of absent all-reduces (``_park``).
-        self._active: list[int] = list(range(self.n))
-        #: Per node, the collective a parked node's run of absent calls ends before (0: not parked).
-        self._parked_until = [0] * self.n
-        #: The parked nodes by the collective their run ends before, and by their call's
-        #: signature and group (what a collective checks them against).
-        self._unpark_at: dict[int, list[int]] = {}
-        self._parked: dict[tuple, set[int]] = {}
-        #: Per lead (local index), its twins' local indices (``exogym.runtime.dormant``): the
-        #: lead's calls are queued for them too, and they run on no thread of their own.
-        self.twins: dict[int, list[int]] = {
-            placement.slot_of(lead): [placement.slot_of(r) for r in rest]
-            for lead, rest in placement.twins(worker).items()
-        }
-        twin_slots = {t for ts in self.twins.values() for t in ts}
-        #: The nodes that run, on threads of their own (all but the twins).
-        self.running = [i for i in range(self.n) if i not in twin_slots]
         #: The nodes that run before the next collective, in order, and the next one's position.
-        self._to_run: list[int] = list(self.running)
+        self._to_run: list[int] = list(range(self.n))
         self._cursor = 0
         self._failure: VirtualNodeError | None = None
         #: Collectives executed so far (every node's queue starts at the next one).
@@ -138,7 +115,7 @@ class VirtualHub:
         self._folded: dict[tuple[int, tuple[int, ...] | None], torch.Tensor] = {}
         self._cuda = device.type == "cuda"
         self._rng: list[Any] = [None] * self.n
-        for i in self.running:
+        for i in range(self.n):
             # What torch.manual_seed(seed + r) does for the two streams a node uses, without its
             # lazy calls for every other device type (a captured stack each: 0.3 ms per node).
             r = self.ranks[i]
@@ -195,7 +172,7 @@ class VirtualHub:
 
         threads = [
             threading.Thread(target=body, args=(i,), name=f"exogym-node-{self.ranks[i]}", daemon=True)
-            for i in self.running
+            for i in range(self.n)
         ]
         for t in threads:
             t.start()
@@ -233,30 +210,9 @@ class VirtualHub:
             raise CollectiveMismatchError(f"node(s) {ended} finished the run while node(s) {waiting} wait in {what}")
         return None
 
-    def mirror(self, i: int, call: Call) -> None:
-        """Queue ``call``, which node ``i`` is about to make, once more for each of its twins,
-        as the call each would make itself (``exogym.runtime.dormant``): the same collective
-        with the same payload. A twin waits for nothing: where ``i`` waits, its twin only
-        contributes (or, where ``i`` only receives, receives a result no one reads). Call it
-        before ``i``'s own ``enqueue`` or ``collective``, which may run the collective."""
-        twins = self.twins.get(i)
-        if not twins:
-            return
-        detached = call.detached or not (call.absent or call.receives)
-        theirs = Call(
-            call.kind, call.op, call.members, call.tensor, call.src,
-            absent=call.absent, detached=detached, receives=call.receives, repeat=call.repeat,
-        )  # fmt: skip
-        if _folds(theirs):  # every twin contributes the same tensor: folded once for all of them
-            self._fold(twins[0], theirs, self._next_index(twins[0]), times=len(twins))
-        for j in twins:
-            copy = object.__new__(Call)  # (hundreds of twins: a copy of the fields, not a new call each)
-            copy.__dict__.update(theirs.__dict__)
-            self._append(j, copy)
-
     def enqueue(self, i: int, call: Call) -> None:
-        """Node ``i`` needs nothing from the next collective (it sits it out, ``call.absent``,
-        or only contributes, ``call.detached``): the call is queued and the node runs on, unless
+        """Node ``i`` needs nothing from the next collective (it only contributes,
+        ``call.detached``): the call is queued and the node runs on, unless
         it has ``MAX_QUEUED`` calls queued: then it waits for them, which bounds the memory
         they hold and how far the worker's nodes drift apart. A contribution to an all-reduce is
         folded into the collective's running reduction at once (the worker holds one tensor per
@@ -274,31 +230,13 @@ class VirtualHub:
 
     def _next_index(self, i: int) -> int:
         """The collective that the next call node ``i`` queues takes part in."""
-        queue = self._queued[i]
-        until = self._parked_until[i]
-        if until:  # (the parked call's run ends before ``until``)
-            return until + sum(queue[k].repeat for k in range(1, len(queue)))
-        return self._executed + sum(c.repeat for c in queue)
+        return self._executed + len(self._queued[i])
 
     def _append(self, i: int, call: Call) -> None:
         queue = self._queued[i]
         queue.append(call)
         if len(queue) == 1:
             self._empty -= 1
-            if _parks(call):
-                del self._active[bisect.bisect_left(self._active, i)]
-                self._park(i, call)
-
-    def _park(self, i: int, call: Call) -> None:
-        """Node ``i``'s first queued call sits out the next ``call.repeat`` all-reduces and it
-        waits for none of them: the collectives leave it out (it is not in ``_active``)
-        until the run's last, after which its call leaves the queue. A worker of hundreds of
-        nodes, most of them asleep (an asynchronous run's clients), then handles only the few
-        awake at each collective, not every node."""
-        until = self._executed + call.repeat
-        self._parked_until[i] = until
-        self._unpark_at.setdefault(until, []).append(i)
-        self._parked.setdefault((call.signature, call.members), set()).add(i)
 
     def _run_ready(self, i: int) -> None:
         """Node ``i``, which holds the turn and waits for nothing, has queued the last call the
@@ -319,38 +257,29 @@ class VirtualHub:
                 self._hand_over(i, nxt)
                 return
 
-    def _fold(self, i: int, call: Call, index: int, times: int = 1) -> None:
+    def _fold(self, i: int, call: Call, index: int) -> None:
         """Reduce ``call``'s tensor into the running result of collective ``index`` for its
         group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
-        are left out: ``reduce_rows_into`` adds those in float32 at once. ``times``: the
-        contributions of that many nodes, each ``call``'s tensor (a lead's twins): a maximum or
-        minimum is taken once, a sum adds the tensor times their number."""
+        are left out: ``reduce_rows_into`` adds those in float32 at once."""
         t = call.tensor
         assert t is not None and call.op is not None
         key = (index, call.members)
         acc = self._folded.get(key)
         if acc is None:
-            acc = self._folded[key] = t.clone()
-            times -= 1
+            self._folded[key] = t.clone()
         elif acc.shape != t.shape or acc.dtype != t.dtype:
             raise CollectiveMismatchError(
                 f"node {self.ranks[i]} called {call.describe()} where another node contributed "
                 f"{acc.numel()} x {acc.dtype} to the same all-reduce"
             )
-        if times > 1 and call.op == "sum":
-            acc.add_(t, alpha=times)
-        elif times > 1 and call.op in ("max", "min"):
-            reduce_rows_into([acc, t], call.op, acc)
         else:
-            for _ in range(times):
-                reduce_rows_into([acc, t], call.op, acc)
+            reduce_rows_into([acc, t], call.op, acc)
         call.tensor = torch.empty(t.shape, dtype=t.dtype, device="meta")
         call.folded = True
 
     def collective(self, i: int, call: Call) -> Call:
         """Node ``i`` arrives at a collective: park until every hosted node has queued a call
-        for it and the last one has combined them. Collective: every hosted node must call it
-        (or sit it out)."""
+        for it and the last one has combined them. Collective: every hosted node must call it."""
         call.waits = True
         self._append(i, call)
         nxt = self._advance()
@@ -363,60 +292,29 @@ class VirtualHub:
     def _execute(self) -> list[int]:
         """Run the collective every node's queue starts with; return the nodes whose real call
         it completed (in order)."""
-        queued, active = self._queued, self._active
-        if not active and self.outer is None:  # every node sits out the collectives up to the first run's end
-            self._executed = min(self._unpark_at) - 1
-        calls = [queued[j][0] for j in active]  # (the parked nodes sit it out)
-        present = [c for c in calls if not c.absent]
-        first = present[0] if present else queued[0][0]
-        for j, c in zip(active, calls, strict=True):
+        queued = self._queued
+        calls = [q[0] for q in queued]
+        first = calls[0]
+        for j, c in enumerate(calls):
             self._check(first, c, j)
-        for nodes in self._parked.values():
-            j = next(iter(nodes))
-            self._check(first, queued[j][0], j)
-        if first.kind != "all_reduce":  # (only all-reduces are sat out: every node is active)
-            assert len(calls) == self.n
         if first.kind == "barrier":
             if self.outer is not None:
                 self.outer.barrier()
         elif first.kind == "broadcast":
             self._broadcast(calls, first.src)  # type: ignore[arg-type]
         elif first.kind == "all_reduce":
-            self._all_reduce(present, first)
+            self._all_reduce(calls, first)
         else:
             self._all_gather(calls)
         self._executed += 1
         released = []
-        for j, c in zip(active, calls, strict=True):
+        empty = 0
+        for j, c in enumerate(calls):
             c.done = True
             if c.waits:
                 released.append(j)
-            if c.repeat > 1:  # still queued for the collectives after this one; its node runs on
-                c.repeat -= 1
-                c.waits = False
-            else:
-                queued[j].popleft()
-        unparked = self._unpark_at.pop(self._executed, None)
-        if unparked:
-            for j in unparked:  # their runs of absent calls end with this collective
-                c = queued[j].popleft()
-                c.done = True
-                self._parked_until[j] = 0
-                key = (c.signature, c.members)
-                self._parked[key].discard(j)
-                if not self._parked[key]:
-                    del self._parked[key]
-            active = sorted(active + unparked)
-        self._active = []
-        empty = 0
-        for j in active:
-            q = queued[j]
-            if not q:
-                empty += 1
-            elif _parks(q[0]):
-                self._park(j, q[0])
-                continue
-            self._active.append(j)
+            queued[j].popleft()
+            empty += not queued[j]
         self._empty = empty
         return released
 
@@ -446,37 +344,30 @@ class VirtualHub:
             if c.tensor is not buf:
                 c.tensor.copy_(buf)  # type: ignore[union-attr]
 
-    def _all_reduce(self, present: list[Call], first: Call) -> None:
-        """Reduce the calls of the nodes present (per group), then across workers."""
+    def _all_reduce(self, calls: list[Call], first: Call) -> None:
+        """Reduce the calls (per group), then across workers."""
         op = first.op
         assert op is not None and first.tensor is not None
         groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
-        for c in present:
+        for c in calls:
             if c.folded:  # the group's folded contributions, once, where its first one sits
                 folded = self._folded.pop((self._executed, c.members), None)
                 if folded is not None:
                     groups.setdefault(c.members, []).append(folded)
-            elif not c.receives:
+            else:
                 groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
         partials = {}
         for key, tensors in groups.items():
             acc = torch.empty_like(tensors[0])
             reduce_rows_into(tensors, op, acc)
             partials[key] = acc
-        for c in present:  # a group whose nodes here all receive only: this worker adds the identity
-            if c.receives and c.members not in partials:
-                partials[c.members] = reduce_identity(c.tensor, op, self.device)  # type: ignore[arg-type]
         if self.outer is not None:
             if first.members is None:
-                if None not in partials:  # every node here sits it out: take no part in the sum
-                    partials[None] = reduce_identity(first.tensor, op, self.device)
                 self.outer.all_reduce(partials[None], op)
             else:
                 self._reduce_groups_across_workers(partials, op, first.tensor)
-        for c in present:
-            if c.receives:
-                c.result = partials[c.members]  # one tensor for every node of the group here
-            elif not c.detached:
+        for c in calls:
+            if not c.detached:
                 c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
 
     def _group_key(self, members: tuple[int, ...] | None) -> int:
@@ -504,7 +395,6 @@ class VirtualHub:
         rows, width = int(meta[0]), int(meta[1])
         if rows == 0:
             return
-        # (On the worker's device: ``like`` may belong to a node whose state is offloaded.)
         table = torch.zeros(rows, width, dtype=some.dtype, device=self.device)
         ids = torch.full((rows,), -1.0, dtype=torch.float64)
         for r, key in enumerate(keys):
@@ -571,12 +461,6 @@ def _folds(call: Call) -> bool:
     t = call.tensor
     half = t is not None and t.dtype in (torch.float16, torch.bfloat16)
     return call.detached and call.kind == "all_reduce" and t is not None and not half
-
-
-def _parks(call: Call) -> bool:
-    """Whether a node whose first queued call is ``call`` is parked (``VirtualHub._park``):
-    it sits that run of all-reduces out and waits for none of them."""
-    return call.absent and not call.waits
 
 
 __all__ = ["MAX_QUEUED", "VirtualHub", "VirtualNodeError", "VirtualTransport"]

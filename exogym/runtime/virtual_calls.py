@@ -28,17 +28,10 @@ class Call:
     members: tuple[int, ...] | None = None
     tensor: torch.Tensor | None = None
     src: int | None = None
-    #: The node sits this call out: ``tensor`` only gives the payload's dtype and size.
-    absent: bool = False
     #: The node contributes ``tensor`` but needs no result: it does not wait for the call.
     detached: bool = False
-    #: The node contributes nothing but needs the result: ``result`` (shared), not ``tensor``.
-    receives: bool = False
     #: The node waits for this call (a real one, or the last one a full queue takes).
     waits: bool = False
-    #: How many consecutive collectives this queued entry stands for (an absent node sitting
-    #: several rounds out in one call).
-    repeat: int = 1
     #: The node's contribution was reduced on arrival (``tensor`` is a stand-in on "meta").
     folded: bool = False
     done: bool = False
@@ -82,14 +75,6 @@ class VirtualTransport(Transport):
     def barrier(self) -> None:
         self._collective(Call("barrier"))
 
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str, members: Sequence[int] | None = None, repeat: int = 1
-    ) -> None:
-        """Sit an all-reduce out (``repeat`` consecutive ones of the same group, dtype and size):
-        contribute nothing, receive nothing. Returns at once; ``like`` (its dtype and size only)
-        is never read or written. Collective, in call order."""
-        self._enqueue(Call("all_reduce", op, _key(members), like, absent=True, repeat=repeat))
-
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         """Contribute ``tensor`` to an all-reduce and need no result: returns at once; the hub
         reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
@@ -102,22 +87,12 @@ class VirtualTransport(Transport):
         in call order."""
         self._enqueue(Call("all_gather", None, _key(members), tensor, detached=True))
 
-    def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
-        """Take part in an all-reduce contributing nothing and return the result, which the
-        worker's receiving nodes of the group share (read it before this node's next
-        collective; do not write to it). ``like`` gives the dtype and size only. Collective."""
-        call = self._collective(Call("all_reduce", op, _key(members), like, receives=True))
-        assert call.result is not None
-        return call.result
-
     def _collective(self, call: Call) -> Call:
-        """Make ``call`` (for this node's twins too) and wait for it."""
-        self.hub.mirror(self.index, call)
+        """Make ``call`` and wait for it."""
         return self.hub.collective(self.index, call)
 
     def _enqueue(self, call: Call) -> None:
-        """Queue ``call`` (for this node's twins too), which this node does not wait for."""
-        self.hub.mirror(self.index, call)
+        """Queue ``call``, which this node does not wait for."""
         self.hub.enqueue(self.index, call)
 
     def close(self) -> None:

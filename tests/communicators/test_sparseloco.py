@@ -303,7 +303,7 @@ def test_settings_out_of_range_are_refused_naming_the_argument(kwargs: dict, mes
 def test_a_quantizing_wire_is_refused_at_construction_since_bits_already_sets_the_values_precision(wire) -> None:
     """SparseLoCo's payload is packed few-bit codes (``bits`` per value), not a float tensor: a
     quantizing wire would pass it through unchanged, so it is refused when the strategy is made."""
-    match = r"acts on float payloads, but SparseLoCo\(H=4.*bits=2.*coded_payloads.*leave the quantizing wire out"
+    match = r"acts on float payloads, but SparseLoCo\(H=4.*bits=2.*payloads=.coded.*leave the quantizing wire out"
     with pytest.raises(ValueError, match=match):
         CommunicateOptimizeStrategy([SparseLoCoCommunicator(H=4)], wire=wire)
     with pytest.raises(ValueError, match=match):

@@ -123,7 +123,7 @@ def test_a_quantizing_wire_is_refused_at_construction_naming_the_coded_payload_a
     tensor: a quantizing wire would pass it through unchanged (with error feedback its residuals
     would also land on the wrong entries), so the strategy and the wrapper refuse it when made,
     before any process starts."""
-    match = r"quantizing wire .* acts on float payloads, but TopK\(k=0.1.*coded_payloads.*leave the quantizing wire out"
+    match = r"acts on float payloads, but TopK\(k=0.1.*payloads=.coded.*leave the quantizing wire out"
     wire = Quantize(fmt, error_feedback=error_feedback)
     with pytest.raises(ValueError, match=match):
         CommunicateOptimizeStrategy([TopKCommunicator(0.1)], wire=wire)
@@ -131,5 +131,5 @@ def test_a_quantizing_wire_is_refused_at_construction_naming_the_coded_payload_a
         CommunicateOptimizeStrategy([Pipeline([AveragingCommunicator(), TopKCommunicator(0.1)])], wire=wire)
     with pytest.raises(ValueError, match=match):
         QuantizeCommunicator(TopKCommunicator(0.1), fmt, error_feedback=error_feedback)
-    assert Pipeline([TopKCommunicator(0.1)]).coded_payloads and Wrapper(TopKCommunicator(0.1)).coded_payloads
-    assert not Pipeline([AveragingCommunicator()]).coded_payloads
+    assert TopKCommunicator(0.1).payloads == Wrapper(TopKCommunicator(0.1)).payloads == "coded"
+    assert AveragingCommunicator().payloads == "stable"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import random
 import subprocess
 import sys
 
@@ -24,61 +23,6 @@ class _Network:
 
     def slowdown(self, rank: int) -> float:
         return 1.0
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_rounds_added_at_once_are_the_rows_of_add_idle_then_add_per_round(seed: int) -> None:
-    rng = random.Random(seed)
-    n = rng.randint(1, 6)
-    idle = [rng.randint(0, 4) for _ in range(n)]
-    if seed % 2:  # rounds of one length after the first (the strided write)
-        idle = [idle[0]] + [idle[-1]] * (n - 1)
-    idle_lr = [rng.choice([0.1, 0.2]) for _ in range(n)]
-    lr, sent, received, sim = ([rng.random() for _ in range(n)] for _ in range(4))
-    keys = [tuple(float(rng.randint(1, 9)) for _ in range(rng.randint(0, 2))) for _ in range(n)]
-    bulk, steps = MetricsBuffer(_Comm(), _Network(), 10, 200), MetricsBuffer(_Comm(), _Network(), 10, 200)
-    steps.add_idle(3, 0.3, 1.0)  # rows already pending stay as they are
-    bulk.add_idle(3, 0.3, 1.0)
-    bulk.add_rounds(idle, idle_lr, lr, sent, received, sim, 0.5, 2.0, keys)
-    for i in range(n):
-        if idle[i]:
-            steps.add_idle(idle[i], idle_lr[i], 2.0)
-        key = keys[i][0] if keys[i] else 0.0
-        steps.add(StepSample(0.0, 0.0, 0.0, sent[i], received[i], 0.0, sim[i], 0.5, 2.0, 0.0, lr[i], key), keys[i][1:])
-    assert bulk.pending == steps.pending == 3 + sum(idle) + n
-    assert np.array_equal(bulk._rows[: bulk.pending], steps._rows[: steps.pending])
-    assert bulk._more_keys == steps._more_keys  # a round's further meeting keys, at the same rows
-
-
-@pytest.mark.parametrize("uniform_idle", [True, False])
-def test_rounds_given_one_number_for_every_round_are_the_rows_of_that_number_per_round(uniform_idle: bool) -> None:
-    n = 300
-    idle = np.full(n, 0) if uniform_idle else np.arange(n) % 3
-    per_round = MetricsBuffer(_Comm(), _Network(), 10, 2000)
-    once = MetricsBuffer(_Comm(), _Network(), 10, 2000)
-    per_round.add_rounds(idle.tolist(), [0.2] * n, [0.3] * n, [5.0] * n, [6.0] * n, [0.01] * n, 0.5, 2.0, [(1.0,)] * n)
-    once.add_rounds(idle, 0.2, 0.3, 5.0, 6.0, 0.01, 0.5, 2.0, [(1.0,)] * n)
-    assert once.pending == per_round.pending == n + int(idle.sum())
-    assert np.array_equal(once._rows[: once.pending], per_round._rows[: per_round.pending])
-
-
-@pytest.mark.parametrize("keys", [None, (), (4.0,), (4.0, 9.0)])
-@pytest.mark.parametrize("idle", [[0, 0, 0], [2, 2, 2], [1, 3, 3], [0, 5, 1]])
-def test_rounds_alike_given_as_numbers_are_the_rows_of_add_idle_then_add_per_round(keys, idle) -> None:
-    # (the write of a sleep through rounds alike, e.g. an asynchronous client between its steps)
-    n = len(idle)
-    bulk, steps = MetricsBuffer(_Comm(), _Network(), 10, 200), MetricsBuffer(_Comm(), _Network(), 10, 200)
-    for b in (bulk, steps):
-        b.add_idle(2, 0.3, 1.0)  # rows already pending stay as they are
-    bulk.add_rounds(np.array(idle), 0.2, 0.4, 5.0, 6.0, 0.01, 0.5, 2.0, None if keys is None else [keys] * n)
-    for i in range(n):
-        if idle[i]:
-            steps.add_idle(idle[i], 0.2, 2.0)
-        ks = keys or ()
-        steps.add(StepSample(0.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.01, 0.5, 2.0, 0.0, 0.4, ks[0] if ks else 0.0), ks[1:])
-    assert bulk.pending == steps.pending == 2 + sum(idle) + n
-    assert np.array_equal(bulk._rows[: bulk.pending], steps._rows[: steps.pending])
-    assert bulk._more_keys == steps._more_keys
 
 
 class _RecordingComm:

@@ -186,7 +186,7 @@ def test_strategy_copies_equal_a_deepcopy_and_share_no_state_with_the_job_or_eac
     from exogym.runtime.replicate import strategy_replicator
     from exogym.strategy import DiLoCoStrategy, FedAvgStrategy
 
-    for strategy in (DiLoCoStrategy(H=5, outer_lr=0.5), FedAvgStrategy(H=3, client_sampling=0.5)):
+    for strategy in (DiLoCoStrategy(H=5, outer_lr=0.5), FedAvgStrategy(H=3, island_size=2)):
         rep = strategy_replicator(strategy)
         assert rep.fast
         a, b = rep.replica(), rep.replica()

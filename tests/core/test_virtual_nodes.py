@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from communicators.islands import draw_islands, draw_participants
+from communicators.islands import draw_islands
 from exogym import Trainer
 from exogym.core.comm.network import Network
 from exogym.core.communicator import Wrapper
@@ -56,7 +56,7 @@ class InlineMeanStrategy(SimpleReduceStrategy):
 
 STRATEGIES = {
     "ddp": lambda: SimpleReduceStrategy(optim_spec=SGD, lr=0.05),
-    "fedavg_islands_sampling": lambda: FedAvgStrategy(H=2, island_size=3, client_sampling=0.5, optim_spec=SGD, lr=0.05),
+    "fedavg_islands": lambda: FedAvgStrategy(H=2, island_size=3, optim_spec=SGD, lr=0.05),
     "diloco": lambda: DiLoCoStrategy(H=2),
     "sparta": lambda: SPARTAStrategy(p_sparta=0.3),
     "demo": lambda: DeMoStrategy(),
@@ -102,7 +102,7 @@ def test_metric_and_validation_rows_of_virtual_nodes_equal_those_of_one_process_
     def rows(workers: int) -> list[dict]:
         trainer = Trainer(TinyNet(), regression_data(n=6 * 4 * 8), regression_data(n=48, seed=1))
         trainer.fit(
-            FedAvgStrategy(H=2, island_size=3, client_sampling=0.5),
+            FedAvgStrategy(H=2, island_size=3),
             num_nodes=6,
             workers=workers,
             max_steps=8,
@@ -178,83 +178,22 @@ class Recording(FedAvgStrategy):
             self.after_round[step // self.averaging.H] = self._flat()
 
 
-@pytest.mark.parametrize("workers", [None, 2])
-def test_unsampled_clients_neither_train_nor_read_data_and_keep_their_parameters_until_the_average(
-    workers: int | None,
-) -> None:
-    # 6 clients, 2 sampled per round, 8 rounds: some clients sit out two rounds in a row, so
-    # they sleep through the first round's collective (virtual nodes) and take the second's mean.
-    k, h, rounds, frac, seed = 6, 3, 8, 0.34, 5
-    out = train_ranks(
-        k,
-        lambda: Recording(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
-        h * rounds,
-        seed=seed,
-        workers=workers,
-    )
-    sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
-    assert all(len(s) == 2 for s in sampled)
-    mean_after = {r: out[sampled[r][0]]["strategy"].after_round[r] for r in range(rounds)}
-    slept = 0
-    for rank in range(k):
-        st = out[rank]["strategy"]
-        expected = [r * h + i for r in range(rounds) if rank in sampled[r] for i in range(h)]
-        assert st.trained_steps == expected
-        # Data position: the sampler handed out exactly one batch per trained step.
-        assert out[rank]["node"].batches_drawn == len(expected)
-        for r in range(rounds):
-            if rank in sampled[r]:
-                # A client starts its round from the previous round's mean.
-                if r > 0:
-                    torch.testing.assert_close(st.at_start[r], mean_after[r - 1], rtol=0, atol=0)
-                continue
-            # Idle all round: the parameters are those it held when the round began ...
-            if r > 0:
-                torch.testing.assert_close(st.before_average[r], st.after_round[r - 1], rtol=0, atol=0)
-            if r in st.sat_out:
-                # ... sleeping through a round whose next round it also sits out: kept as they are,
-                assert rank not in sampled[r + 1]
-                torch.testing.assert_close(st.after_round[r], st.before_average[r], rtol=0, atol=0)
-                slept += 1
-            else:
-                # ... else until the round's average arrives, the same a participant holds.
-                torch.testing.assert_close(st.after_round[r], mean_after[r], rtol=0, atol=0)
-        # At the end every node holds the last round's mean.
-        torch.testing.assert_close(st.after_round[rounds - 1], mean_after[rounds - 1], rtol=0, atol=0)
-    # Every client idle in two rounds in a row (the last excepted) sleeps through the first.
-    expected_sleeps = sum(
-        1 for rank in range(k) for r in range(rounds - 1) if rank not in sampled[r] and rank not in sampled[r + 1]
-    )
-    assert expected_sleeps > 0 and slept == expected_sleeps
-
-
-def _round_bytes_formula(k: int, island: int, frac: float, seed: int, rnd: int, payload: int) -> dict[int, tuple]:
-    """(sent, received) per node for one FedAvg round, from the ledger's formulas: a ring
-    all-reduce among the m participants (2(m-1)/m * b each way) and a broadcast from the first
-    participant to the island's n - m others (b sent by the root, b received by each other)."""
+def _round_bytes_formula(k: int, island: int, seed: int, rnd: int, payload: int) -> dict[int, tuple]:
+    """(sent, received) per node for one FedAvg round, from the ledger's formula: a ring
+    all-reduce among each island's n members (2(n-1)/n * b each way)."""
     out = {}
     for members in draw_islands(k, island, seed, rnd):
-        parts = draw_participants(members, frac, seed, rnd)
-        m, n = len(parts), len(members)
+        n = len(members)
         for r in members:
-            sent = received = 0.0
-            if r in parts and m > 1:
-                sent += 2 * (m - 1) / m * payload
-                received += 2 * (m - 1) / m * payload
-            if n > m:
-                if r == parts[0]:
-                    sent += payload
-                elif r not in parts:
-                    received += payload
-            out[r] = (sent, received)
+            out[r] = (2 * (n - 1) / n * payload,) * 2
     return out
 
 
-def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampling_at_k100() -> None:
-    k, island, frac, seed, rounds = 100, 10, 0.3, 2, 2
+def test_ledger_of_every_virtual_node_matches_the_ring_formula_for_islands_at_k100() -> None:
+    k, island, seed, rounds = 100, 10, 2, 2
     out = train_ranks(
         k,
-        lambda: FedAvgStrategy(H=1, island_size=island, client_sampling=frac, optim_spec=SGD, lr=0.1),
+        lambda: FedAvgStrategy(H=1, island_size=island, optim_spec=SGD, lr=0.1),
         rounds,
         seed=seed,
         batch_size=2,
@@ -262,7 +201,7 @@ def test_ledger_of_every_virtual_node_matches_the_formula_for_islands_and_sampli
     )
     payload = 4 * sum(p.numel() for p in TinyNet().parameters())
     for rnd in range(rounds):
-        expected = _round_bytes_formula(k, island, frac, seed, rnd, payload)
+        expected = _round_bytes_formula(k, island, seed, rnd, payload)
         for rank in range(k):
             records = out[rank]["records"][rnd]
             got = (sum(r.sent for r in records), sum(r.received for r in records))
@@ -308,45 +247,6 @@ def test_the_last_virtual_node_finishing_while_others_wait_fails_instead_of_hang
         VirtualNodeError, match=r"node\(s\) \[2\] finished the run while node\(s\) \[0, 1\] wait in barrier"
     ):
         hub.run(body)
-
-
-@pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]]])
-def test_nodes_sitting_an_all_reduce_out_add_nothing_even_when_a_whole_worker_sleeps(groups) -> None:
-    # 4 nodes on 2 workers (nodes 0-1 and 2-3). Round 1: node 1 sleeps; round 2: both nodes of
-    # worker 0 sleep, so that worker joins the transport calls with no node present; round 3:
-    # max with node 3 asleep. Expected values are written out from the node values below.
-    from exogym.core.comm.comm import NodeComm
-
-    values = {r: float(10**r) for r in range(4)}
-    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
-    got: dict[tuple[int, int], float] = {}
-
-    def node(rank, transport):
-        comm = NodeComm(rank, 4, transport)
-        for rnd, asleep, op in ((1, {1}, "sum"), (2, {0, 1}, "sum"), (3, {3}, "max")):
-            t = torch.full((3,), values[rank])
-            if rank in asleep:
-                comm.all_reduce_absent(t, op, groups=groups)
-            else:
-                comm.all_reduce(t, op, groups=groups)
-                got[(rnd, rank)] = t[0].item()
-        return rank
-
-    def worker(w, outer):
-        hubs[w].outer = outer.transport
-        return hubs[w].run(node)
-
-    from tests.fake_world import run_ranks
-
-    run_ranks(2, worker)
-    group = {r: [0, 1, 2, 3] if groups is None else next(g for g in groups if r in g) for r in range(4)}
-    for rnd, asleep, op in ((1, {1}, "sum"), (2, {0, 1}, "sum"), (3, {3}, "max")):
-        for r in range(4):
-            if r in asleep:
-                assert (rnd, r) not in got
-                continue
-            awake = [values[m] for m in group[r] if m not in asleep]
-            assert got[(rnd, r)] == (sum(awake) if op == "sum" else max(awake)), (rnd, r)
 
 
 @pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]]])
@@ -507,76 +407,10 @@ def test_all_gather_contribute_outside_virtual_nodes_sends_the_share() -> None:
     assert run_ranks(3, body)[:2] == [[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]] * 2
 
 
-@pytest.mark.parametrize("groups", [None, [[0, 2], [1, 3]], [[0, 1], [2, 3]]])
-def test_receiving_nodes_get_the_sum_of_the_others_shares_without_reading_their_own(groups) -> None:
-    # 4 nodes on 2 workers (0-1 and 2-3); nodes 1 and 3 receive only. With groups [[0, 1],
-    # [2, 3]] worker 1's group {2, 3} has a contributor; with [[0, 2], [1, 3]] the group {1, 3}
-    # has none at all (its sum is the identity, zeros), and no worker sums a receiver's buffer.
-    from exogym.core.comm.comm import NodeComm
-    from tests.fake_world import run_ranks
-
-    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
-    got: dict[int, list[torch.Tensor]] = {r: [] for r in range(4)}
-    likes: dict[int, torch.Tensor] = {}
-
-    def node(rank, transport):
-        comm = NodeComm(rank, 4, transport)
-        for rnd in range(2):
-            t = torch.full((3,), float(10**rank + rnd))
-            if rank in (1, 3):
-                likes[rank] = torch.full((3,), float("nan"))  # never read: a NaN would spread
-                got[rank].append(comm.all_reduce_receive(likes[rank], "sum", groups=groups))
-            else:
-                got[rank].append(comm.all_reduce(t, "sum", groups=groups).clone())
-        return rank
-
-    def worker(w, outer):
-        hubs[w].outer = outer.transport
-        return hubs[w].run(node)
-
-    run_ranks(2, worker)
-    for rank in range(4):
-        members = next((g for g in groups if rank in g), None) if groups else [0, 1, 2, 3]
-        for rnd in range(2):
-            want = sum(10**m + rnd for m in members if m not in (1, 3))
-            assert got[rank][rnd].tolist() == [float(want)] * 3, (rank, rnd)
-    assert all(torch.isnan(t).all() for t in likes.values())  # ``like`` is neither read nor written
-
-
-def test_the_receiving_nodes_of_a_worker_share_one_result_tensor() -> None:
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
-    got: dict[int, torch.Tensor] = {}
-
-    def body(rank, transport):
-        if rank == 0:
-            transport.all_reduce(torch.full((4,), 2.0), "sum")
-        else:
-            got[rank] = transport.all_reduce_receive(torch.empty(4), "sum")
-
-    hub.run(body)
-    assert got[1] is got[2] and got[1].tolist() == [2.0] * 4
-
-
-def test_all_reduce_receive_outside_virtual_nodes_returns_the_sum_and_rejects_mean() -> None:
-    from tests.fake_world import run_ranks
-
-    def body(rank, comm):
-        if rank == 2:
-            like = torch.full((2,), float("nan"))
-            out = comm.all_reduce_receive(like, "sum")
-            assert torch.isnan(like).all()
-            return out.tolist()
-        return comm.all_reduce(torch.full((2,), float(rank + 1)), "sum").tolist()
-
-    assert run_ranks(3, body) == [[3.0, 3.0]] * 3
-    with pytest.raises(ValueError, match="op must be one of sum, max, min, product"):
-        run_ranks(1, lambda rank, comm: comm.all_reduce_receive(torch.ones(1), "mean"))
-
-
-def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() -> None:
-    # Node 1 sits out 3 * MAX_QUEUED all-reduces that node 0 makes and node 2 contributes to:
-    # node 1 runs while node 2 has not reached them, and its queue never holds more than
-    # MAX_QUEUED calls (it parks when full); node 0 gets its value plus node 2's each time.
+def test_a_node_that_contributes_to_many_collectives_waits_once_its_queue_is_full() -> None:
+    # Node 1 contributes to 3 * MAX_QUEUED all-reduces that node 0 makes and node 2 contributes
+    # to: node 1 runs while node 2 has not reached them, and its queue never holds more than
+    # MAX_QUEUED calls (it parks when full); node 0 gets the three shares each time.
     from exogym.runtime.virtual import MAX_QUEUED
 
     hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
@@ -590,20 +424,21 @@ def test_a_node_that_sits_out_many_collectives_waits_once_its_queue_is_full() ->
                 transport.all_reduce(t, "sum")
                 got.append(t.item())
             elif rank == 1:
-                transport.all_reduce_absent(t, "sum")
+                transport.all_reduce_contribute(t, "sum")
                 longest[0] = max(longest[0], len(hub._queued[1]))
             else:
                 transport.all_reduce_contribute(t, "sum")
 
     hub.run(body)
-    assert got == [2.0 * i for i in range(3 * MAX_QUEUED)]
+    assert got == [3.0 * i for i in range(3 * MAX_QUEUED)]
     assert longest[0] == MAX_QUEUED - 1  # parked at the MAX_QUEUED-th call instead of queueing it
     assert not any(hub._queued) and hub._empty == 3
 
 
 def _sums_and_work(outer: Any = None) -> list[tuple[str, int]]:
-    """Node 0 waits for each of 4 sums; node 1 sits each out, then works locally (one worker,
-    ``outer`` its transport to the others): the order of node 0's results and node 1's work."""
+    """Node 0 waits for each of 4 sums; node 1 contributes to each, then works locally (one
+    worker, ``outer`` its transport to the others): the order of node 0's results (the sums)
+    and node 1's work."""
     hub = VirtualHub(Placement.blocks(2, 1), 0, outer, torch.device("cpu"), 0)
     events: list[tuple[str, int]] = []
 
@@ -614,7 +449,7 @@ def _sums_and_work(outer: Any = None) -> list[tuple[str, int]]:
                 transport.all_reduce(t, "sum")
                 events.append(("result", int(t.item())))
             else:
-                transport.all_reduce_absent(t, "sum")
+                transport.all_reduce_contribute(t, "sum")
                 events.append(("work", k))
 
     hub.run(body)
@@ -625,7 +460,7 @@ def test_a_collective_runs_as_soon_as_its_last_call_is_queued_not_once_the_node_
     # the sum runs when node 1 queues its call, so node 0 has its result before node 1's work
     # after that call (a node working through many steps between its own collectives lets the
     # others' through)
-    assert _sums_and_work() == [e for k in range(4) for e in (("result", k), ("work", k))]
+    assert _sums_and_work() == [e for k in range(4) for e in (("result", 2 * k), ("work", k))]
 
 
 @pytest.mark.parametrize("waiting", [True, False])
@@ -648,46 +483,9 @@ def test_a_collective_no_other_worker_waits_for_yet_runs_once_the_node_that_comp
 
     events = _sums_and_work(Peers())
     if waiting:
-        assert events == [e for k in range(4) for e in (("result", k), ("work", k))]
+        assert events == [e for k in range(4) for e in (("result", 2 * k), ("work", k))]
     else:
-        assert events == [("work", k) for k in range(4)] + [("result", k) for k in range(4)]
-
-
-def test_all_reduce_absent_outside_virtual_nodes_adds_the_identity() -> None:
-    from tests.fake_world import run_ranks
-
-    def body(rank, comm):
-        t = torch.full((2,), float(rank + 1))
-        if rank == 2:
-            comm.all_reduce_absent(t, "sum")
-            comm.all_reduce_absent(t, "min")
-            return None
-        s = comm.all_reduce(t.clone(), "sum")[0].item()
-        m = comm.all_reduce(t.clone(), "min")[0].item()
-        return s, m
-
-    out = run_ranks(3, body)
-    assert out[0] == out[1] == (1.0 + 2.0, 1.0)
-
-
-def test_a_collective_one_node_sits_out_and_no_node_makes_fails_the_run() -> None:
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
-
-    def body(rank, transport):
-        if rank == 0:
-            transport.all_reduce_absent(torch.ones(4), "sum")
-
-    with pytest.raises(
-        VirtualNodeError, match=r"node\(s\) \[1\] finished the run while node\(s\) \[0\] wait in all_reduce"
-    ):
-        hub.run(body)
-
-
-def test_all_reduce_absent_rejects_mean() -> None:
-    from tests.fake_world import run_ranks
-
-    with pytest.raises(ValueError, match="op must be one of sum, max, min, product"):
-        run_ranks(1, lambda rank, comm: comm.all_reduce_absent(torch.ones(1), "mean"))
+        assert events == [("work", k) for k in range(4)] + [("result", 2 * k) for k in range(4)]
 
 
 @pytest.mark.procs
@@ -711,7 +509,7 @@ def test_a_failing_virtual_node_is_named_and_ends_the_run() -> None:
 def test_sixty_four_virtual_nodes_train_validate_and_log_on_two_workers() -> None:
     trainer = Trainer(TinyNet(), regression_data(n=64 * 4 * 3), regression_data(n=128, seed=1))
     trainer.fit(
-        FedAvgStrategy(H=2, island_size=8, client_sampling=0.25),
+        FedAvgStrategy(H=2, island_size=8),
         num_nodes=64,
         workers=2,
         max_steps=3,
@@ -755,40 +553,6 @@ def test_blocks_cover_every_rank_once_and_worker_of_inverts_them(k: int, w: int)
     assert all(placement.slot_of(r) == j for i in range(w) for j, r in enumerate(block_of(k, w, i)))
 
 
-def test_the_runtime_finds_client_sampling_and_its_round_inside_wrappers_wires_and_nested_pipelines() -> None:
-    from communicators import AveragingCommunicator, Int8, QuantizeCommunicator
-    from exogym.core.pipeline import CommunicateOptimizeStrategy, Pipeline
-    from exogym.runtime.schedule import round_steps, samples_clients
-
-    def sampling(strategy) -> int | None:  # the round of a strategy that samples clients, else None
-        return round_steps(strategy) if samples_clients(strategy, 20, 0) else None
-
-    assert sampling(FedAvgStrategy(H=5, client_sampling=0.1)) == 5
-    assert sampling(FedAvgStrategy(H=5)) is None
-    assert sampling(DiLoCoStrategy(H=5)) is None
-    assert sampling(SimpleReduceStrategy()) is None
-    quantized = QuantizeCommunicator(AveragingCommunicator(4, client_sampling=0.1))
-    assert sampling(CommunicateOptimizeStrategy([quantized])) == 4
-    assert sampling(CommunicateOptimizeStrategy([Pipeline([AveragingCommunicator(2), quantized])])) == 4
-    assert sampling(CommunicateOptimizeStrategy([QuantizeCommunicator(AveragingCommunicator(4))])) is None
-    wired = CommunicateOptimizeStrategy([AveragingCommunicator(4, client_sampling=0.1)], wire=Int8())
-    assert sampling(wired) == 4
-
-
-def test_the_progress_bar_of_a_sampled_run_shows_the_rounds(monkeypatch, capsys) -> None:
-    # The nodes run on threads here, so rank 0's bar writes to this process's stderr (node
-    # processes inherit the fork server's, which the test cannot capture).
-    import dataclasses
-
-    import tests.fake_world as fw
-
-    config = fw._config
-    monkeypatch.setattr(fw, "_config", lambda *a: dataclasses.replace(config(*a), progress=True))
-    fw.train_ranks(8, lambda: FedAvgStrategy(H=4, client_sampling=0.25, optim_spec=SGD, lr=0.1), 12, workers=2)
-    err = capsys.readouterr().err
-    assert "round=3/3" in err and "12/12" in err
-
-
 def test_the_collector_is_off_while_a_worker_builds_its_nodes_and_as_it_was_after_the_run() -> None:
     import gc
 
@@ -822,10 +586,10 @@ def test_a_finished_virtual_node_is_freed_without_the_cyclic_collector() -> None
     from tests.fake_world import _config
     from tests.helpers import TinyNet
 
-    cfg = _config(6, 4, 8, 0, 1, None, None, 2, None, False)
+    cfg = _config(6, 4, 8, 0, 1, None, None, 2, None)
     job = NodeJob(
         TinyNet(),
-        FedAvgStrategy(H=2, client_sampling=0.5, optim_spec=SGD, lr=0.1),
+        FedAvgStrategy(H=2, island_size=2, optim_spec=SGD, lr=0.1),
         regression_data(n=6 * 8 * 4),
         None,
         cfg,
@@ -874,124 +638,6 @@ def test_a_warm_worker_keeps_its_frozen_imports_frozen_and_leaves_the_nodes_to_t
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("island,warmup", [(None, 6), (6, 6), (None, None)])
-@pytest.mark.parametrize("workers", [None, 2])
-def test_sleeping_through_rounds_in_one_call_changes_no_parameter_charge_or_metric_row(
-    monkeypatch: pytest.MonkeyPatch, island: int | None, warmup: int | None, workers: int | None
-) -> None:
-    """A client that sits several rounds out in a row sleeps through them in one call
-    (one sitting-out block, its absent calls coalesced); every parameter, every step's ledger records and every metric
-    row but the wall-clock columns equal those of sitting the rounds out one at a time (with a
-    warm-up schedule, so each row's learning rate differs, and without a schedule, where the
-    sleep moves the step counter at once)."""
-    from exogym.core.comm.network import Network
-    from exogym.runtime.schedule import NodeSchedule
-
-    def run() -> list[dict]:
-        return train_ranks(
-            12,
-            lambda: FedAvgStrategy(
-                H=2, island_size=island, client_sampling=0.17, optim_spec=SGD, lr=0.1, warmup_steps=warmup
-            ),
-            24,
-            seed=3,
-            workers=workers,
-            network=Network(1e8, 0.03, compute=0.01),  # modelled compute: rows free of timings
-        )
-
-    calls = []
-    original = NodeSchedule.idle_span_ends
-
-    def counted(self: NodeSchedule, step: int, stop: int, read_at: int) -> list[int]:
-        ends = original(self, step, stop, read_at)
-        calls.append(1 + len(ends))  # rounds in this sleep
-        return ends
-
-    monkeypatch.setattr(NodeSchedule, "idle_span_ends", counted)
-    bulk = run()
-    assert max(calls) > 1  # some client slept through several rounds at once
-    monkeypatch.setattr(NodeSchedule, "idle_span_ends", lambda self, step, stop, read_at: [])
-    one_by_one = run()
-    clock = ("wall_time", "comm_time", "peak_memory")  # measured, not modelled
-    for a, b in zip(bulk, one_by_one, strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
-        assert a["records"] == b["records"]
-    rows = [[{k: v for k, v in r.items() if k not in clock} for r in o[0]["node"].history] for o in (bulk, one_by_one)]
-    assert rows[0] == rows[1] and len(rows[0]) == 24
-
-
-def test_one_absent_call_with_a_repeat_count_sits_out_that_many_all_reduces_also_from_a_full_queue() -> None:
-    """Node 1 contributes to ``MAX_QUEUED - 1`` all-reduces (its queue is then full) and sits the
-    next five out in one call, which parks it once; node 0's sums show each call's members."""
-    from exogym.runtime.virtual import MAX_QUEUED
-
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
-    got = []
-
-    def body(rank, transport):
-        n = MAX_QUEUED - 1
-        if rank == 0:
-            for _ in range(n + 6):
-                t = torch.ones(1)
-                transport.all_reduce(t, "sum")
-                got.append(t.item())
-        else:
-            for _ in range(n):
-                transport.all_reduce_contribute(torch.ones(1), "sum")
-            transport.all_reduce_absent(torch.ones(1), "sum", None, 5)
-            transport.all_reduce(torch.ones(1), "sum")
-
-    hub.run(body)
-    assert got == [2.0] * (MAX_QUEUED - 1) + [1.0] * 5 + [2.0]
-    assert not any(hub._queued)
-
-
-def test_a_collective_handles_only_the_awake_nodes_while_the_others_sit_out_runs_of_all_reduces() -> None:
-    """Nodes 2..9 sit out runs of all-reduces in one absent call each (of 3 to 10 collectives),
-    then contribute; nodes 0 and 1 sum 12 times. At each collective the hub handles only the
-    nodes not in such a run; the sums count who contributed."""
-    hub = VirtualHub(Placement.blocks(10, 1), 0, None, torch.device("cpu"), 0)
-    got, handled = [], []
-    execute = hub._execute
-
-    def counting() -> list[int]:
-        handled.append(len(hub._active))
-        return execute()
-
-    hub._execute = counting  # type: ignore[method-assign]
-
-    def body(rank, transport):
-        if rank < 2:
-            for _ in range(12):
-                t = torch.ones(1)
-                transport.all_reduce(t, "sum")
-                if rank == 0:
-                    got.append(t.item())
-        else:
-            transport.all_reduce_absent(torch.ones(1), "sum", None, rank + 1)
-            for _ in range(12 - rank - 1):
-                transport.all_reduce_contribute(torch.ones(1), "sum")
-
-    hub.run(body)
-    # collective c: nodes 0, 1 and every node r >= 2 whose run (r + 1 collectives) has ended
-    assert got == [2.0 + sum(1 for r in range(2, 10) if c >= r + 1) for c in range(12)]
-    assert handled[:3] == [2, 2, 2] and max(handled) == 10  # the sleeping nodes, left out
-    assert not any(hub._queued) and not hub._parked and not hub._unpark_at
-
-
-def test_a_node_sitting_out_a_run_of_all_reduces_of_another_size_is_named_as_mismatched() -> None:
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
-
-    def body(rank, transport):
-        if rank == 2:
-            transport.all_reduce_absent(torch.ones(7), "sum", None, 4)
-        for _ in range(4 if rank < 2 else 0):
-            transport.all_reduce(torch.ones(3), "sum")
-
-    with pytest.raises(VirtualNodeError, match=r"node 0 called all_reduce\(3 x .* but node 2 called all_reduce\(7 x"):
-        hub.run(body)
-
-
 def test_contributions_of_two_sizes_to_one_all_reduce_are_named_as_mismatched() -> None:
     hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
 
@@ -1005,21 +651,6 @@ def test_contributions_of_two_sizes_to_one_all_reduce_are_named_as_mismatched() 
         hub.run(body)
 
 
-def test_metrics_flush_every_64_steps_or_about_four_per_node_a_worker_hosts_within_128_mib() -> None:
-    from exogym.runtime.node import flush_interval
-
-    assert flush_interval(1, 8, 2) == 64
-    assert flush_interval(10, 8, 8) == 70  # a whole number of train rows
-    assert flush_interval(1, 200, 2) == 64  # 100 per worker: fewer than 128
-    assert flush_interval(1, 256, 2) == 512  # 128 per worker: 4 x 128
-    assert flush_interval(10, 1000, 2) == 1800  # 500 per worker: 4 x 7 x 64 = 1,792, rounded up to rows
-    # 1,000 per worker: 4 x 960 steps would take 375 MB of samples; 128 MiB / (1,000 x 96 B)
-    # = 1,398 steps, down to a multiple of 64
-    assert flush_interval(1, 2000, 2) == 1344
-    assert flush_interval(1, 10000, 2) == 4992  # 5,000 per worker: never below 64 x (5,000 // 64)
-    assert flush_interval(1, 1000, 1000) == 64  # one node per process
-
-
 def test_rows_of_a_worker_with_many_nodes_equal_those_of_workers_with_few(monkeypatch: pytest.MonkeyPatch) -> None:
     """130 clients on one worker flush every 128 steps, on three workers every 64: the metric
     rows (modelled columns) are the same (the loss up to the summation order of the averages)."""
@@ -1028,7 +659,7 @@ def test_rows_of_a_worker_with_many_nodes_equal_those_of_workers_with_few(monkey
     def rows(workers: int) -> list[dict]:
         out = train_ranks(
             130,
-            lambda: FedAvgStrategy(H=4, client_sampling=0.03, optim_spec=SGD, lr=0.1),
+            lambda: FedAvgStrategy(H=4, island_size=8, optim_spec=SGD, lr=0.1),
             150,
             seed=1,
             dataset=regression_data(n=130 * 8 * 8),
@@ -1099,62 +730,3 @@ def test_contributions_are_folded_on_arrival_into_one_tensor_per_collective_and_
     assert seen["devices"] == {"meta"}
     assert got == [[21.0] * 3, [10.0] * 3, [3.5 + 4.5 + 5.5] * 3]  # 1+..+6; max(10-r); node 5 and its group
     assert hub._folded == {}
-
-
-@pytest.mark.parametrize("workers", [None, 2])
-def test_a_client_that_sleeps_after_training_holds_no_gradients_and_no_flat_buffer(workers: int | None) -> None:
-    # 10 clients, 2 per round, 8 rounds. A client that trained and then sleeps (not sampled in
-    # the last two rounds) drops its gradients; the last round's participants still hold theirs.
-    # No client holds its averaging buffer after the run: it exists only while a client averages.
-    k, h, rounds, frac, seed = 10, 2, 8, 0.2, 1
-    out = train_ranks(
-        k,
-        lambda: FedAvgStrategy(H=h, client_sampling=frac, optim_spec=SGD, lr=0.1),
-        h * rounds,
-        seed=seed,
-        workers=workers,
-    )
-    sampled = [draw_participants(list(range(k)), frac, seed, r) for r in range(rounds)]
-    slept_after_training = [
-        r for r in range(k) if any(r in s for s in sampled[:-2]) and r not in sampled[-2] + sampled[-1]
-    ]
-    assert slept_after_training
-    for r in slept_after_training:
-        assert all(p.grad is None for p in out[r]["node"].model.parameters()), r
-    for r in sampled[-1]:
-        assert all(p.grad is not None for p in out[r]["node"].model.parameters()), r
-    for r in range(k):
-        (averaging,) = out[r]["strategy"].pipeline.leaves()
-        assert not any(b.buffer.allocated for b in averaging.buckets), r
-
-
-def test_calls_sat_out_in_a_block_keep_no_payload_alive_and_still_add_nothing() -> None:
-    """Node 1 sits out three all-reduces of a 10,000-element buffer it frees at once (as a
-    client asleep through rounds does with its flat buffer): the queued calls keep none of
-    them alive, and node 0's three sums hold its own share only."""
-    import weakref
-
-    from exogym.core.comm.comm import NodeComm
-
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
-    sums: list[float] = []
-    freed: list[bool] = []
-
-    def body(rank, transport):
-        comm = NodeComm(rank, 2, transport)
-        if rank == 1:
-            refs = []
-            with comm.sitting_out():
-                for _ in range(3):
-                    buffer = torch.full((10_000,), 5.0)
-                    comm.all_reduce(buffer, "sum", charge=False)
-                    refs.append(weakref.ref(buffer))
-                    del buffer
-                freed.extend(r() is None for r in refs)  # while the calls are pending
-            return
-        for _ in range(3):
-            sums.append(comm.all_reduce(torch.ones(10_000), "sum", charge=False).sum().item())
-
-    hub.run(body)
-    assert freed == [True, True, True]
-    assert sums == [10_000.0] * 3

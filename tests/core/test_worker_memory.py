@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 PROBE = r"""
 import ctypes, os, re, sys, tempfile, threading
@@ -48,32 +47,3 @@ def _arenas(mode: str) -> int:
 def test_threads_of_a_virtual_node_worker_share_one_malloc_arena() -> None:
     assert _arenas("many") > 1  # glibc's default: concurrent threads get arenas of their own
     assert _arenas("one") == 1
-
-
-def test_a_node_that_starts_idling_asks_mkl_to_free_its_own_threads_buffers(monkeypatch) -> None:
-    # Whether MKL then returns memory to the allocator depends on the CPU's code path (MKL keeps
-    # no per-thread buffers on some); what the node controls is the call, made on its thread.
-    import threading
-
-    from exogym.runtime import idle
-
-    callers: list[int] = []
-    monkeypatch.setattr(idle, "_mkl_thread_free_buffers", lambda: lambda: callers.append(threading.get_ident()))
-    node = threading.Thread(target=idle._release_thread_buffers)
-    node.start()
-    node.join()
-    assert callers == [node.ident]
-
-
-def test_releasing_thread_buffers_is_a_no_op_where_torch_has_no_mkl(monkeypatch) -> None:
-    from exogym.runtime import idle
-
-    monkeypatch.setattr(idle, "_mkl_thread_free_buffers", lambda: None)
-    idle._release_thread_buffers()  # raises nothing
-
-
-@pytest.mark.skipif(platform.system() != "Linux", reason="looks it up in libtorch_cpu.so, the Linux name")
-def test_mkls_free_function_is_found_exactly_where_torch_links_mkl() -> None:
-    from exogym.runtime.idle import _mkl_thread_free_buffers
-
-    assert (_mkl_thread_free_buffers() is not None) == torch.backends.mkl.is_available()

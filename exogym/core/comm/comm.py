@@ -5,14 +5,11 @@ partition of it (islands), charges each *logical* collective to the node's
 ``Ledger``, and is the one place that stages MPS tensors through the CPU
 (gloo cannot read MPS memory).
 
-Partial participation is part of the protocol: a node may take part in an all-reduce
-contributing only (``NodeComm.all_reduce_contribute``), receiving only
-(``NodeComm.all_reduce_receive``), or neither (``NodeComm.all_reduce_absent``). Two
-modes change what the collectives do, both set by the runtime, never by a communicator:
-
-- *missing* nodes (``NodeComm.leaving_out``): fault injection drops nodes from a round;
-- *sitting out* (``NodeComm.sitting_out``): the node's state will be replaced before anyone
-  reads it, so its all-reduces become absent calls while its charges still count.
+One mode changes what the collectives do, set by the runtime, never by a communicator:
+*missing* nodes (``NodeComm.leaving_out``), which fault injection drops from a round. The
+runtime's own measurements (metrics, validation) contribute to collectives whose result a node
+does not need (``NodeComm.all_reduce_contribute``, ``NodeComm.all_gather_contribute``); those
+two are not part of the ``Comm`` protocol communicators talk through.
 
 All methods but ``NodeComm.charge`` and ``NodeComm.present`` are collectives: every
 rank must call them in the same order with the same ``groups`` partition, or the run deadlocks
@@ -46,7 +43,6 @@ from exogym.core.comm.groups import (
 from exogym.core.comm.handles import CollectiveHandle, LocalClock, start
 from exogym.core.comm.ledger import Ledger
 from exogym.core.comm.protocol import Comm
-from exogym.core.comm.sitout import SitOut
 from exogym.core.comm.transport import Transport
 
 #: The reduce operations of ``NodeComm.all_reduce``.
@@ -91,8 +87,6 @@ class NodeComm:
         ledger: where charges go (a fresh one by default).
     """
 
-    can_sit_out = True
-
     def __init__(self, rank: int, world_size: int, transport: Transport, ledger: Ledger | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -103,7 +97,6 @@ class NodeComm:
         #: Ranks missing from the current step (fault injection; see ``leaving_out``).
         self.missing: frozenset[int] = frozenset()
         self._everyone = world_list(world_size)  # the members when groups is None (read only, shared)
-        self._sitout: SitOut | None = None
         #: The node's own simulated clock, which times its handles (``exogym.core.comm.handles``).
         self.clock = LocalClock()
 
@@ -127,29 +120,6 @@ class NodeComm:
             yield
         finally:
             self.missing = previous
-
-    @contextlib.contextmanager
-    def sitting_out(self) -> Iterator[None]:
-        """Within the block this node sits every all-reduce out: the calls (plain, contribute-
-        and receive-only) take part without sending or receiving (a receive returns ``like``
-        unchanged, a plain all-reduce leaves ``tensor`` as it is), and consecutive identical
-        ones are made as one absent call with a repeat count when the block ends; other
-        collectives run as usual (after the pending absent calls). Charges count as usual.
-        For the runtime only, where the node's state will be replaced before anything reads it
-        (see ``exogym.runtime.schedule``)."""
-        if self._sitout is not None:
-            raise RuntimeError("sitting_out blocks do not nest")
-        self._sitout = SitOut()
-        try:
-            yield
-        finally:
-            pending, self._sitout = self._sitout, None
-            pending.flush(self._absent, self.ledger)
-
-    @property
-    def is_sitting_out(self) -> bool:
-        """Whether a ``sitting_out`` block is open."""
-        return self._sitout is not None
 
     # -- bookkeeping ------------------------------------------------------------------------
     def present(self, groups: Groups | None = None) -> list[int]:
@@ -211,9 +181,6 @@ class NodeComm:
         the world, and a smaller one is priced as if every hop were the world's slowest."""
         if members is None and group_size == self.world_size:
             members = world_members(self.world_size)
-        if self._sitout is not None:
-            self._sitout.charge(kind, group_size, payload, tag, is_root, count, members)
-            return
         self.ledger.record(kind, group_size, payload, tag, is_root, count, members)
 
     # -- collectives ----------------------------------------------------------------------
@@ -250,11 +217,6 @@ class NodeComm:
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
         _, members = self._my_group(groups)
         n = len(members)
-        if self._sitout is not None:
-            self._sitout.absent(tensor, "sum" if op == "mean" else op, subset(groups, members))
-            if charge and n:
-                self.charge("all_reduce", n, nbytes(tensor), tag, members=self._members(members))
-            return tensor
         if self.missing:
             if op not in ("sum", "mean"):
                 self._refuse_missing(f"all_reduce(op={op!r})")
@@ -270,35 +232,6 @@ class NodeComm:
             self.ledger.record("all_reduce", n, nbytes(tensor), tag, members=self._members(members, self.missing))
         return tensor
 
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
-    ) -> None:
-        """Take part in an all-reduce without contributing or receiving; ``repeat`` times: as
-        many consecutive all-reduces of the same ``op``, ``groups``, dtype and size.
-
-        For a node whose share is ``op``'s identity (zeros for a sum) and whose result would be
-        overwritten before anything reads it. ``like`` gives the payload's dtype and size (it
-        is neither read nor written); the peers call ``all_reduce`` (or this) with the same
-        ``op`` and ``groups``. Nothing is charged: charge what the algorithm sends with
-        ``charge``. Virtual nodes queue the call (once, whatever ``repeat``) and run on at
-        once; other transports reduce the identity. Collective.
-        """
-        _check_identity_op(op, "all_reduce_absent")
-        if repeat < 1:
-            raise ValueError(f"repeat must be >= 1, got {repeat}")
-        _, members = self._my_group(groups)
-        if self._sitout is not None:
-            self._sitout.absent(like, op, subset(groups, members), repeat)
-            return
-        self._absent(like, op, subset(groups, members), repeat)
-
-    def _absent(self, like: torch.Tensor, op: str, members: list[int] | None, repeat: int) -> None:
-        t0 = time.perf_counter()  # (what _timed does, inline: idle virtual nodes call this a lot)
-        try:
-            self.transport.all_reduce_absent(like, op, members, repeat)
-        finally:
-            self.transport_seconds += time.perf_counter() - t0
-
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
         """Contribute ``tensor`` to an all-reduce whose result this node does not need.
 
@@ -312,32 +245,8 @@ class NodeComm:
         _check_identity_op(op, "all_reduce_contribute")
         self._refuse_missing("all_reduce_contribute")
         _, members = self._my_group(groups)
-        if self._sitout is not None:
-            self._sitout.absent(tensor, op, subset(groups, members))
-            return
         with staged(tensor) as t, self._timed():
             self.transport.all_reduce_contribute(t, op, subset(groups, members))
-
-    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
-        """Take part in an all-reduce contributing nothing (``op``'s identity) and return the
-        result.
-
-        For a node whose share is the identity and that needs the result, e.g. a FedAvg client
-        that was not sampled receiving the participants' sum: it need not write zeros anywhere.
-        ``like`` gives the payload's dtype and size (it is neither read nor written); the peers
-        call ``all_reduce`` (or this) with the same ``op`` and ``groups``. The result is
-        valid until this node's next collective and may be shared with other nodes: read it,
-        do not change it (virtual nodes of a worker that receive the same result share one
-        tensor). Nothing is charged. Collective.
-        """
-        _check_identity_op(op, "all_reduce_receive")
-        self._refuse_missing("all_reduce_receive")
-        _, members = self._my_group(groups)
-        if self._sitout is not None:
-            self._sitout.absent(like, op, subset(groups, members))
-            return like
-        with self._timed():
-            return self.transport.all_reduce_receive(like, op, subset(groups, members))
 
     def all_gather(
         self,
@@ -359,7 +268,6 @@ class NodeComm:
                 self.clock, self.ledger, "all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False
             )
         self._refuse_missing("all_gather")
-        self._flush_sitout()
         _, members = self._my_group(groups)
         with staged(tensor) as t, self._timed():
             gathered = self.transport.all_gather(t, subset(groups, members))
@@ -377,7 +285,6 @@ class NodeComm:
         Nothing is charged. Collective.
         """
         self._refuse_missing("all_gather_contribute")
-        self._flush_sitout()
         _, members = self._my_group(groups)
         with staged(tensor) as t, self._timed():
             self.transport.all_gather_contribute(t, subset(groups, members))
@@ -394,7 +301,6 @@ class NodeComm:
         if async_op:
             return start(self.clock, self.ledger, "broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
         self._refuse_missing("broadcast")
-        self._flush_sitout()
         with staged(tensor) as t, self._timed():
             self.transport.broadcast(t, src)
         if charge:
@@ -403,15 +309,8 @@ class NodeComm:
 
     def barrier(self) -> None:
         """Block until every rank arrives. Collective; costs no bytes."""
-        self._flush_sitout()
         with self._timed():
             self.transport.barrier()
-
-    def _flush_sitout(self) -> None:
-        """Make the pending absent calls of a ``sitting_out`` block before another
-        collective (the order of collectives is every rank's)."""
-        if self._sitout is not None:
-            self._sitout.flush_calls(self._absent)
 
 
 #: What ``NodeComm.leaving_out`` returns when no rank is missing.

@@ -188,20 +188,6 @@ class LocalClock:
         self.seconds = base + comm + stall
         return stall
 
-    def close_idle_steps(self, comms: list[float]) -> None:
-        """End steps without compute, one per entry of ``comms`` (their blocking collectives'
-        seconds), as ``close_step`` would one by one: a node asleep through many rounds."""
-        if self._events:
-            for comm in comms:
-                self.close_step(0.0, comm)
-            return
-        if not any(comms):  # (a client asleep through ticks of nothing)
-            return
-        seconds = self.seconds
-        for comm in comms:
-            seconds += comm
-        self.seconds = seconds
-
     def _walk(self, compute: float) -> float:
         """The running step's starts and waits in order from the end of its compute: fixes the
         arrivals of its handles; returns the clock after its last wait."""

@@ -34,10 +34,6 @@ class Comm(Protocol):
     clock: LocalClock
     #: Ranks missing from the current round (fault injection).
     missing: frozenset[int]
-    #: Whether a node may sit a round out (contribute nothing, receive nothing) and have the
-    #: same effect as sending ``op``'s identity; ``False`` where a node's empty payload still
-    #: carries something (error-feedback residuals).
-    can_sit_out: bool
 
     def all_reduce(
         self,
@@ -52,20 +48,6 @@ class Comm(Protocol):
         """Reduce ``tensor`` in place within this rank's group; return it. ``entries``: where
         its values live in parameter space, for wire transforms that keep state per entry.
         ``async_op=True``: return a handle instead (``exogym.core.comm.handles``)."""
-        ...
-
-    def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
-        """Contribute ``tensor`` to an all-reduce whose result this node does not need."""
-        ...
-
-    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
-        """Take part in an all-reduce contributing ``op``'s identity; return the result."""
-        ...
-
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
-    ) -> None:
-        """Take part in ``repeat`` all-reduces contributing and receiving nothing."""
         ...
 
     def all_gather(

@@ -57,11 +57,10 @@ class Transport:
     group. Tensors are contiguous and on the transport's device.
 
     A transport implements ``all_reduce``, ``all_gather``, ``broadcast`` and
-    ``barrier``. The partial-participation calls (``all_reduce_absent``,
-    ``all_reduce_contribute``, ``all_reduce_receive``, ``all_gather_contribute``)
-    have defaults here made of ``all_reduce`` and ``all_gather``; a transport overrides
-    them where it can do less work (virtual nodes queue a call they need no result from and run
-    on).
+    ``barrier``. The contribute-only calls (``all_reduce_contribute``,
+    ``all_gather_contribute``: the runtime's measurements) have defaults here made of
+    ``all_reduce`` and ``all_gather``; a transport overrides them where it can do less work
+    (virtual nodes queue a call they need no result from and run on).
     """
 
     rank: int
@@ -86,14 +85,6 @@ class Transport:
         """Return once every rank has called it."""
         raise NotImplementedError
 
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str, members: Sequence[int] | None = None, repeat: int = 1
-    ) -> None:
-        """Take part in ``repeat`` all-reduces contributing ``op``'s identity and needing no
-        result. ``like`` gives dtype and size only (never read or written)."""
-        for _ in range(repeat):
-            self.all_reduce(reduce_identity(like, op), op, members)
-
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         """Contribute ``tensor`` to an all-reduce whose result this rank does not need (the
         caller hands ``tensor`` over: its contents afterwards are undefined)."""
@@ -103,13 +94,6 @@ class Transport:
         """Contribute ``tensor`` to an all-gather whose result this rank does not need (the
         caller hands ``tensor`` over: it must not write to it afterwards)."""
         self.all_gather(tensor, members)
-
-    def all_reduce_receive(self, like: torch.Tensor, op: str, members: Sequence[int] | None = None) -> torch.Tensor:
-        """Take part in an all-reduce contributing ``op``'s identity; return the result (read
-        it, do not change it: transports may share it between the ranks they host)."""
-        out = reduce_identity(like, op)
-        self.all_reduce(out, op, members)
-        return out
 
     def peers_waiting(self) -> bool:
         """Whether every other rank already waits for this rank's next collective (a hint, not

@@ -1,9 +1,9 @@
 """``CommWrapper``: a ``Comm`` around another one.
 
 Every call goes to ``base`` unchanged; a subclass overrides the calls it transforms (e.g.
-``communicators.quantize.QuantizedComm`` quantizes float payloads). The runtime's modes
-(missing nodes, sitting out) live on the node's own comm at the bottom, so a wrapper sees them
-through ``base``.
+``communicators.quantize.QuantizedComm`` quantizes float payloads). The runtime's mode
+(missing nodes) lives on the node's own comm at the bottom, so a wrapper sees it through
+``base``.
 
 ``async_op=True`` is handled here once for every wrapper: the wrapper's own blocking call runs
 on a copy of the payload inside ``start``, so a transform of the
@@ -54,10 +54,6 @@ class CommWrapper:
     def missing(self) -> frozenset[int]:
         return self.base.missing
 
-    @property
-    def can_sit_out(self) -> bool:
-        return self.base.can_sit_out
-
     def all_reduce(
         self,
         tensor: torch.Tensor,
@@ -79,17 +75,6 @@ class CommWrapper:
         (see ``start``): what an override of a collective returns
         for ``async_op=True``."""
         return start(self.clock, self.ledger, kind, tensor, run, in_place)
-
-    def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
-        self.base.all_reduce_contribute(tensor, op, groups)
-
-    def all_reduce_receive(self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> torch.Tensor:
-        return self.base.all_reduce_receive(like, op, groups)
-
-    def all_reduce_absent(
-        self, like: torch.Tensor, op: str = "sum", groups: Groups | None = None, repeat: int = 1
-    ) -> None:
-        self.base.all_reduce_absent(like, op, groups, repeat)
 
     def all_gather(
         self,
