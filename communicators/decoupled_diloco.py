@@ -34,12 +34,10 @@ adaptive grace window, weighting each learner by the steps (tokens) behind its f
 - The run's result is the synchronizer's parameters after the drain (contributions in flight
   received, the merges due made).
 
-The synchronizer is simulated on every node (a replica each, the same bits; no node is the
-synchronizer); a merge is one uncharged all-reduce of the weighted differences, to which the
-contributors add theirs. Transfers are charged to the learner (its fragments sent, the merged
-fragments and pulls it receives); only a pull blocks its steps (it does not wait for the
-others). Contributions are pseudo-gradients measured from the synchronizer's own
-fragment; the paper's radial-directional averaging is not modelled.
+The synchronizer is the server; each learner runs its steps as tasks of one step each. A learner
+is charged its fragments sent, the merged fragments and pulls it receives; only a pull blocks
+its steps (it does not wait for the others). Contributions are pseudo-gradients measured from
+the synchronizer's own fragment; the paper's radial-directional averaging is not modelled.
 """
 
 from __future__ import annotations

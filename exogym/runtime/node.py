@@ -10,6 +10,7 @@ of the node) and ``exogym.runtime.progress`` (rank 0's progress bar).
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import math
@@ -30,7 +31,6 @@ from exogym.runtime.forward import backward, forward_loss
 from exogym.runtime.meter import StepMeter
 from exogym.runtime.placement import Placement
 from exogym.runtime.progress import Progress
-from exogym.runtime.replicate import ModelReplicator, Replicator, strategy_replicator
 
 logger = logging.getLogger(__name__)
 
@@ -65,19 +65,14 @@ class NodeJob:
     checkpoint_meta: dict[str, Any] | None = None
     #: Which worker hosts which nodes (``None``: contiguous blocks).
     placement: Placement | None = None
-    _replicator: ModelReplicator | None = field(default=None, init=False, repr=False, compare=False)
-    _strategies: Replicator | None = field(default=None, init=False, repr=False, compare=False)
     _layout: tuple[set[torch.device], bool] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_replicator": None, "_strategies": None, "_layout": None}  # (worked out where used)
+        return {**self.__dict__, "_layout": None}  # (worked out where used)
 
     def model_copy(self) -> torch.nn.Module:
-        """A node's own copy of ``model`` (equal to ``copy.deepcopy(model)``; made from a
-        snapshot taken at the first call, see ``exogym.runtime.replicate``)."""
-        if self._replicator is None:
-            self._replicator = ModelReplicator(self.model)
-        return self._replicator.replica()
+        """A node's own copy of ``model``."""
+        return copy.deepcopy(self.model)
 
     def model_layout(self) -> tuple[set[torch.device], bool]:
         """The devices of ``model``'s parameters and buffers, and whether every module of it is
@@ -89,11 +84,8 @@ class NodeJob:
         return self._layout
 
     def strategy_copy(self) -> Strategy:
-        """A node's own copy of ``strategy`` (equal to ``copy.deepcopy(strategy)``; made from a
-        snapshot taken at the first call, see ``exogym.runtime.replicate``)."""
-        if self._strategies is None:
-            self._strategies = strategy_replicator(self.strategy)
-        return self._strategies.replica()
+        """A node's own copy of ``strategy``."""
+        return copy.deepcopy(self.strategy)
 
 
 @dataclass

@@ -131,17 +131,6 @@ def reduce_rows_into(parts: torch.Tensor | Sequence[torch.Tensor], op: str, out:
         combine(out, row, out=out)
 
 
-def reduce_identity(like: torch.Tensor, op: str, device: torch.device | None = None) -> torch.Tensor:
-    """A new tensor shaped like ``like`` holding ``op``'s identity (zeros for ``sum``): what a
-    rank that contributes nothing adds to an all-reduce. On ``device`` (default: ``like``'s)."""
-    if op not in REDUCE_OPS:
-        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-    device = like.device if device is None else device
-    if op in ("sum", "product"):
-        fill = 0 if op == "sum" else 1
-        return torch.full(like.shape, fill, dtype=like.dtype, device=device)
-    info = torch.finfo(like.dtype) if like.dtype.is_floating_point else torch.iinfo(like.dtype)
-    return torch.full(like.shape, info.min if op == "max" else info.max, dtype=like.dtype, device=device)
 
 
 def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
