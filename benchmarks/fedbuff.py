@@ -30,7 +30,7 @@ import sys
 import time
 
 from timed_children import run_child  # this folder is the script's first import path
-from virtual_nodes import BATCH, client_data
+from virtual_nodes import BATCH, PER_CLIENT, client_data
 
 from exogym.cli import int_at_least, quiet_interrupt, script_parser
 
@@ -61,7 +61,7 @@ def _timing() -> tuple[int, int]:
             task.local, task.losses = task.start, [0.0] * len(task.ticks)
 
     updates = SERVER_STEPS * BUFFER
-    ctx = server_context(_network(), CLIENTS, 42, flat_params(MLPClassifier()))
+    ctx = server_context(_network(), CLIENTS, 42, flat_params(MLPClassifier()), PER_CLIENT // BATCH)
     server = FedBuffServer(LOCAL, BUFFER, CONCURRENCY, 1.0)
     loop = ServerLoop(server, ctx, 4 * updates * LOCAL, no_values)
     with torch.no_grad():

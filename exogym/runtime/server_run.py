@@ -70,10 +70,13 @@ def _step_seconds(network: Any) -> float:
     return float(c)
 
 
-def server_context(network: Any, num_clients: int, seed: int, params: torch.Tensor) -> ServerContext:
+def server_context(
+    network: Any, num_clients: int, seed: int, params: torch.Tensor, steps_per_epoch: int
+) -> ServerContext:
     """What a server gets at setup in a run on ``network`` (its speeds drawn for the run) of
-    ``num_clients`` clients from ``seed``, starting from the flat ``params``. ``ValueError``
-    where the network's compute is measured."""
+    ``num_clients`` clients from ``seed``, starting from the flat ``params``, whose clients take
+    ``steps_per_epoch`` steps per pass over their data. ``ValueError`` where the network's compute
+    is measured."""
     base = _step_seconds(network)
     nbytes = params.numel() * params.element_size()
     world = network.world
@@ -83,6 +86,7 @@ def server_context(network: Any, num_clients: int, seed: int, params: torch.Tens
         params=params,
         step_seconds=lambda c: base * network.slowdown(c),
         transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
+        steps_per_epoch=steps_per_epoch,
         region_of=(lambda c: world.region_of[c]) if world is not None else (lambda c: 0),
         regions=len(world.links) if world is not None else 1,
         network=network,
@@ -116,7 +120,7 @@ class ServerRun:
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
         self.server = copy.deepcopy(strategy.server)
-        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model))
+        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch)
         self.validations: list[dict[str, Any]] = []
         self.val_loader = self._val_loader()
         self.evaluator = Evaluator(
