@@ -260,6 +260,7 @@ class ServerRun:
         if self.rank != 0:
             return {"state_dict": state}
         history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
+        self._log(history)
         return {
             "state_dict": state,
             "history": history,
@@ -268,6 +269,17 @@ class ServerRun:
             "nodes": self.loop.node_table(),
             "summary": summary,
         }
+
+    def _log(self, history: list[dict[str, Any]]) -> None:
+        """Hand the run's rows to the run's logger (``fit(logger=...)``), all at the end: the rows
+        are the clock's, known once it has run."""
+        sink = self.job.logger
+        if sink is None:
+            return
+        sink.start(self.job.run_name, {**self.cfg.to_dict(), **self.job.strategy.config(), "max_steps": self.max_steps})
+        for row in history:
+            sink.log(row)
+        sink.finish()
 
     def _rows(self, wall: float) -> list[dict[str, Any]]:
         """The train rows, every ``log_interval`` ticks and at the last: per row the mean loss of
