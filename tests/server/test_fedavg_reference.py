@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from communicators.fedavg import FedAvgServer
 from exogym.core.comm.network import Network
 from exogym.core.server import ServerStrategy
-from exogym.strategy import OptimSpec
+from exogym.strategy import FedAvgStrategy, OptimSpec
 from tests.fake_world import train_server
 from tests.helpers import TinyNet, regression_data
 from tests.references.fedavg import reference_fedavg
@@ -32,7 +31,8 @@ INNER = {
 
 def _run(k, sampling, island_size, spec, steps, workers):
     ds = regression_data(k * 8 * STEPS)
-    strategy = lambda: ServerStrategy(FedAvgServer(H, sampling, island_size), optim_spec=spec)  # noqa: E731
+    strategy = lambda: FedAvgStrategy(H=H, client_sampling=sampling, island_size=island_size, optim_spec=spec)  # noqa: E731
+    assert isinstance(strategy(), ServerStrategy)  # the preset with client_sampling runs as a server
     net = Network(1e9, 0.01, compute=0.1)  # equal speeds and links: a round is H ticks
     return ds, train_server(k, strategy, steps, dataset=ds, network=net, workers=workers)
 
