@@ -30,6 +30,7 @@ from exogym.core.server import ServerContext, ServerStrategy
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.clients import Clients
 from exogym.runtime.evaluation import Evaluator
+from exogym.runtime.meter import peak_memory
 from exogym.runtime.progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -247,7 +248,9 @@ class ServerRun:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run the clock to its end; rank 0's result (the others': the final state only)."""
+        """Run the clock to its end; rank 0's result (the others': the final state only), whose
+        ``peak_memory`` is the largest worker's (CUDA allocator peak, else peak resident set).
+        Collective."""
         t0 = time.perf_counter()
         if self.cfg.resume_from is not None:
             self._restore(self.cfg.resume_from)
@@ -257,6 +260,9 @@ class ServerRun:
         load_flat(self.model, self.server.params.to(self.device))
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         self.job.strategy._summary = summary = self.loop.summary()
+        peak = torch.tensor([float(peak_memory(self.device))], dtype=torch.float64)
+        if self.transport is not None:  # the largest worker's
+            self.transport.all_reduce(peak, "max")
         if self.rank != 0:
             return {"state_dict": state}
         history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
@@ -265,7 +271,7 @@ class ServerRun:
             "state_dict": state,
             "history": history,
             "max_steps": self.max_steps,
-            "peak_memory": None,
+            "peak_memory": peak.item(),
             "nodes": self.loop.node_table(),
             "summary": summary,
         }
