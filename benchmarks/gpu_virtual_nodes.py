@@ -1,5 +1,5 @@
 """Virtual nodes on one GPU: K nodes of the char-level GPT against a one-process loop over the
-same models, and 1,000 FedAvg clients of a CNN with and without offload_idle_nodes.
+same models, and sampled FedAvg of a CNN over 1,000 and more clients.
 
 ``gpt``: DDP (``SimpleReduceStrategy`` with AdamW) on the bundled ``chars`` task (the Python
 standard library's source), K CharGPT nodes hosted by one worker on one device, against a loop
@@ -9,12 +9,13 @@ table gives the wall times, their ratio and the peak device memory (CUDA's alloc
 ``--processes`` adds ExoGym with one process per node (K CUDA contexts on the GPU) for the
 smallest K. ``--device cpu`` runs the same comparison on the CPU (a smoke test of the script).
 
-``offload``: FedAvg of ``SmallCNN(width)`` clients (synthetic 32x32 images, each client its own),
-client sampling, one worker on one GPU; the same run with ``offload_idle_nodes`` off and on:
-wall time and peak device memory of each. Needs CUDA.
+``fedavg``: FedAvg of ``SmallCNN(width)`` clients (synthetic 32x32 images, each client its own)
+with client sampling, a server on the simulated clock (``FedAvgStrategy(client_sampling=...)``),
+one worker on one GPU; per number of clients (10 clients a round at the defaults, whatever the
+total: a client no round draws is never built): wall time and peak device memory. Needs CUDA.
 
     python benchmarks/gpu_virtual_nodes.py gpt --nodes 8,64 --steps 30
-    python benchmarks/gpu_virtual_nodes.py offload --clients 1000 --sampling 0.01 --width 64
+    python benchmarks/gpu_virtual_nodes.py fedavg --clients 1000,100000 --round-clients 10 --width 64
 """
 
 from __future__ import annotations
@@ -99,22 +100,21 @@ def client_images(rank: int, num_nodes: int, train: bool):
     return TensorDataset(images, torch.randint(0, 10, (PER_CLIENT,), generator=g))
 
 
-def _offload_run(clients: int, sampling: float, rounds: int, width: int, offload: bool) -> dict:
+def _fedavg_run(clients: int, round_clients: int, rounds: int, width: int) -> dict:
     from exogym import Trainer
     from exogym.strategy import FedAvgStrategy
     from exogym.tasks import SmallCNN
 
     trainer = Trainer(SmallCNN(width), client_images)
     trainer.fit(
-        FedAvgStrategy(H=5, client_sampling=sampling, optim_spec="sgd", lr=0.05),
+        FedAvgStrategy(H=5, client_sampling=round_clients / clients, optim_spec="sgd", lr=0.05),
         num_nodes=clients,
         workers=1,
-        max_steps=5 * rounds,
+        max_steps=5 * rounds,  # equal speeds and links: a round is H=5 ticks of the clock
         batch_size=BATCH,
         device="cuda",
         progress=False,
         logger=False,
-        offload_idle_nodes=offload,
     )
     return {"peak_mb": trainer.result["peak_memory"] / 2**20}
 
@@ -129,21 +129,21 @@ def _run_child(args: argparse.Namespace) -> dict:
         if args.side == "loop":
             return _gpt_loop(k, args.steps, args.device)
         return _gpt_exogym(k, args.steps, args.device, k if args.side == "processes" else 1)
-    return _offload_run(int(args.clients), args.sampling, args.rounds, args.width, args.side == "offload")
+    return _fedavg_run(int(args.clients), args.round_clients, args.rounds, args.width)
 
 
 @quiet_interrupt
 def main() -> None:
     parser = script_parser(__doc__)
-    parser.add_argument("scenario", choices=["gpt", "offload"], help="what to measure")
+    parser.add_argument("scenario", choices=["gpt", "fedavg"], help="what to measure")
     parser.add_argument("--nodes", default="8,64", help="numbers of GPT nodes, comma-separated (gpt)")
     parser.add_argument("--steps", type=int_at_least(1), default=30, help="training steps (gpt)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where the nodes train (gpt)")
     parser.add_argument("--processes", action="store_true", help="also one process per node, smallest K (gpt)")
-    parser.add_argument("--clients", default="1000", help="FedAvg clients (offload)")
-    parser.add_argument("--sampling", type=float, default=0.01, help="fraction of clients per round (offload)")
-    parser.add_argument("--rounds", type=int_at_least(1), default=5, help="FedAvg rounds of H=5 (offload)")
-    parser.add_argument("--width", type=int_at_least(1), default=64, help="SmallCNN width (offload)")
+    parser.add_argument("--clients", default="1000,100000", help="FedAvg clients, comma-separated (fedavg)")
+    parser.add_argument("--round-clients", type=int_at_least(1), default=10, help="clients per round (fedavg)")
+    parser.add_argument("--rounds", type=int_at_least(1), default=5, help="FedAvg rounds of H=5 (fedavg)")
+    parser.add_argument("--width", type=int_at_least(1), default=64, help="SmallCNN width (fedavg)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="exogym", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,7 +153,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import torch
 
-    if (args.scenario == "offload" or args.device == "cuda") and not torch.cuda.is_available():
+    if (args.scenario == "fedavg" or args.device == "cuda") and not torch.cuda.is_available():
         parser.error(f"the {args.scenario!r} scenario needs CUDA (no GPU here); 'gpt --device cpu' runs on the CPU")
     if args.scenario == "gpt":
         logger.info("CharGPT DDP, batch %d, %d steps, device %s, one worker", BATCH, args.steps, args.device)
@@ -169,14 +169,14 @@ def main() -> None:
                 logger.info("%-6s %-12s %9.2f %9.2f %12.0f", k, side, r["total_s"], ratio, r["peak_mb"])
         return
     logger.info(
-        "FedAvg SmallCNN(width=%d), %s clients, sampling %s, %d rounds of H=5, batch %d, one worker on one GPU",
-        args.width, args.clients, args.sampling, args.rounds, BATCH,
+        "FedAvg SmallCNN(width=%d), %d clients a round, %d rounds of H=5, batch %d, one worker on one GPU",
+        args.width, args.round_clients, args.rounds, BATCH,
     )  # fmt: skip
-    logger.info("%-14s %9s %12s", "offload", "total s", "peak MB")
-    for side in ("resident", "offload"):
-        common = ["offload", "--clients", args.clients, "--sampling", str(args.sampling), "--rounds", str(args.rounds)]
-        r = _child([*common, "--width", str(args.width), "--side", side])
-        logger.info("%-14s %9.2f %12.0f", side, r["total_s"], r["peak_mb"])
+    logger.info("%-10s %9s %12s", "clients", "total s", "peak MB")
+    for k in (k.strip() for k in args.clients.split(",")):
+        common = ["fedavg", "--clients", k, "--round-clients", str(args.round_clients), "--rounds", str(args.rounds)]
+        r = _child([*common, "--width", str(args.width)])
+        logger.info("%-10s %9.2f %12.0f", k, r["total_s"], r["peak_mb"])
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
-"""Virtual nodes at scale: federated rounds with client sampling, start-up and memory per node.
+"""Federated rounds with client sampling at scale: start-up and memory against the clients' count.
 
 The work is the one Flower's simulation engine was measured on (see ``benchmarks/README.md``):
 the bundled digits, the MLP 64-256-256-10, FedAvg with plain SGD, 10 local steps of batch 8 per
 sampled client per round. Each client owns 80 examples drawn from the digits with its own seed
-(1,000 clients cannot each hold a disjoint batch of the 1,437 digits). ExoGym runs in a fresh
-Python process timed from its start (torch import included) to the end of ``fit``, starting the
-fork server first (``exogym.prestart()``); the in-process loop trains the same sampled clients
-of every round in one process and averages their parameters in memory.
+(1,000 clients cannot each hold a disjoint batch of the 1,437 digits). Sampled FedAvg runs as a
+server on the simulated clock (``FedAvgStrategy(client_sampling=...)`` is a ``ServerStrategy``
+running ``FedAvgServer``): each round's drawn clients run as tasks, and a client no round draws is
+never built. ExoGym runs in a fresh Python process timed from its start (torch import included)
+to the end of ``fit``, starting the fork server first (``exogym.prestart()``); the in-process loop
+trains the same sampled clients of every round in one process and averages their parameters in
+memory.
 
     python benchmarks/virtual_nodes.py fedavg --clients 1000 --sampling 0.01 --rounds 20 --repeat 3
-    python benchmarks/virtual_nodes.py fedavg --clients 200 --sampling 0.05 --quantize int8
     python benchmarks/virtual_nodes.py scaling --clients 16,64,256,1000
 """
 
@@ -49,28 +51,24 @@ def client_data(rank: int, num_nodes: int, train: bool):
     return Subset(data, torch.randint(0, len(data), (PER_CLIENT,), generator=g).tolist())
 
 
-def _strategy(sampling: float, quantize: str | None):
-    """FedAvg with client sampling; with ``quantize``, its payloads as that format."""
-    from communicators import AveragingCommunicator, QuantizeCommunicator
-    from exogym.strategy import CommunicateOptimizeStrategy, FedAvgStrategy
+def _strategy(sampling: float):
+    """FedAvg with client sampling (a server on the clock)."""
+    from exogym.strategy import FedAvgStrategy
 
-    if quantize is None:
-        return FedAvgStrategy(H=H, client_sampling=sampling, optim_spec="sgd", lr=0.05)
-    averaging = AveragingCommunicator(H, client_sampling=sampling)
-    return CommunicateOptimizeStrategy([QuantizeCommunicator(averaging, quantize)], optim_spec="sgd", lr=0.05)
+    return FedAvgStrategy(H=H, client_sampling=sampling, optim_spec="sgd", lr=0.05)
 
 
-def _exogym(clients: int, sampling: float, rounds: int, workers: int | None, quantize: str | None = None) -> dict:
+def _exogym(clients: int, sampling: float, rounds: int, workers: int | None) -> dict:
     from exogym import Trainer
     from exogym.tasks import MLPClassifier
 
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
-        _strategy(sampling, quantize),
+        _strategy(sampling),
         num_nodes=clients,
         workers=workers,
-        max_steps=H * rounds,
+        max_steps=H * rounds,  # equal speeds and links: a round is H ticks of the clock
         batch_size=BATCH,
         log_interval=H,
         progress=False,
@@ -78,20 +76,13 @@ def _exogym(clients: int, sampling: float, rounds: int, workers: int | None, qua
         device="cpu",
     )
     end = time.perf_counter()
-    walls = [r["wall_time"] for r in trainer.history if "train_loss" in r]
+    train = trainer.history[-1]["wall_time"]  # the clock's run: every round, the drawn clients' tasks
     return {
         "fit_s": end - t0,
-        # wall_time is measured from the start of training. Virtual nodes run each other's
-        # idle rounds in a different order than the rounds (a sleeping client runs ahead to its
-        # next participation), so a single round's wall time means little: the means over all
-        # rounds, the first included, and over the later rounds (comparable with Flower's, whose
-        # first round holds its start-up) are what is reported. Both include the last round,
-        # in which every client wakes to take the final average.
-        "startup_s": (end - t0) - walls[-1],
-        "train_s": walls[-1],
-        "round_s": walls[-1] / rounds,
-        "later_round_s": (walls[-1] - walls[0]) / (rounds - 1) if rounds > 1 else float("nan"),
-        "examples": trainer.history[-1]["examples"] if trainer.history else 0,
+        "startup_s": (end - t0) - train,
+        "train_s": train,
+        "round_s": train / rounds,
+        "examples": trainer.history[-1]["examples"],
         "peak_rss_worker_mb": trainer.result["peak_memory"] / 2**20,
         "workers": trainer.result["config"].workers,
     }
@@ -147,8 +138,8 @@ def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repea
         "FedAvg, %s clients, sampling %s, %d rounds of H=%d, batch %d, 2-core CPU", k, sampling, rounds, H, BATCH
     )
     logger.info(
-        "%-6s %9s %9s %9s %11s %11s %9s %9s %9s", "pair", "loop s", "total s", "x loop", "start-up s", "training s",
-        "s/round", "later s/r", "RSS/w MB",
+        "%-6s %9s %9s %9s %11s %11s %9s %9s", "pair", "loop s", "total s", "x loop", "start-up s", "training s",
+        "s/round", "RSS/w MB",
     )  # fmt: skip
     ratios = []
     for i in range(repeat):
@@ -158,8 +149,8 @@ def _fedavg_pairs(k: str, common: list[str], sampling: float, rounds: int, repea
         assert ex["examples"] == base["examples"], (ex["examples"], base["examples"])  # the same sampled work
         ratios.append(ex["total_s"] / base["total_s"])
         logger.info(
-            "%-6d %9.2f %9.2f %9.2f %11.2f %11.2f %9.3f %9.3f %9.0f", i + 1, base["total_s"], ex["total_s"],
-            ratios[-1], ex["startup_s"], ex["train_s"], ex["round_s"], ex["later_round_s"], ex["peak_rss_worker_mb"],
+            "%-6d %9.2f %9.2f %9.2f %11.2f %11.2f %9.3f %9.0f", i + 1, base["total_s"], ex["total_s"],
+            ratios[-1], ex["startup_s"], ex["train_s"], ex["round_s"], ex["peak_rss_worker_mb"],
         )  # fmt: skip
     if repeat > 1:
         logger.info("median x loop over %d pairs: %.2f", repeat, statistics.median(ratios))
@@ -173,7 +164,6 @@ def main() -> None:
     parser.add_argument("--sampling", type=float, default=0.01, help="fraction of clients sampled per round")
     parser.add_argument("--rounds", type=int, default=20, help="FedAvg rounds (H=10 local steps each)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: fit's)")
-    parser.add_argument("--quantize", default=None, help="payload format of the averaging (e.g. int8; fedavg)")
     parser.add_argument(
         "--repeat",
         type=int_at_least(1),
@@ -192,21 +182,19 @@ def main() -> None:
         if args.side == "inprocess":
             out = _inprocess(clients, args.sampling, args.rounds)
         else:
-            out = _exogym(clients, args.sampling, args.rounds, args.workers, args.quantize)
+            out = _exogym(clients, args.sampling, args.rounds, args.workers)
         sys.stdout.write(json.dumps(out) + "\n")
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     common = ["--sampling", str(args.sampling), "--rounds", str(args.rounds)]
     if args.workers:
         common += ["--workers", str(args.workers)]
-    if args.quantize:
-        common += ["--quantize", args.quantize]
     if args.scenario == "fedavg":
         _fedavg_pairs(args.clients, common, args.sampling, args.rounds, args.repeat)
         return
-    logger.info("Start-up and memory per virtual node (FedAvg, sampling %s, %d rounds)", args.sampling, args.rounds)
+    logger.info("Start-up and memory per client (FedAvg, sampling %s, %d rounds)", args.sampling, args.rounds)
     logger.info(
-        "%-8s %8s %10s %11s %13s %16s", "clients", "workers", "total s", "start-up s", "RSS/worker MB", "MB per node"
+        "%-8s %8s %10s %11s %13s %16s", "clients", "workers", "total s", "start-up s", "RSS/worker MB", "MB per client"
     )
     first = None
     for k in args.clients.split(","):

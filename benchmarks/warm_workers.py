@@ -153,7 +153,7 @@ def _fedavg_fit(seed: int) -> tuple[float, float, int]:
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
-        _strategy(SAMPLING, None),
+        _strategy(SAMPLING),
         num_nodes=CLIENTS,
         max_steps=ROUND_STEPS * ROUNDS,
         batch_size=BATCH,

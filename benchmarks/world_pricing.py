@@ -61,7 +61,7 @@ def _fit(clients: int, rounds: int, network: str, traces: bool) -> dict:
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
     trainer.fit(
-        _strategy(0.01, None),
+        _strategy(0.01),
         num_nodes=clients,
         max_steps=H * rounds,
         batch_size=BATCH,

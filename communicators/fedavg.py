@@ -5,9 +5,10 @@ Each round the server draws ``max(1, round(client_sampling * K))`` of the ``K`` 
 run's seed (or that fraction of each island of ``island_size`` clients, islands redrawn every
 round), sends each the model it holds, and once every drawn client's result has arrived replaces
 the model by the mean of their results (per island: every member of an island, drawn or not,
-then holds its island's mean). A client keeps its inner optimizer between rounds. With equal
-speeds and links a round is ``H`` ticks of the clock, and the rounds are the lock-step
-``FedAvgStrategy(H, client_sampling=...)``'s: the same draws, the same means.
+then holds its island's mean). A drawn client trains ``H`` local steps, or ``local_epochs``
+passes over its data (the paper's ``E``: ``local_epochs * steps_per_epoch`` steps), and keeps its
+inner optimizer between rounds. With equal speeds and links a round is that many ticks of the
+clock.
 
 Only the drawn clients exist: a round without islands costs ``O(drawn)`` whatever ``K``.
 """
@@ -38,25 +39,53 @@ class FedAvgServer(Server):
     """Sampled federated averaging (see the module docstring).
 
     Args:
-        H: local steps per round (``>= 1``).
+        H: local steps per round (``>= 1``; default 1). Give ``H`` or ``local_epochs``, not both.
         client_sampling: the fraction of the clients (of each island) drawn per round, in ``(0, 1]``.
         island_size: clients per island, redrawn every round from the seed; ``None``: one group.
+        local_epochs: local passes over a client's data per round (``>= 1``): ``H =
+            local_epochs * ctx.steps_per_epoch``, resolved at ``setup``.
+
+    Raises:
+        TypeError: ``H`` and ``local_epochs`` both given.
+        ValueError: an argument out of its range (the message names it).
     """
 
-    def __init__(self, H: int, client_sampling: float, island_size: int | None = None) -> None:
+    def __init__(
+        self,
+        H: int | None = None,
+        client_sampling: float = 1.0,
+        island_size: int | None = None,
+        *,
+        local_epochs: int | None = None,
+    ) -> None:
         super().__init__()
-        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        if H is not None and local_epochs is not None:
+            raise TypeError(
+                f"FedAvgServer: give the local work once, H={H!r} (steps per round) or local_epochs={local_epochs!r} "
+                "(passes over a client's data per round), not both"
+            )
+        if H is not None and (isinstance(H, bool) or not isinstance(H, int) or H < 1):
             raise ValueError(f"H must be an int >= 1 (local steps per round), got {H!r}")
+        if local_epochs is not None and (
+            isinstance(local_epochs, bool) or not isinstance(local_epochs, int) or local_epochs < 1
+        ):
+            raise ValueError(
+                f"local_epochs must be an int >= 1 (passes over a client's data per round), got {local_epochs!r}"
+            )
         if isinstance(client_sampling, bool) or not (
             isinstance(client_sampling, (int, float)) and 0.0 < client_sampling <= 1.0
         ):
             raise ValueError(f"client_sampling must be in (0, 1], got {client_sampling!r}")
         if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
             raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
-        self.H, self.client_sampling, self.island_size = H, client_sampling, island_size
+        self.H = 1 if H is None and local_epochs is None else H
+        self.local_epochs = local_epochs
+        self.client_sampling, self.island_size = client_sampling, island_size
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
+        #: A drawn client's steps per round: ``H``, or ``local_epochs`` passes over its data.
+        self.local_steps = self.H if self.local_epochs is None else self.local_epochs * ctx.steps_per_epoch
         self.round = 0
         #: With islands, the model each client holds (the mean of its last island), by client.
         self.holds: dict[int, torch.Tensor] = {}
@@ -77,7 +106,7 @@ class FedAvgServer(Server):
         self.results = {}
         for group in self.groups:
             for client in group:
-                self.send(client, Train(self.H), state=self._model_of(client))
+                self.send(client, Train(self.local_steps), state=self._model_of(client))
 
     def start(self) -> None:
         self._start_round()
@@ -122,8 +151,9 @@ class FedAvgServer(Server):
         self.results = {int(c): t for c, t in state["results"].items()}
 
     def describe(self) -> str:
+        work = f"H={self.H}" if self.local_epochs is None else f"local_epochs={self.local_epochs}"
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
-        return f"FedAvg(H={self.H}, client_sampling={self.client_sampling}{islands})"
+        return f"FedAvg({work}, client_sampling={self.client_sampling}{islands})"
 
 
 __all__ = ["FedAvgServer", "drawn_clients"]

@@ -70,23 +70,29 @@ T = TypeVar("T")
 
 def legacy_keywords(cls: type[T]) -> type[T]:
     """Class decorator: ``cls(...)`` accepts the ``STRATEGY_KEYWORDS`` legacy spellings for
-    the keywords its constructor takes (giving both spellings raises ``TypeError``)."""
+    the keywords its constructor takes (giving both spellings raises ``TypeError``); a
+    ``__new__`` of the class's own gets them folded too."""
     import inspect
 
     init = cls.__init__  # type: ignore[misc]
     params = inspect.signature(init).parameters
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
 
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        for old, new in STRATEGY_KEYWORDS.items():
-            if old in kwargs and (new in params or takes_kwargs):
-                if new in kwargs:
-                    raise TypeError(f"give {new} or its legacy spelling {old}, not both")
-                kwargs[new] = kwargs.pop(old)
-        init(self, *args, **kwargs)
+    def folding(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapped(first: Any, *args: Any, **kwargs: Any) -> Any:
+            for old, new in STRATEGY_KEYWORDS.items():
+                if old in kwargs and (new in params or takes_kwargs):
+                    if new in kwargs:
+                        raise TypeError(f"give {new} or its legacy spelling {old}, not both")
+                    kwargs[new] = kwargs.pop(old)
+            return method(first, *args, **kwargs)
 
-    cls.__init__ = __init__  # type: ignore[misc]
+        return wrapped
+
+    cls.__init__ = folding(init)  # type: ignore[misc]
+    if "__new__" in vars(cls):
+        cls.__new__ = staticmethod(folding(vars(cls)["__new__"].__func__))  # type: ignore[assignment]
     return cls
 
 

@@ -85,6 +85,18 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("DiLoCo H=0", lambda: DiLoCoStrategy(H=0), ValueError, "H must be a positive int"),
     ("FedAvg H and epochs", lambda: FedAvgStrategy(H=5, local_epochs=2), TypeError, "H .steps. or local_epochs"),
     ("sampling > 1", lambda: FedAvgStrategy(client_sampling=2.0), ValueError, "client_sampling must be in"),
+    (
+        "sampled FedAvg H and epochs",
+        lambda: FedAvgStrategy(H=5, local_epochs=2, client_sampling=0.5),
+        TypeError,
+        "H .steps. or local_epochs",
+    ),
+    (
+        "sampled FedAvg epochs 0",
+        lambda: FedAvgStrategy(local_epochs=0, client_sampling=0.5),
+        ValueError,
+        "local_epochs must be an int >= 1",
+    ),
     ("island 0", lambda: FedAvgStrategy(island_size=0), ValueError, "island_size must be"),
     ("outer optimizer", lambda: DiLoCoStrategy(outer_optim="magic"), ValueError, "outer_optim must be one of"),
     ("optimizer name", lambda: SimpleReduceStrategy(optim_spec="magic"), ValueError, "unknown optimizer 'magic'"),

@@ -8,7 +8,7 @@ constructor calls are verbatim. ``num_epochs`` is replaced by a step budget to k
 import pytest
 import torch
 
-from exogym import LocalTrainer, Trainer
+from exogym import LocalTrainer, Network, Trainer
 from exogym.strategy import (
     CommunicateOptimizeStrategy,
     DiLoCoStrategy,
@@ -107,7 +107,9 @@ SNIPPETS = {
         lambda: FedAvgStrategy(
             optim_spec=OptimSpec(torch.optim.SGD, lr=0.01), local_epochs=5, island_size=4, client_sampling=0.1
         ),
-        {"num_nodes": 4, "max_steps": 40},
+        # sampled FedAvg runs as a server on the clock: with 10 ms steps a round is 5 epochs of a
+        # client's 32 batches, 160 ticks
+        {"num_nodes": 4, "max_steps": 160, "network": Network(1e9, 1e-3, compute=0.01)},
     ),
     "api_cosine": (
         lambda: DiLoCoStrategy(

@@ -100,6 +100,8 @@ class ServerContext:
         step_seconds: ``step_seconds(client)``, the simulated seconds of one training step.
         transfer_seconds: ``transfer_seconds(client, nbytes=None)``, of one transfer between the
             client and the server (``nbytes=None``: the parameters, ``nbytes`` bytes).
+        steps_per_epoch: a client's full batches in one pass over its data (client 0's, as
+            ``fit`` counts the epochs of a run): what a task of ``E`` epochs is in steps.
         region_of: ``region_of(client)``, the client's region (``0`` without regions).
         regions: the world's regions (``1`` without regions).
         network: the run's network ([`Network`][exogym.Network]).
@@ -111,6 +113,7 @@ class ServerContext:
     params: torch.Tensor
     step_seconds: Callable[[int], float]
     transfer_seconds: Callable[..., float]
+    steps_per_epoch: int
     region_of: Callable[[int], int] = lambda client: 0
     regions: int = 1
     network: Any = None

@@ -49,9 +49,10 @@ STRATEGY_KEYWORDS = (
 
 
 def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
-    """Raise ``TypeError`` naming ``owner``'s class (what the user typed), not a base class, for a
-    keyword that neither ``owner``'s constructor nor [`Strategy`][exogym.strategy.Strategy] takes,
-    with the closest valid spelling (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
+    """Raise ``TypeError`` naming ``owner``'s class (what the user typed; ``owner`` is an instance
+    or the class itself), not a base class, for a keyword that neither that class's constructor
+    nor [`Strategy`][exogym.strategy.Strategy] takes, with the closest valid spelling
+    (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
     unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
     if not unknown:
         return
@@ -59,9 +60,10 @@ def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
 
     from exogym.keywords import unexpected_keyword
 
-    own = [n for n in inspect.signature(type(owner).__init__).parameters if n not in ("self", "strategy_kwargs")]
+    cls = owner if isinstance(owner, type) else type(owner)
+    own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "strategy_kwargs")]
     valid = own + [k for k in STRATEGY_KEYWORDS if k not in own]
-    raise unexpected_keyword(f"{type(owner).__name__}()", unknown[0], valid)
+    raise unexpected_keyword(f"{cls.__name__}()", unknown[0], valid)
 
 
 class Strategy(ABC):

@@ -2,11 +2,12 @@
 MNIST-like data, with an IID split and a non-IID one (label-sorted shards, McMahan et al. 2017)
 side by side.
 
-Every client is a virtual node (``fit(num_nodes=100)`` runs them on a few worker processes);
-per round each island of ``--island_size`` clients averages the models of the
-``--client_sampling`` fraction of its clients that trained ``--local_steps`` steps. Clients not
-sampled compute nothing. The built-in digits need no download; ``--dataset mnist`` downloads
-MNIST once into ``--data-dir``.
+Sampled FedAvg runs as a server on the simulated clock (``FedAvgStrategy(client_sampling=...)``
+is a ``ServerStrategy`` running ``FedAvgServer``): per round each island of ``--island_size``
+clients averages the models of the ``--client_sampling`` fraction of its clients, which the
+server sent the model and which trained ``--local_steps`` steps; a client no round draws is never
+built. The built-in digits need no download; ``--dataset mnist`` downloads MNIST once into
+``--data-dir``.
 
     python -m exogym.examples.federated_mnist --num_clients 100 --island_size 10 --client_sampling 0.1
 
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: ``python -m exogym.examples.federated_mnist --help``."""
     p = script_parser(__doc__)
     p.add_argument("--dataset", choices=("digits", "mnist"), default="digits", help="digits: built in (default)")
-    p.add_argument("--num_clients", "--num-clients", type=int, default=100, help="clients, each a virtual node")
+    p.add_argument("--num_clients", "--num-clients", type=int, default=100, help="clients (the run's nodes)")
     p.add_argument("--island_size", "--island-size", type=int, default=10, help="clients per island (0: one island)")
     p.add_argument(
         "--client_sampling", "--client-sampling", type=float, default=0.1, help="fraction of each island per round"

@@ -189,7 +189,7 @@ def check_strategy_builds(
     from exogym.core.comm.comm import NodeComm, set_current
 
     if isinstance(strategy, ServerStrategy):  # its server's settings against the run's, here
-        _check_server(strategy, model, num_nodes, seed, network)
+        _check_server(strategy, model, num_nodes, seed, per_epoch, network)
     if state_bytes > DRY_INIT_MAX_BYTES:
         return None
     dry = copy.deepcopy(strategy)
@@ -207,9 +207,12 @@ def check_strategy_builds(
     return dry
 
 
-def _check_server(strategy: ServerStrategy, model: torch.nn.Module, num_nodes: int, seed: int, network: Any) -> None:
+def _check_server(
+    strategy: ServerStrategy, model: torch.nn.Module, num_nodes: int, seed: int, per_epoch: int | None, network: Any
+) -> None:
     """Set a copy of ``strategy``'s server up for the run (its ``ValueError`` names the setting),
-    without starting it."""
+    without starting it. ``per_epoch``: the run's steps per epoch (``None`` for a dataset
+    factory, whose clients' data exists only inside the run: the setup is then checked with 1)."""
     from exogym.core.events import flat_params
     from exogym.runtime.server_run import server_context
 
@@ -221,7 +224,7 @@ def _check_server(strategy: ServerStrategy, model: torch.nn.Module, num_nodes: i
             "updates running statistics as it trains, which no server would hold: build it with "
             "track_running_stats=False (or a normalization without them, e.g. GroupNorm or LayerNorm)"
         )
-    ctx = server_context(network.for_run(num_nodes, seed), num_nodes, seed, flat_params(model))
+    ctx = server_context(network.for_run(num_nodes, seed), num_nodes, seed, flat_params(model), per_epoch or 1)
     setup_server(copy.deepcopy(strategy.server), ctx)
 
 

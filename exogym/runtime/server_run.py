@@ -30,6 +30,7 @@ from exogym.core.server import ServerContext, ServerStrategy
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.clients import Clients
 from exogym.runtime.evaluation import Evaluator
+from exogym.runtime.meter import peak_memory
 from exogym.runtime.progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,13 @@ def _step_seconds(network: Any) -> float:
     return float(c)
 
 
-def server_context(network: Any, num_clients: int, seed: int, params: torch.Tensor) -> ServerContext:
+def server_context(
+    network: Any, num_clients: int, seed: int, params: torch.Tensor, steps_per_epoch: int
+) -> ServerContext:
     """What a server gets at setup in a run on ``network`` (its speeds drawn for the run) of
-    ``num_clients`` clients from ``seed``, starting from the flat ``params``. ``ValueError``
-    where the network's compute is measured."""
+    ``num_clients`` clients from ``seed``, starting from the flat ``params``, whose clients take
+    ``steps_per_epoch`` steps per pass over their data. ``ValueError`` where the network's compute
+    is measured."""
     base = _step_seconds(network)
     nbytes = params.numel() * params.element_size()
     world = network.world
@@ -83,6 +87,7 @@ def server_context(network: Any, num_clients: int, seed: int, params: torch.Tens
         params=params,
         step_seconds=lambda c: base * network.slowdown(c),
         transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
+        steps_per_epoch=steps_per_epoch,
         region_of=(lambda c: world.region_of[c]) if world is not None else (lambda c: 0),
         regions=len(world.links) if world is not None else 1,
         network=network,
@@ -116,7 +121,7 @@ class ServerRun:
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
         self.server = copy.deepcopy(strategy.server)
-        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model))
+        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch)
         self.validations: list[dict[str, Any]] = []
         self.val_loader = self._val_loader()
         self.evaluator = Evaluator(
@@ -243,7 +248,9 @@ class ServerRun:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run the clock to its end; rank 0's result (the others': the final state only)."""
+        """Run the clock to its end; rank 0's result (the others': the final state only), whose
+        ``peak_memory`` is the largest worker's (CUDA allocator peak, else peak resident set).
+        Collective."""
         t0 = time.perf_counter()
         if self.cfg.resume_from is not None:
             self._restore(self.cfg.resume_from)
@@ -253,17 +260,32 @@ class ServerRun:
         load_flat(self.model, self.server.params.to(self.device))
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         self.job.strategy._summary = summary = self.loop.summary()
+        peak = torch.tensor([float(peak_memory(self.device))], dtype=torch.float64)
+        if self.transport is not None:  # the largest worker's
+            self.transport.all_reduce(peak, "max")
         if self.rank != 0:
             return {"state_dict": state}
         history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
+        self._log(history)
         return {
             "state_dict": state,
             "history": history,
             "max_steps": self.max_steps,
-            "peak_memory": None,
+            "peak_memory": peak.item(),
             "nodes": self.loop.node_table(),
             "summary": summary,
         }
+
+    def _log(self, history: list[dict[str, Any]]) -> None:
+        """Hand the run's rows to the run's logger (``fit(logger=...)``), all at the end: the rows
+        are the clock's, known once it has run."""
+        sink = self.job.logger
+        if sink is None:
+            return
+        sink.start(self.job.run_name, {**self.cfg.to_dict(), **self.job.strategy.config(), "max_steps": self.max_steps})
+        for row in history:
+            sink.log(row)
+        sink.finish()
 
     def _rows(self, wall: float) -> list[dict[str, Any]]:
         """The train rows, every ``log_interval`` ticks and at the last: per row the mean loss of

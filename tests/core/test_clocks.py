@@ -1,5 +1,6 @@
 """A simulated clock per node: the replay of the nodes' events against hand computations, and
-real runs whose islands, speeds and sampled clients give the nodes different clocks."""
+real runs whose islands and speeds give the nodes different clocks, and whose sampled clients
+are charged only the rounds that draw them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from communicators.fedavg import drawn_clients
 from exogym import Trainer
 from exogym.clocks import NodeClocks, events, format_table, meeting_keys
 from exogym.core.comm.flat import dtype_buckets
@@ -191,20 +193,25 @@ def test_ddp_on_nodes_of_unequal_speed_waits_for_the_slowest_every_step() -> Non
 
 @pytest.mark.procs
 @pytest.mark.timeout(120)
-def test_a_client_never_sampled_keeps_a_clock_without_the_rounds_compute() -> None:
-    # FedAvg with client sampling: a round's participants train H steps; every node receives the
-    # broadcast (charged to it), so everyone meets at the round's end. A client's own compute
-    # counts only in rounds it took part in.
+def test_a_client_never_sampled_has_no_clock_and_the_drawn_are_charged_their_rounds_compute() -> None:
+    # Sampled FedAvg runs as a server: a round's drawn clients train H steps each and a client no
+    # round draws is never built (no row in the per-node table, no steps). A drawn client's own
+    # compute counts only in rounds it took part in; every clock ends at the run's end.
     net = Network(1e9, 1e-3, compute=0.01)
     trainer = _fit(FedAvgStrategy(H=3, client_sampling=0.5, optim_spec="sgd"), net, steps=6, **FIT_DEFAULTS)
-    nodes = trainer.result["nodes"]
-    clocks = {round(n["clock"], 12) for n in nodes}
-    assert len(clocks) == 1  # everyone met at the last round's end
+    summary, nodes = trainer.result["summary"], trainer.result["nodes"]
+    seed = trainer.result["config"].seed
+    drawn = [drawn_clients(4, 0.5, seed, r) for r in range(2)]
+    assert summary["rounds"] == 2
+    assert [n["rank"] for n in nodes] == sorted({c for d in drawn for c in d})
+    for client, steps in enumerate(summary["steps"]):
+        assert steps == 3 * sum(client in d for d in drawn)  # whole rounds only; 0 if never drawn
     for n in nodes:
-        assert n["compute"] == pytest.approx(0.03 * round(n["compute"] / 0.03))  # whole rounds only
+        assert n["compute"] == pytest.approx(0.01 * summary["steps"][n["rank"]])
         assert n["compute"] + n["comm"] + n["wait"] == pytest.approx(n["clock"])
-    assert sum(n["compute"] for n in nodes) == pytest.approx(2 * 2 * 0.03)  # 2 rounds x 2 participants
-    assert trainer.history[-1]["sim_time"] == pytest.approx(nodes[0]["clock"])
+        assert n["clock"] == summary["end_time"]
+    assert sum(n["compute"] for n in nodes) == pytest.approx(2 * 2 * 0.03)  # 2 rounds x 2 drawn clients
+    assert trainer.history[-1]["sim_time"] == pytest.approx(summary["end_time"])
 
 
 def test_checkpointed_clocks_round_trip() -> None:
