@@ -63,7 +63,7 @@ def test_fedavg_server_equals_the_sampled_fedavg_reference(k, sampling, island_s
 
 @pytest.mark.parametrize(("k", "sampling", "island_size"), CASES)
 def test_each_round_trains_the_clients_the_reference_drew(k, sampling, island_size) -> None:
-    # A run of r rounds against one of r - 1: the clients whose steps grew by H are round r's.
+    # Runs of r and r - 1 rounds: the clients whose steps differ by H are round r's.
     spec, make_inner = INNER["sgd_momentum"]
     ref = reference_fedavg(
         regression_data(k * 8 * STEPS), k, STEPS, H=H, client_sampling=sampling, island_size=island_size,

@@ -131,8 +131,6 @@ def reduce_rows_into(parts: torch.Tensor | Sequence[torch.Tensor], op: str, out:
         combine(out, row, out=out)
 
 
-
-
 def describe_op(kind: str, nbytes: int, detail: str = "") -> str:
     """``all_reduce(sum) of 40 bytes`` and the like, for error messages."""
     return f"{kind}({detail}) of {nbytes} bytes" if detail else f"{kind} of {nbytes} bytes"
