@@ -20,7 +20,8 @@ from exogym.run_config import CheckpointConfig, DataConfig, FitArgs, LoggingConf
 from exogym.runtime import cluster
 from exogym.runtime.faults import FaultPlan, Faults
 from exogym.runtime.forkserver import prestart
-from exogym.runtime.launch import check_main_guard, run_nodes, serialize_job
+from exogym.runtime.launch import run_nodes, serialize_job
+from exogym.runtime.main_script import check_main_guard
 from exogym.runtime.node import NodeJob
 from exogym.runtime.plan import RunPlan, plan_run, resolve_workers
 from exogym.runtime.plan import usable_cpus as usable_cpus

@@ -113,3 +113,22 @@ def test_the_import_scanner_sees_function_level_and_relative_imports(tmp_path) -
         del MODULES["exogym.core._probe"]
     assert names == ["exogym.runtime.cluster", "exogym.trainer", "exogym.cli"]
     assert all(_is_under(n, ABOVE_CORE) for n in names)
+
+
+#: The engine's folders: what a module of them may hold at most, in lines.
+ENGINE = ("exogym/runtime", "exogym/core", "communicators")
+MODULE_LINES = 450
+
+
+def test_no_module_of_the_runtime_the_core_or_the_communicators_is_over_450_lines() -> None:
+    long = []
+    for folder in ENGINE:
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(base, name)
+                    with open(path) as f:
+                        n = sum(1 for _ in f)
+                    if n > MODULE_LINES:
+                        long.append(f"{os.path.relpath(path, ROOT)}: {n} lines")
+    assert not long, f"split these modules (one concept each, at most {MODULE_LINES} lines): {long}"

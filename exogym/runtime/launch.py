@@ -28,7 +28,6 @@ import contextlib
 import gc
 import io
 import logging
-import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
@@ -46,6 +45,7 @@ import torch.distributed as dist
 
 from exogym.runtime import forkserver, pickling, pool
 from exogym.runtime.forkserver import start_method
+from exogym.runtime.main_script import import_main, main_spec, without_main_import
 from exogym.runtime.placement import Placement
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,6 @@ _POLL_S = 0.05
 _ERROR_GRACE_S = 2.0
 #: Exit code of a node that ended because its parent disappeared.
 PARENT_GONE_EXIT = 75
-
-_IMPORTING_MAIN = False
 
 
 class NodeFailedError(RuntimeError):
@@ -71,15 +69,6 @@ class NodeFailedError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.error_type = error_type
-
-
-def check_main_guard() -> None:
-    """Fail fast when a node re-imports a script that lacks ``if __name__ == "__main__":``."""
-    if _IMPORTING_MAIN or getattr(mp.current_process(), "_inheriting", False):
-        raise RuntimeError(
-            "ExoGym starts worker processes for the nodes, and each re-imports your script. Guard the "
-            'code that calls Trainer.fit with `if __name__ == "__main__":` so that the workers do not run it again.'
-        )
 
 
 def start_processes_server(wait: bool = True) -> float:
@@ -98,7 +87,7 @@ def start_processes_server(wait: bool = True) -> float:
     if not wait:
         return time.perf_counter() - t0
     probe = ctx.Process(target=_noop, name="exogym-warm-up")  # returns once the preload is done
-    with _without_main_import():
+    with without_main_import():
         probe.start()
     probe.join()
     return time.perf_counter() - t0
@@ -119,53 +108,6 @@ def serialize_job(job: Any) -> bytes:
             "Every object passed to Trainer and fit() must be picklable by cloudpickle (no open files, "
             "locks or live connections)."
         ) from e
-
-
-def _main_spec() -> tuple[str, str] | None:
-    """How a node re-imports the user's ``__main__``: ``("name", module)``, ``("path", file)``,
-    or ``None`` (stdin, ``-c``, notebooks: nothing on disk to import)."""
-    main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name is not None:
-        return ("name", name)
-    path = getattr(main, "__file__", None)
-    if path is None:
-        return None
-    path = os.path.normpath(os.path.join(mp.process.ORIGINAL_DIR or os.getcwd(), path))
-    return ("path", path) if os.path.isfile(path) else None
-
-
-@contextlib.contextmanager
-def _without_main_import() -> Iterator[None]:
-    """While processes start, keep multiprocessing from re-importing ``__main__`` before the
-    node's code runs (the node does it inside its reported block: see ``_import_main``)."""
-    original = mp.spawn.get_preparation_data
-
-    def prepare(name: str) -> dict[str, Any]:
-        data = original(name)
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-        return data
-
-    mp.spawn.get_preparation_data = prepare
-    try:
-        yield
-    finally:
-        mp.spawn.get_preparation_data = original
-
-
-def _import_main(spec: tuple[str, str] | None) -> None:
-    global _IMPORTING_MAIN
-    if spec is None:
-        return
-    _IMPORTING_MAIN = True
-    try:
-        if spec[0] == "name":
-            mp.spawn._fixup_main_from_name(spec[1])  # type: ignore[attr-defined]
-        else:
-            mp.spawn._fixup_main_from_path(spec[1])  # type: ignore[attr-defined]
-    finally:
-        _IMPORTING_MAIN = False
 
 
 def _die_with_parent(alive: Any) -> None:
@@ -206,7 +148,7 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-#: The ``__main__`` this worker has imported (``_main_spec``), once per process.
+#: The ``__main__`` this worker has imported (``main_spec``), once per process.
 _imported_main: tuple[str, str] | None = None
 
 
@@ -235,7 +177,7 @@ def _run_job(
         os.chdir(where[0])
         sys.path[:] = where[1]
         if main_spec != _imported_main:
-            _import_main(main_spec)
+            import_main(main_spec)
             _imported_main = main_spec
             handlers, level = list(root.handlers), root.level  # the script's own logging stays
         fn, job_obj = cloudpickle.loads(job)
@@ -332,7 +274,7 @@ def run_nodes(
     """
     payload = serialize_job((fn, job))
     workers = pool.current(start_method())
-    env, where, spec = dict(os.environ), (os.getcwd(), list(sys.path)), _main_spec()
+    env, where, spec = dict(os.environ), (os.getcwd(), list(sys.path)), main_spec()
     results: dict[int, Any] = {}
     errors: list[tuple] = []
     failed: list[int] = []
@@ -371,7 +313,7 @@ def _start_worker(alive_r: Any, index: int) -> pool.PooledProcess:
     ctx = forkserver.context()
     mine, theirs = ctx.Pipe()
     process = ctx.Process(target=_serve, args=(theirs, alive_r), name=f"exogym-worker-{index}")
-    with _without_main_import():
+    with without_main_import():
         process.start()
     theirs.close()
     return pool.PooledProcess(process, mine)

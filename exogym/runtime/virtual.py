@@ -40,6 +40,7 @@ import torch
 from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_rows_into
 from exogym.runtime.placement import Placement
 from exogym.runtime.virtual_calls import Call, VirtualTransport
+from exogym.runtime.virtual_combine import Combining
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class _Aborted(BaseException):
     """Another node of this worker failed: unwind this one quietly."""
 
 
-class VirtualHub:
+class VirtualHub(Combining):
     """The turn-taking and local combining of one worker's virtual nodes.
 
     Args:
@@ -333,125 +334,6 @@ class VirtualHub:
                 f"node {self.ranks[at]} called {first.describe()} but node "
                 f"{self.ranks[j]} called {c.describe()} at the same point"
             )
-
-    def _broadcast(self, calls: list[Call], src: int) -> None:
-        owner = self.placement.worker_of(src)
-        buf = calls[self.placement.slot_of(src)].tensor if owner == self.worker else calls[0].tensor
-        assert buf is not None
-        if self.outer is not None:
-            self.outer.broadcast(buf, owner)
-        for c in calls:
-            if c.tensor is not buf:
-                c.tensor.copy_(buf)  # type: ignore[union-attr]
-
-    def _all_reduce(self, calls: list[Call], first: Call) -> None:
-        """Reduce the calls (per group), then across workers."""
-        op = first.op
-        assert op is not None and first.tensor is not None
-        groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
-        for c in calls:
-            if c.folded:  # the group's folded contributions, once, where its first one sits
-                folded = self._folded.pop((self._executed, c.members), None)
-                if folded is not None:
-                    groups.setdefault(c.members, []).append(folded)
-            else:
-                groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
-        partials = {}
-        for key, tensors in groups.items():
-            acc = torch.empty_like(tensors[0])
-            reduce_rows_into(tensors, op, acc)
-            partials[key] = acc
-        if self.outer is not None:
-            if first.members is None:
-                self.outer.all_reduce(partials[None], op)
-            else:
-                self._reduce_groups_across_workers(partials, op, first.tensor)
-        for c in calls:
-            if not c.detached:
-                c.tensor.copy_(partials[c.members])  # type: ignore[union-attr]
-
-    def _group_key(self, members: tuple[int, ...] | None) -> int:
-        return 0 if members is None else members[0]
-
-    def _local_groups(self, partials: dict) -> list[tuple[int, ...] | None]:
-        """Groups that span other workers, in a fixed order."""
-        out = []
-        for key in partials:
-            span = range(self.num_nodes) if key is None else key
-            if any(self.placement.worker_of(r) != self.worker for r in span):
-                out.append(key)
-        return sorted(out, key=self._group_key)
-
-    def _reduce_groups_across_workers(self, partials: dict, op: str, like: torch.Tensor) -> None:
-        """Combine per-group partial results of several workers: every worker all-gathers the
-        padded table of its partials (with their group ids), then reduces the rows of its own
-        groups in worker order. ``like`` gives the dtype where this worker has no partial."""
-        outer = self.outer
-        assert outer is not None
-        keys = self._local_groups(partials)
-        some = like
-        meta = torch.tensor([float(len(keys)), float(max([partials[k].numel() for k in keys], default=0))])
-        outer.all_reduce(meta, "max")
-        rows, width = int(meta[0]), int(meta[1])
-        if rows == 0:
-            return
-        table = torch.zeros(rows, width, dtype=some.dtype, device=self.device)
-        ids = torch.full((rows,), -1.0, dtype=torch.float64)
-        for r, key in enumerate(keys):
-            flat = partials[key].reshape(-1)
-            table[r, : flat.numel()] = flat
-            ids[r] = self._group_key(key)
-        all_ids = outer.all_gather(ids)
-        all_rows = outer.all_gather(table)
-        for key in keys:
-            gid, n = self._group_key(key), partials[key].numel()
-            parts = [all_rows[w, r, :n] for w in range(self.workers) for r in range(rows) if all_ids[w, r] == gid]
-            reduce_rows_into(parts, op, partials[key].view(-1))
-
-    def _all_gather(self, calls: list[Call]) -> None:
-        tensors = [c.tensor for c in calls]
-        if self.outer is None:
-            world: list[torch.Tensor] = tensors  # type: ignore[assignment]
-        else:
-            world = self._gather_across_workers(tensors, all(c.members is None for c in calls))
-        # Only nodes that wait get a result (others only contributed theirs): stacked once per
-        # group and shape, then copied for each further node (stacking the world's rows for
-        # every node costs K^2 row copies, a second at K=1,000).
-        stacked: dict[tuple, torch.Tensor] = {}
-        for c in calls:
-            if not c.waits:
-                continue
-            shape = c.tensor.shape  # type: ignore[union-attr]
-            key = (c.members, tuple(shape))
-            made = stacked.get(key)
-            if made is None:
-                members = range(self.num_nodes) if c.members is None else c.members
-                c.result = stacked[key] = torch.stack([world[r].reshape(shape) for r in members])
-            else:
-                c.result = made.clone()  # each node's own result, as from a transport of its own
-
-    def _gather_across_workers(self, tensors: list[torch.Tensor], uniform: bool) -> list[torch.Tensor]:
-        """Every node's tensor, flattened and indexed by rank (padded through the workers)."""
-        outer = self.outer
-        assert outer is not None
-        slots = max(len(h) for h in self.placement.hosts)
-        sizes = torch.zeros(self.workers * slots, dtype=torch.float64)
-        if uniform:
-            width = tensors[0].numel()
-        else:
-            local = torch.tensor([float(t.numel()) for t in tensors], dtype=torch.float64)
-            sizes = outer.all_gather(torch.nn.functional.pad(local, (0, slots - len(tensors)))).reshape(-1)
-            width = int(sizes.max())
-        table = torch.zeros(slots, width, dtype=tensors[0].dtype, device=tensors[0].device)
-        for r, t in enumerate(tensors):
-            table[r, : t.numel()] = t.reshape(-1)
-        gathered = outer.all_gather(table)
-        world: list[torch.Tensor] = [gathered[0, 0]] * self.num_nodes
-        for w in range(self.workers):
-            for j, r in enumerate(self.placement.ranks(w)):
-                n = width if uniform else int(sizes[w * slots + j])
-                world[r] = gathered[w, j, :n]
-        return world
 
 
 def _folds(call: Call) -> bool:

@@ -66,7 +66,7 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     else:
         _one_malloc_arena()
         hub = VirtualHub(placement, worker, outer, device, cfg.seed)
-        built = _AfterBuilding(len(hub.running))
+        built = _AfterBuilding(hub.n)
         try:
             results = hub.run(
                 lambda rank, transport: _run_node(rank, job, transport, device, keep and rank == ranks[0], built)
