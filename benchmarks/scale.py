@@ -1,7 +1,8 @@
 """Cost against the number of clients at equal sampled work: a server algorithm on 1,000 and on
 1,000,000 clients, each from a dataset factory, side by side. ``fedbuff``: FedBuff, concurrency
 100, buffer 10, ``--ticks`` ticks (default 400), client speeds 1 to 3.2 in seven groups;
-``fedavg``: FedAvg as a server (``FedAvgServer``), 10 clients a round, 20 rounds.
+``fedavg``: FedAvg with client sampling (``FedAvgStrategy(client_sampling=...)``, a server),
+10 clients a round, 20 rounds.
 
 The work: the bundled digits, the MLP 64-256-256-10, 80 digits per client (as
 ``virtual_nodes.py``), plain SGD (lr 0.05), batch 8, 10 local steps per task; the network:
@@ -34,9 +35,8 @@ LOCAL, BUFFER, CONCURRENCY, LR, ROUND_CLIENTS, ROUNDS = 10, 10, 100, 0.05, 10, 2
 
 
 def _fit(algorithm: str, clients: int, ticks: int) -> dict:
-    from communicators import FedAvgServer
-    from exogym import Network, ServerStrategy, Trainer
-    from exogym.strategy import FedBuffStrategy
+    from exogym import Network, Trainer
+    from exogym.strategy import FedAvgStrategy, FedBuffStrategy
     from exogym.tasks import MLPClassifier
 
     if algorithm == "fedbuff":
@@ -45,7 +45,7 @@ def _fit(algorithm: str, clients: int, ticks: int) -> dict:
         )
         speeds = tuple(1.0 + g * 0.37 for g in range(7))  # client r: speeds[r % 7]
     else:  # 10 clients a round, 20 rounds of LOCAL steps
-        strategy = ServerStrategy(FedAvgServer(LOCAL, ROUND_CLIENTS / clients), optim_spec="sgd", lr=LR)
+        strategy = FedAvgStrategy(H=LOCAL, client_sampling=ROUND_CLIENTS / clients, optim_spec="sgd", lr=LR)
         speeds, ticks = (), LOCAL * ROUNDS
     trainer = Trainer(MLPClassifier(), client_data)
     t0 = time.perf_counter()
@@ -126,7 +126,9 @@ def main() -> None:
             "FedBuff, concurrency %d, buffer %d, %d local steps, %d ticks", CONCURRENCY, BUFFER, LOCAL, args.ticks
         )
     else:
-        logger.info("FedAvg as a server, %d clients a round, %d rounds of %d steps", ROUND_CLIENTS, ROUNDS, LOCAL)
+        logger.info(
+            "FedAvg with client sampling, %d clients a round, %d rounds of %d steps", ROUND_CLIENTS, ROUNDS, LOCAL
+        )
     logger.info("%-4s %9s %9s %11s %11s %8s %8s %14s", "run", "1e3 s", "1e6 s", "1e3 MB", "1e6 MB", "time x",
                 "memory x", "client steps")  # fmt: skip
     times, memory = [], []

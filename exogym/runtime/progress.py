@@ -8,8 +8,8 @@ from typing import Any
 class Progress:
     """The run's progress bar (shown only where ``enabled``: on rank 0 with ``fit(progress=True)``).
 
-    Beside the step count it shows the training loss: rank 0's at every train row of a
-    lock-step run, the row's (the clients' mean) as metric rows come in.
+    Beside the step count it shows the training loss of a lock-step run: rank 0's at every
+    train row, the row's (the nodes' mean) as metric rows come in.
     """
 
     def __init__(self, total: int, enabled: bool) -> None:
@@ -27,8 +27,8 @@ class Progress:
             self._postfix["loss"] = f"{loss:.4f}"
 
     def row(self, row: dict[str, Any]) -> None:
-        """A train row came in: its loss (the clients' mean)."""
-        if row["train_loss"] == row["train_loss"]:  # (not NaN: some client trained in the row)
+        """A train row came in: its loss (the nodes' mean)."""
+        if row["train_loss"] == row["train_loss"]:  # (not NaN: some node trained in the row)
             self._postfix["loss"] = f"{row['train_loss']:.4f}"
 
     def advance(self, step: int, done: int) -> None:

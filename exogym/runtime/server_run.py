@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from exogym import data as D
 from exogym.core.comm.transport import Transport
-from exogym.core.events import ServerLoop, Task, flat_params, load_flat
+from exogym.core.events import TIME_DIGITS, ServerLoop, Task, flat_params, load_flat
 from exogym.core.server import ServerContext, ServerStrategy
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.clients import Clients
@@ -63,10 +63,12 @@ def _step_seconds(network: Any) -> float:
             f"server algorithms follow a simulated clock, which needs modelled compute: the network has compute={c!r}; "
             "pass fit(..., network=Network(..., compute=<seconds per step>)) or compute='flops'"
         )
-    if not float(c) > 0:
+    if not round(float(c), TIME_DIGITS) > 0:
         raise ValueError(
-            f"server algorithms count steps on a clock: a step must take time, the network has compute={c!r}; "
-            "pass a number of seconds per step > 0"
+            f"server algorithms count steps on a clock kept to 1e-{TIME_DIGITS} s: a step must take time, but the "
+            f"network's compute is {float(c):.3g} s per step (with compute='flops': a step's FLOPs over "
+            f"flops_per_second); pass Network(..., compute=<seconds per step >= 1e-{TIME_DIGITS}>), or a lower "
+            "flops_per_second"
         )
     return float(c)
 
@@ -265,6 +267,13 @@ class ServerRun:
             self.transport.all_reduce(peak, "max")
         if self.rank != 0:
             return {"state_dict": state}
+        if not summary.get("updates"):
+            logger.warning(
+                "%s: no client's result reached the server in the run's %d steps (ticks of the clock), so the model "
+                "is the initial one; raise max_steps past a task's length (e.g. FedAvg's H steps per round)",
+                self.server.describe(),
+                self.max_steps,
+            )
         history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
         self._log(history)
         return {

@@ -401,9 +401,11 @@ def test_the_run_is_closed_to_sends_once_its_last_tick_has_passed() -> None:
     assert row["compute"] + row["comm"] + row["wait"] == pytest.approx(row["clock"], abs=1e-9)
 
 
-def test_steps_that_take_no_time_are_refused_naming_the_fix() -> None:
-    with pytest.raises(ValueError, match="a step must take time"):
-        train_server(2, STRATEGIES["fedbuff"], 4, network=Network(1e9, 0.0, compute=0.0))
+@pytest.mark.parametrize("compute", [0.0, 4e-10])
+def test_steps_that_take_no_time_on_the_clock_are_refused_naming_the_fix(compute: float) -> None:
+    # 4e-10 s is below the clock's nanosecond: every step of a task would start at one instant
+    with pytest.raises(ValueError, match=r"a step must take time.*compute=<seconds per step >= 1e-9>"):
+        train_server(2, STRATEGIES["fedbuff"], 4, network=Network(1e9, 0.0, compute=compute))
 
 
 def test_a_model_with_running_statistics_is_refused_before_any_process_starts(monkeypatch) -> None:
@@ -417,3 +419,17 @@ def test_a_model_with_running_statistics_is_refused_before_any_process_starts(mo
     trainer = Trainer(WithBatchNorm(), regression_data(256))
     with pytest.raises(ValueError, match="norm .BatchNorm1d. updates running statistics.*track_running_stats=False"):
         trainer.fit(STRATEGIES["fedbuff"](), 3, max_steps=4, network=SPEEDS, progress=False)
+
+
+def test_a_run_shorter_than_a_task_warns_that_no_result_reached_the_server(caplog) -> None:
+    from communicators.fedavg import FedAvgServer
+
+    make = lambda: exogym.ServerStrategy(FedAvgServer(5, 0.5), optim_spec=SGD)  # noqa: E731
+    with caplog.at_level("WARNING", logger="exogym.runtime.server_run"):
+        out = train_server(4, make, 3, network=SPEEDS)
+    assert out[0]["summary"]["updates"] == 0
+    assert "no client's result reached the server in the run's 3 steps" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="exogym.runtime.server_run"):
+        train_server(4, make, 10, network=SPEEDS)
+    assert "no client's result" not in caplog.text
