@@ -524,8 +524,8 @@ def test_sixty_four_virtual_nodes_train_validate_and_log_on_two_workers() -> Non
     val_rows = [r for r in trainer.history if "val_loss_global" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3]
     assert [r["step"] for r in val_rows] == [0, 2, 3]  # before training, every val_interval, at the end
-    # 2 of every island's 8 train in a round: 16 nodes x 4 examples per step.
-    assert [r["examples"] for r in train_rows] == [64, 128, 192]
+    # every node trains every step: 64 nodes x 4 examples per step.
+    assert [r["examples"] for r in train_rows] == [256, 512, 768]
     assert child_pids() == []
 
 
