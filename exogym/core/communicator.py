@@ -200,12 +200,9 @@ class Communicator:
 
     # -- what the pipeline runs (not for subclasses to override) -----------------------------
     def _bind(self, ctx: NodeContext) -> None:
-        """Set the module up on a node: ``setup``, or a subclass's own ``_init_node`` where it
-        defines that spelling instead (see ``exogym.compat``)."""
-        if type(self)._init_node is not Communicator._init_node:
-            self._init_node(ctx)
-        else:
-            self.setup(ctx)
+        """Set the module up on a node: ``_init_node``, which is ``setup`` unless a subclass
+        defines that older spelling itself (see ``exogym.compat``)."""
+        self._init_node(ctx)
 
     def _leaves(self) -> list[Communicator]:
         """The modules that communicate: this one (a pipeline lists its modules', a wrapper its
