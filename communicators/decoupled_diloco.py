@@ -135,6 +135,8 @@ class DecoupledDiLoCoServer(Server):
 
     kinds = ("contribution", "merge", "pull", "deliver", "restore")
     drain_kinds = frozenset({"contribution", "merge"})
+    #: Learners absent in the network's availability trace take no steps and send nothing.
+    follows_availability = True
 
     def __init__(
         self,

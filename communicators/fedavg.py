@@ -15,6 +15,7 @@ Only the drawn clients exist: a round without islands costs ``O(drawn)`` whateve
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ import torch
 from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
 from exogym.core.seeding import generator
 from exogym.core.server import Result, Server, ServerContext, Train
+
+logger = logging.getLogger(__name__)
 
 
 def drawn_clients(num_clients: int, fraction: float, seed: int, round_: int) -> list[int]:
@@ -75,7 +78,10 @@ class FedAvgServer(Server):
         if isinstance(client_sampling, bool) or not (
             isinstance(client_sampling, (int, float)) and 0.0 < client_sampling <= 1.0
         ):
-            raise ValueError(f"client_sampling must be in (0, 1], got {client_sampling!r}")
+            raise ValueError(
+                f"client_sampling must be in (0, 1], a float: the fraction of the clients drawn a round; got "
+                f"{client_sampling!r}"
+            )
         if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
             raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
         self.H = 1 if H is None and local_epochs is None else H
@@ -92,6 +98,22 @@ class FedAvgServer(Server):
         self.islands: list[list[int]] = []
         self.groups: list[list[int]] = []
         self.results: dict[int, torch.Tensor] = {}
+        if self.island_size and self.island_size < ctx.num_clients:
+            self._warn_island_rounding(ctx.num_clients)
+
+    def _warn_island_rounding(self, k: int) -> None:
+        """Log where drawing ``max(1, round(f * n))`` clients per island trains a fraction of the
+        clients 10% or more off ``client_sampling`` (small islands: ``f * n`` below 1)."""
+        sizes = [min(self.island_size, k - i) for i in range(0, k, self.island_size)]  # type: ignore[arg-type]
+        drawn = sum(min(n, max(1, round(self.client_sampling * n))) for n in sizes)
+        if abs(drawn / k - self.client_sampling) > 0.1 * self.client_sampling:
+            per_island = min(self.island_size, max(1, round(self.client_sampling * self.island_size)))  # type: ignore[type-var]
+            logger.warning(
+                "%s on %d clients draws %d a round (%.1f%%, not %.1f%%): each island of %d draws max(1, round(%g x "
+                "%d)) = %d; choose client_sampling x island_size close to a whole number, or larger islands",
+                self.describe(), k, drawn, 100 * drawn / k, 100 * self.client_sampling, self.island_size,
+                self.client_sampling, self.island_size, per_island,
+            )  # fmt: skip
 
     def _model_of(self, client: int) -> torch.Tensor:
         return self.holds.get(client, self.params)

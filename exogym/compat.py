@@ -45,7 +45,9 @@ after ``build``.
 (a subclass may define either; the pipeline calls the one it defines); ``supports_dropout``
 defined as a method is read as the capability it returns
 (``exogym.core.communicator.supports_dropout``); ``QuantizeCommunicator(inner, fmt)`` is
-the [`Quantize`][communicators.Quantize] wire transform applied to one module.
+the [`Quantize`][communicators.Quantize] wire transform applied to one module. A class that sets
+``stable_payloads``, ``locates_payloads`` or ``coded_payloads`` is refused naming the
+``payloads`` value that says the same (``exogym.core.communicator.PAYLOAD_FLAGS``).
 """
 
 from __future__ import annotations

@@ -104,6 +104,9 @@ class NodeContext:
 
 #: The values of ``Communicator.payloads``.
 PAYLOADS = ("varying", "stable", "located", "coded")
+#: Flags a communicator class may not set, and the ``payloads`` value that says the same
+#: (listed in ``exogym.compat``).
+PAYLOAD_FLAGS = {"stable_payloads": "stable", "locates_payloads": "located", "coded_payloads": "coded"}
 
 
 class Communicator:
@@ -160,6 +163,17 @@ class Communicator:
         if not isinstance(H, int) or isinstance(H, bool) or H < 1:
             raise ValueError(f"H must be a positive int (communicate every H steps), got {H!r}")
         self.H = H
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check the class's ``payloads`` when the class is made: one of ``PAYLOADS``; a flag
+        of ``PAYLOAD_FLAGS`` is refused naming the value that says the same."""
+        super().__init_subclass__(**kwargs)
+        for flag, value in PAYLOAD_FLAGS.items():
+            if flag in vars(cls):
+                raise TypeError(f"{cls.__name__}.{flag}: say what the payloads are with payloads = {value!r}")
+        given = vars(cls).get("payloads")
+        if given is not None and not isinstance(given, property) and given not in PAYLOADS:
+            raise TypeError(f"{cls.__name__}.payloads must be one of {', '.join(map(repr, PAYLOADS))}; got {given!r}")
 
     def setup(self, ctx: NodeContext) -> None:
         """Bind to a node (called once per node, before its first step): keep ``ctx`` as
@@ -313,4 +327,12 @@ def needs_step_seconds(module: Communicator) -> bool:
     return bool(getattr(module, "needs_step_seconds", False))
 
 
-__all__ = ["PAYLOADS", "Communicator", "NodeContext", "Wrapper", "needs_step_seconds", "supports_dropout"]
+__all__ = [
+    "PAYLOADS",
+    "PAYLOAD_FLAGS",
+    "Communicator",
+    "NodeContext",
+    "Wrapper",
+    "needs_step_seconds",
+    "supports_dropout",
+]

@@ -143,6 +143,10 @@ class Server:
     kinds: ClassVar[tuple[str, ...]] = ()
     #: Those of ``kinds`` still handled while the run drains.
     drain_kinds: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the server reads the network's availability trace (``ctx.network.availability``)
+    #: and keeps absent clients out itself; a run with a trace that takes clients away refuses
+    #: a server that does not.
+    follows_availability: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._services: _Services | None = None
@@ -318,9 +322,10 @@ class ServerStrategy(Strategy):
 
     @property
     def follows_availability(self) -> bool:
-        """A server reads the network's availability trace itself (``ctx.network``): the runtime
-        never turns it into rounds nodes drop out of."""
-        return True
+        """Whether the server reads the network's availability trace itself
+        ([`Server.follows_availability`][exogym.Server]): the runtime never turns a trace into
+        rounds that a server's clients drop out of."""
+        return self.server.follows_availability
 
     def step(self) -> None:
         """A client's training step: clip, the inner optimizer's step, the step counter."""

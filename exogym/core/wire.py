@@ -50,5 +50,8 @@ class Wire:
         """A short label for logs."""
         return type(self).__name__
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
 
 __all__ = ["Wire", "WireComm"]

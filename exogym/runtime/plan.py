@@ -137,12 +137,20 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         config=config,
         transport=_transport(args.transport, layout, device, config, state_bytes),
         placement=placement,
-        run_name=args.logging.run_name or default_run_name(type(strategy).__name__),
+        run_name=args.logging.run_name or default_run_name(_label(strategy)),
         logger=args.logging.sink,
         checkpoint_meta=meta,
         launch=layout.launch,
         mode=layout.mode,
     )
+
+
+def _label(strategy: Strategy) -> str:
+    """The strategy's class name, or a plain ``ServerStrategy``'s server's (the runs of
+    ``FedAvgStrategy(client_sampling=...)`` go to ``FedAvgServer``'s folder)."""
+    if type(strategy) is ServerStrategy:
+        return type(strategy.server).__name__
+    return type(strategy).__name__
 
 
 def usable_cpus() -> int:
@@ -199,13 +207,19 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
         return 1
     if faults is not None and isinstance(strategy, ServerStrategy):
         raise ValueError(
-            f"fit(faults=...) drops nodes from lock-step rounds; {type(strategy).__name__} runs as a server and "
-            "tasks on the simulated clock, with no rounds to drop nodes from: give the network an availability "
-            "trace (Network(availability=...)) for the server to follow, or node speeds (compute_slowdown)"
+            f"fit(faults=...) drops nodes from lock-step rounds; {type(strategy).__name__} runs "
+            f"{strategy.server.describe()} as a server and tasks on the simulated clock, with no rounds to drop "
+            "nodes from: give the network node speeds (Network(..., compute_slowdown=...)) for stragglers"
         )
     if faults is not None:
         check_supported(faults, strategy)
     if availability is not None and availability.drops and not strategy.follows_availability:
+        if isinstance(strategy, ServerStrategy):
+            raise ValueError(
+                f"network {network.name!r} has an availability trace that takes clients away, but "
+                f"{strategy.server.describe()} does not read it (Server.follows_availability is False: its clients "
+                "would train while absent); drop the trace, or use a server that follows it (DecoupledDiLoCoStrategy)"
+            )
         check_can_drop(strategy, f"Availability traces that take nodes away (network {network.name!r})")
     return round_steps(strategy)
 

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -71,6 +72,16 @@ def _step_seconds(network: Any) -> float:
             "flops_per_second"
         )
     return float(c)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No log record below ERROR within the block (this process)."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def server_context(
@@ -129,9 +140,13 @@ class ServerRun:
         self.evaluator = Evaluator(
             None, self.model, device, self.val_loader, self.clients.forward_with, _plain, rank, world
         )  # type: ignore[arg-type]
-        self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute, self._between_ticks)
+        with _quiet():  # what a server logs at setup, fit's checks logged before the workers started
+            self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute, self._between_ticks)
         self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0)
         self._progressed = 0
+        self._t0 = time.perf_counter()
+        #: Per train row (by its ticks), the wall seconds from the run's start to its end.
+        self._walls: dict[int, float] = {}
 
     def _val_loader(self) -> DataLoader | None:
         """This rank's share of the validation examples (the server model is validated on the
@@ -182,6 +197,8 @@ class ServerRun:
         end, as a node's loop does) and checkpoint where due (the same on every rank)."""
         cfg = self.cfg
         last = done == self.max_steps
+        if last or done % cfg.log_interval == 0:
+            self._walls[done] = time.perf_counter() - self._t0  # the wall time of the row that ends here
         if self.val_loader is not None and (done == 0 or last or (cfg.val_interval and done % cfg.val_interval == 0)):
             self._validate(done)
         if cfg.checkpoint_dir is not None and cfg.checkpoint_interval and 0 < done < self.max_steps:
@@ -253,7 +270,7 @@ class ServerRun:
         """Run the clock to its end; rank 0's result (the others': the final state only), whose
         ``peak_memory`` is the largest worker's (CUDA allocator peak, else peak resident set).
         Collective."""
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         if self.cfg.resume_from is not None:
             self._restore(self.cfg.resume_from)
         self.loop.run()
@@ -327,7 +344,7 @@ class ServerRun:
                     "bytes_received": received / k,
                     "bytes_sent_per_step": (sent - last_sent) / k / ticks,
                     "sim_time": until,
-                    "wall_time": wall,
+                    "wall_time": self._walls.get(done, wall),
                 }
             )
             loss = steps = 0

@@ -80,3 +80,20 @@ def test_error_feedback_is_refused_for_a_module_that_does_not_say_its_payloads_a
     with pytest.raises(ValueError, match="needs payloads that hold the same entries every round .payloads = 'stable'"):
         CommunicateOptimizeStrategy([Mine()], wire=Int8(error_feedback=True))
     CommunicateOptimizeStrategy([Stable()], wire=Int8(error_feedback=True))  # declared: accepted
+
+
+def test_payloads_are_checked_when_the_class_is_made_and_a_flag_names_the_value_that_says_the_same() -> None:
+    with pytest.raises(TypeError, match=r"Old.stable_payloads: say what the payloads are with payloads = 'stable'"):
+
+        class Old(Communicator):
+            stable_payloads = True
+
+    with pytest.raises(TypeError, match=r"Typo.payloads must be one of 'varying', 'stable', 'located', 'coded'"):
+
+        class Typo(Communicator):
+            payloads = "stabel"
+
+    class Located(Communicator):
+        payloads = "located"
+
+    assert Located().payloads == "located" and Wrapper(Located()).payloads == "located"

@@ -102,3 +102,30 @@ def test_a_round_of_a_million_clients_draws_what_draw_participants_draws() -> No
         for r in range(3):
             assert drawn_clients(k, f, 5, r) == draw_participants(list(range(k)), f, 5, r)
     assert len(drawn_clients(10**6, 1e-5, 5, 0)) == 10
+
+
+def test_islands_too_small_for_the_sampling_warn_of_the_fraction_they_draw(caplog) -> None:
+    from exogym.core.server import setup_server
+    from exogym.runtime.server_run import server_context
+
+    def set_up(fraction: float, island: int) -> None:
+        ctx = server_context(Network(1e9, 0.01, compute=0.01), 100, 0, torch.zeros(3), 1)
+        setup_server(FedAvgServer(5, fraction, island), ctx)
+
+    with caplog.at_level("WARNING", logger="communicators.fedavg"):
+        set_up(0.1, 4)  # 25 islands of 4, one client each: 25%
+        assert "draws 25 a round (25.0%, not 10.0%)" in caplog.text
+        caplog.clear()
+        set_up(0.1, 10)  # one of each 10: 10%
+        set_up(0.25, 4)
+        assert not caplog.records
+
+
+def test_the_runs_of_a_plain_server_strategy_are_named_after_its_server() -> None:
+    from exogym.runtime.plan import _label
+
+    assert _label(FedAvgStrategy(H=2, client_sampling=0.5)) == "FedAvgServer"
+    assert _label(FedAvgStrategy(H=2)) == "FedAvgStrategy"
+    from exogym.strategy import FedBuffStrategy
+
+    assert _label(FedBuffStrategy()) == "FedBuffStrategy"

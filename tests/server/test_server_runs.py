@@ -21,6 +21,7 @@ from exogym.strategy import (
     AsyncDiLoCoStrategy,
     DecoupledDiLoCoStrategy,
     DiLoCoStrategy,
+    FedAvgStrategy,
     FedBuffStrategy,
     HALoSStrategy,
     OptimSpec,
@@ -183,6 +184,12 @@ def _no_start(*args: Any, **kwargs: Any) -> None:
         (lambda: AsyncDiLoCoStrategy(H=2), Network(1e9, 0.01, compute="measured"), "modelled compute.*'measured'"),
         (lambda: FedBuffStrategy(concurrency=5), SPEEDS, "concurrency=5 is more than num_nodes=3"),
         (lambda: DecoupledDiLoCoStrategy(H=4, quorum=4), SPEEDS, "quorum=4 is more than num_nodes=3"),
+        (
+            lambda: FedAvgStrategy(H=2, client_sampling=0.5),
+            AWAY,
+            r"availability trace that takes clients away, but FedAvg\(H=2.*does not read it",
+        ),
+        (lambda: FedBuffStrategy(concurrency=2), AWAY, "does not read it .Server.follows_availability is False"),
     ],
 )
 def test_a_server_run_refuses_settings_the_run_cannot_have_before_any_process_starts(
@@ -192,6 +199,16 @@ def test_a_server_run_refuses_settings_the_run_cannot_have_before_any_process_st
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(ValueError, match=match):
         trainer.fit(strategy(), num_nodes=3, max_steps=4, network=network, progress=False, logger=False)
+
+
+def test_faults_with_a_server_are_refused_naming_node_speeds_for_stragglers(monkeypatch) -> None:
+    monkeypatch.setattr(exogym.trainer, "run_nodes", _no_start)
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match=r"runs FedAvg\(H=2.* as a server.*compute_slowdown"):
+        trainer.fit(
+            FedAvgStrategy(H=2, client_sampling=0.5), num_nodes=3, max_steps=4, network=SPEEDS,
+            faults=exogym.Faults(drop_probability=0.1), progress=False, logger=False,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [{"H": 0}, {"outer_momentum": 1.0}, {"dn_period": 0}, {"dn_c": -1.0}])
@@ -433,3 +450,15 @@ def test_a_run_shorter_than_a_task_warns_that_no_result_reached_the_server(caplo
     with caplog.at_level("WARNING", logger="exogym.runtime.server_run"):
         train_server(4, make, 10, network=SPEEDS)
     assert "no client's result" not in caplog.text
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_the_rows_of_a_server_run_carry_their_own_wall_time_rising_to_the_end() -> None:
+    trainer = Trainer(TinyNet(), regression_data(512))
+    trainer.fit(
+        FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=2, optim_spec=SGD), num_nodes=3, max_steps=12,
+        network=SPEEDS, log_interval=3, val_size=0, progress=False, logger=False,
+    )  # fmt: skip
+    walls = [r["wall_time"] for r in trainer.history if "train_loss" in r]
+    assert len(walls) == 4 and walls == sorted(walls) and len(set(walls)) == 4
