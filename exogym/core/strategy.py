@@ -11,7 +11,7 @@ which builds the optimizer over that node's model copy. Custom strategies subcla
             super().step()                 # LR schedule + step counter
 
 The strategy owns the node's step counter (``Strategy.local_step``): ``super().step()``
-advances it, and the runtime advances it over steps a node sits out
+advances it, and a server run advances a client's to the tick its task starts at
 ([`Strategy.skip_steps`][exogym.strategy.Strategy.skip_steps]).
 
 Every rank runs the same code; there is no master rank.
@@ -215,7 +215,7 @@ class Strategy(ABC):
 
     def skip_steps(self, n: int) -> None:
         """Advance the step counter and the LR schedule by ``n`` steps without computing or
-        communicating (the runtime's, for steps a node sits out)."""
+        communicating (the runtime's: a client's counter at the tick its task starts)."""
         if n <= 0:
             return
         self.local_step += n

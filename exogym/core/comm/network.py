@@ -28,8 +28,6 @@ A node's compute time per training step comes from the network's ``compute`` mod
 * ``"measured"``: the step's wall time minus the time spent inside collectives. Truthful for the
   machine you run on, but it varies with host load from run to run.
 
-A step a node sits out (a client not sampled in a round) costs no compute in any model.
-
 A network may describe a whole world instead of one link
 ([`Network.regions`][exogym.Network.regions], [`Network.preset`][exogym.Network.preset]): regions
 joined by links of their own, per-node access links, per-node compute speeds. Its collectives are
