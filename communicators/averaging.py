@@ -38,7 +38,7 @@ class AveragingCommunicator(Communicator):
     """
 
     space: ClassVar[str] = "param"
-    #: Every form of averaging can leave missing nodes out.
+    #: Every form of averaging can leave dropped nodes out.
     supports_dropout: ClassVar[bool] = True
     #: One flat payload per dtype, the same entries every round.
     payloads: ClassVar[str] = "stable"

@@ -55,7 +55,7 @@ class NoLoCoCommunicator(Communicator):
     space: ClassVar[str] = "param"
     #: Every payload holds the same entries every round.
     payloads: ClassVar[str] = "stable"
-    #: A mean all-reduce within each pair: a node whose peer is missing steps on its own.
+    #: A mean all-reduce within each pair: a node whose peer is dropped steps on its own.
     supports_dropout: ClassVar[bool] = True
 
     def __init__(

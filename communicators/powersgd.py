@@ -97,7 +97,7 @@ class PowerSGDCommunicator(Communicator):
     space: ClassVar[str] = "grad"
     #: Every payload holds the same entries every round.
     payloads: ClassVar[str] = "stable"
-    #: Sum and mean all-reduces only: a round can go on without missing nodes.
+    #: Sum and mean all-reduces only: a round can go on without the dropped nodes.
     supports_dropout: ClassVar[bool] = True
 
     def __init__(self, rank: int = 1, min_compression_rate: float = 2.0) -> None:

@@ -153,7 +153,7 @@ class Communicator:
     #: codes values and indices into bytes itself: a quantizing wire refuses it rather than do
     #: nothing).
     payloads: ClassVar[str] = "varying"
-    #: Whether the module can run a round with nodes missing (fault injection, see
+    #: Whether the module can run a round with nodes dropped (fault injection, see
     #: ``exogym.runtime.faults``): its collectives are ``sum``/``mean`` all-reduces, which
     #: the comm takes among the present nodes, and any count it divides by comes from
     #: ``comm.present()``. ``False`` makes ``fit(faults=...)`` with dropouts refuse the strategy.

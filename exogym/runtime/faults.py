@@ -3,7 +3,7 @@
 A [`Faults`][exogym.Faults] object describes what goes wrong; ``Trainer.fit(faults=...)`` binds it
 to the run as a ``FaultPlan``. Everything is drawn from a seed every rank shares (counter-based:
 ``(seed, round)`` for dropouts, ``(seed, rank, step)`` for slowdowns), so every rank knows
-without a message who is missing, a resumed run sees the same faults, and two runs with the
+without a message who is dropped, a resumed run sees the same faults, and two runs with the
 same seeds see the same faults.
 
 **Dropouts.** A *round* is the period of the strategy's slowest communication: ``H`` steps for
@@ -110,7 +110,7 @@ def with_availability(
 
 
 class FaultPlan:
-    """[`Faults`][exogym.Faults] bound to a run: who is missing at each step, who rejoins, how slow
+    """[`Faults`][exogym.Faults] bound to a run: who is dropped at each step, who rejoins, how slow
     each node is. Every method depends only on shared values (seed, round, step, rank).
 
     Args:
@@ -154,20 +154,20 @@ class FaultPlan:
         return -(-self.max_steps // self.round_steps)
 
     def dropped(self, round_: int) -> frozenset[int]:
-        """The nodes missing from round ``round_`` (the same on every rank)."""
+        """The nodes dropped from round ``round_`` (the same on every rank)."""
         if not self.drops:
             return frozenset()
         explicit = frozenset(n for n in node_list(self.faults.drop.get(round_, [])) if n < self.num_nodes)
         return _draw(self.seed, self.num_nodes, self.faults.drop_probability, round_, explicit)
 
-    def missing(self, step: int) -> frozenset[int]:
-        """The nodes missing at ``step`` (those dropped from its round)."""
+    def dropped_at(self, step: int) -> frozenset[int]:
+        """The nodes dropped at ``step`` (those dropped from its round)."""
         return self.dropped(step // self.round_steps)
 
     def rejoining(self, step: int) -> tuple[list[int], int] | None:
         """``(nodes, source)`` when ``step`` ends a round some nodes missed and they rejoin now,
         loading the state of ``source`` (the lowest-ranked survivor); else ``None``. Nodes
-        missing the next round too rejoin only after it (at the run's end, all rejoin)."""
+        dropped from the next round too rejoin only after it (at the run's end, all rejoin)."""
         if not self.drops:
             return None
         r, last = step // self.round_steps, step == self.max_steps - 1
@@ -183,7 +183,7 @@ class FaultPlan:
 
     def alive(self, step: int) -> int:
         """How many nodes take part at ``step``."""
-        return self.num_nodes - len(self.missing(step))
+        return self.num_nodes - len(self.dropped_at(step))
 
     def min_alive(self, first: int, last: int) -> int:
         """The fewest nodes taking part at any step in ``[first, last]``."""
@@ -224,7 +224,7 @@ class FaultPlan:
 
 @functools.lru_cache(maxsize=256)
 def _draw(seed: int, num_nodes: int, p: float, round_: int, explicit: frozenset[int]) -> frozenset[int]:
-    """The nodes missing from round ``round_``: ``explicit`` and those whose uniform draw from
+    """The nodes dropped from round ``round_``: ``explicit`` and those whose uniform draw from
     ``(seed, round_)`` falls below ``p``; where that is every node, the one with the largest draw
     not in ``explicit`` stays. Cached per process: a worker's virtual nodes ask about the same
     rounds, one draw of ``num_nodes`` numbers each."""

@@ -209,12 +209,12 @@ class TrainNode:
         run, step = self._begin()
         while step < self.max_steps:
             run.meter.begin_step(step)
-            missing = self._missing(step)
-            run.meter.trains = self.rank not in missing  # (what a handle's clock counts)
-            if self.rank in missing:
-                done = self._missing_step(run, step, missing)
+            dropped = self._dropped(step)
+            run.meter.trains = self.rank not in dropped  # (what a handle's clock counts)
+            if self.rank in dropped:
+                done = self._dropped_step(run, step, dropped)
             else:
-                done = self._training_step(run, step, missing)
+                done = self._training_step(run, step, dropped)
             self._end_steps(run, step, done)
             step = done
         return self._finish(run, keep_state)
@@ -242,7 +242,7 @@ class TrainNode:
         run.meter.begin_run()
         return run, step
 
-    def _missing_step(self, run: _Run, step: int, missing: frozenset[int]) -> int:
+    def _dropped_step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
         """A step of a node dropped from the round (fault injection): no data, no compute; zero
         gradients, and the strategy's step run with this node left out of every collective (so
         the calls line up with its peers'); its state is replaced when it rejoins at the round's
@@ -251,17 +251,17 @@ class TrainNode:
         for p in self.model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-        with self.comm.leaving_out(missing):
+        with self.comm.leaving_out(dropped):
             self.strategy.step()
         self._rejoin(step)
         run.meter.add(step, self.strategy.lr)
         return self._steps_done(step)
 
-    def _training_step(self, run: _Run, step: int, missing: frozenset[int]) -> int:
+    def _training_step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
         """Train on the next batch (``_train_step``), check the loss, record the sample;
         the step counter after it."""
         cfg = self.cfg
-        loss_sum = self._train_step(next(run.batches), missing)
+        loss_sum = self._train_step(next(run.batches), dropped)
         self._rejoin(step)
         if not math.isfinite(loss_sum) and cfg.stop_on_nonfinite_loss:
             raise FloatingPointError(
@@ -332,24 +332,24 @@ class TrainNode:
         """Whether the loop writes a checkpoint after ``done`` steps (the same on every node)."""
         return self.cfg.checkpoint_dir is not None and self.due(done, self.cfg.checkpoint_interval)
 
-    def _missing(self, step: int) -> frozenset[int]:
+    def _dropped(self, step: int) -> frozenset[int]:
         """The nodes dropped from ``step``'s round (the same on every node); rank 0 logs each
         such round as it begins."""
         if self.faults is None or not self.faults.drops:
             return frozenset()
-        missing = self.faults.missing(step)
-        if missing and self.rank == 0 and step % self.faults.round_steps == 0:
+        dropped = self.faults.dropped_at(step)
+        if dropped and self.rank == 0 and step % self.faults.round_steps == 0:
             logger.log(
                 self._fault_log_level,
                 "faults: round %d (steps %d-%d): node(s) %s dropped, %d of %d nodes take part",
                 step // self.faults.round_steps,
                 step,
                 min(self.max_steps, step + self.faults.round_steps) - 1,
-                sorted(missing),
-                self.cfg.num_nodes - len(missing),
+                sorted(dropped),
+                self.cfg.num_nodes - len(dropped),
                 self.cfg.num_nodes,
             )
-        return missing
+        return dropped
 
     def _steps_done(self, step: int) -> int:
         """The step counter after the work begun at ``step``: the strategy's, which owns it
@@ -385,16 +385,16 @@ class TrainNode:
         a line per step would drown the log; ``trainer.result["faults"]`` lists them all)."""
         return logging.INFO if self.faults is not None and self.faults.round_steps > 1 else logging.DEBUG
 
-    def _train_step(self, batch: Any, missing: frozenset[int] = frozenset()) -> float:
+    def _train_step(self, batch: Any, dropped: frozenset[int] = frozenset()) -> float:
         """Forward/backward over the minibatches, then ``strategy.step()`` (leaving out the
-        ``missing`` nodes); the summed loss."""
+        ``dropped`` nodes); the summed loss."""
         cfg = self.cfg
         self.strategy.zero_grad()
         count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
         loss_value, flops = backward(self._forward, batch, cfg.accumulation, self.device, count)
         if flops is not None:
             self.step_flops = flops
-        with self.comm.leaving_out(missing):
+        with self.comm.leaving_out(dropped):
             self.strategy.step()
         return loss_value
 

@@ -6,7 +6,7 @@ partition of it (islands), charges each *logical* collective to the node's
 (gloo cannot read MPS memory).
 
 One mode changes what the collectives do, set by the runtime, never by a communicator:
-*missing* nodes (``NodeComm.leaving_out``), which fault injection drops from a round. The
+*dropped* nodes (``NodeComm.leaving_out``), which fault injection drops from a round. The
 runtime's own measurements (metrics, validation) contribute to collectives whose result a node
 does not need (``NodeComm.all_reduce_contribute``, ``NodeComm.all_gather_contribute``); those
 two are not part of the ``Comm`` protocol communicators talk through.
@@ -94,49 +94,49 @@ class NodeComm:
         self.ledger = ledger if ledger is not None else Ledger()
         #: Wall seconds spent inside the transport (the simulator's own communication cost).
         self.transport_seconds = 0.0
-        #: Ranks missing from the current step (fault injection; see ``leaving_out``).
-        self.missing: frozenset[int] = frozenset()
+        #: Ranks dropped from the current step (fault injection; see ``leaving_out``).
+        self.dropped: frozenset[int] = frozenset()
         self._everyone = world_list(world_size)  # the members when groups is None (read only, shared)
         #: The node's own simulated clock, which times its handles (``exogym.core.comm.handles``).
         self.clock = LocalClock()
 
     # -- modes (set by the runtime) ---------------------------------------------------------
-    def leaving_out(self, missing: frozenset[int]) -> contextlib.AbstractContextManager[None]:
-        """Within the block, ``missing`` ranks are left out (the same set on every rank): a
+    def leaving_out(self, dropped: frozenset[int]) -> contextlib.AbstractContextManager[None]:
+        """Within the block, ``dropped`` ranks are left out (the same set on every rank): a
         ``sum`` or ``mean`` all-reduce takes their share as zeros, ``mean`` divides by the
         present members, and only present members are charged (an all-reduce among them). A
-        missing rank still calls every collective, so the calls line up; what it receives is
+        dropped rank still calls every collective, so the calls line up; what it receives is
         not meaningful (it rejoins afterwards, see ``exogym.runtime.faults``). Other
-        collectives raise while a rank is missing. The node loop wraps the strategy's step in
+        collectives raise while a rank is dropped. The node loop wraps the strategy's step in
         this; its own measurement collectives run outside."""
-        if not missing and not self.missing:
+        if not dropped and not self.dropped:
             return _NOTHING_MISSING  # every step of a run without faults: no generator to make
-        return self._leaving_out(frozenset(missing))
+        return self._leaving_out(frozenset(dropped))
 
     @contextlib.contextmanager
-    def _leaving_out(self, missing: frozenset[int]) -> Iterator[None]:
-        previous, self.missing = self.missing, missing
+    def _leaving_out(self, dropped: frozenset[int]) -> Iterator[None]:
+        previous, self.dropped = self.dropped, dropped
         try:
             yield
         finally:
-            self.missing = previous
+            self.dropped = previous
 
     # -- bookkeeping ------------------------------------------------------------------------
     def present(self, groups: Groups | None = None) -> list[int]:
-        """The members of this rank's group that are not ``missing``. Not a collective."""
+        """The members of this rank's group that are not ``dropped``. Not a collective."""
         _, members = self._my_group(groups)
-        if not self.missing:
+        if not self.dropped:
             return list(members)
-        return [r for r in members if r not in self.missing]
+        return [r for r in members if r not in self.dropped]
 
     def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
         """``(bytes, tag)``: ``tensor``'s own bytes and ``tag`` (see ``Comm``)."""
         return nbytes(tensor), tag
 
-    def _refuse_missing(self, what: str) -> None:
-        if self.missing:
+    def _refuse_dropped(self, what: str) -> None:
+        if self.dropped:
             raise RuntimeError(
-                f"{what} with node(s) {sorted(self.missing)} missing from the round: only sum and mean all-reduces "
+                f"{what} with node(s) {sorted(self.dropped)} dropped from the round: only sum and mean all-reduces "
                 "can leave a node out (Communicator.supports_dropout)"
             )
 
@@ -157,12 +157,12 @@ class NodeComm:
         i = index[self.rank]
         return i, members[i]
 
-    def _members(self, members: list[int], missing: frozenset[int] = frozenset()) -> tuple[int, ...]:
-        """The participants of a collective over ``members`` less ``missing``, as a tuple shared
+    def _members(self, members: list[int], dropped: frozenset[int] = frozenset()) -> tuple[int, ...]:
+        """The participants of a collective over ``members`` less ``dropped``, as a tuple shared
         between nodes and calls (ledger records point to it)."""
-        if members is self._everyone and not missing:
+        if members is self._everyone and not dropped:
             return world_members(self.world_size)
-        return members_tuple(members, missing)
+        return members_tuple(members, dropped)
 
     def charge(
         self,
@@ -217,11 +217,11 @@ class NodeComm:
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
         _, members = self._my_group(groups)
         n = len(members)
-        if self.missing:
+        if self.dropped:
             if op not in ("sum", "mean"):
-                self._refuse_missing(f"all_reduce(op={op!r})")
-            n = sum(r not in self.missing for r in members)
-            if self.rank in self.missing:
+                self._refuse_dropped(f"all_reduce(op={op!r})")
+            n = sum(r not in self.dropped for r in members)
+            if self.rank in self.dropped:
                 tensor.zero_()
                 charge = False
         with staged(tensor) as t, self._timed():
@@ -229,7 +229,7 @@ class NodeComm:
             if op == "mean":
                 t.div_(max(1, n))
         if charge and n:
-            self.ledger.record("all_reduce", n, nbytes(tensor), tag, members=self._members(members, self.missing))
+            self.ledger.record("all_reduce", n, nbytes(tensor), tag, members=self._members(members, self.dropped))
         return tensor
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str = "sum", groups: Groups | None = None) -> None:
@@ -243,7 +243,7 @@ class NodeComm:
         Collective.
         """
         _check_identity_op(op, "all_reduce_contribute")
-        self._refuse_missing("all_reduce_contribute")
+        self._refuse_dropped("all_reduce_contribute")
         _, members = self._my_group(groups)
         with staged(tensor) as t, self._timed():
             self.transport.all_reduce_contribute(t, op, subset(groups, members))
@@ -267,7 +267,7 @@ class NodeComm:
             return start(
                 self.clock, self.ledger, "all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False
             )
-        self._refuse_missing("all_gather")
+        self._refuse_dropped("all_gather")
         _, members = self._my_group(groups)
         with staged(tensor) as t, self._timed():
             gathered = self.transport.all_gather(t, subset(groups, members))
@@ -284,7 +284,7 @@ class NodeComm:
         afterwards (virtual nodes queue it and run on at once; the gather reads it later).
         Nothing is charged. Collective.
         """
-        self._refuse_missing("all_gather_contribute")
+        self._refuse_dropped("all_gather_contribute")
         _, members = self._my_group(groups)
         with staged(tensor) as t, self._timed():
             self.transport.all_gather_contribute(t, subset(groups, members))
@@ -300,7 +300,7 @@ class NodeComm:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
         if async_op:
             return start(self.clock, self.ledger, "broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
-        self._refuse_missing("broadcast")
+        self._refuse_dropped("broadcast")
         with staged(tensor) as t, self._timed():
             self.transport.broadcast(t, src)
         if charge:
@@ -313,7 +313,7 @@ class NodeComm:
             self.transport.barrier()
 
 
-#: What ``NodeComm.leaving_out`` returns when no rank is missing.
+#: What ``NodeComm.leaving_out`` returns when no rank is dropped.
 _NOTHING_MISSING = contextlib.nullcontext()
 
 

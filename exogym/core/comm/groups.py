@@ -65,14 +65,14 @@ _TUPLES_MAX = 1024
 _tuples: OrderedDict[tuple[int, frozenset[int]], tuple[list[int], tuple[int, ...]]] = OrderedDict()
 
 
-def members_tuple(members: list[int], missing: frozenset[int] = frozenset()) -> tuple[int, ...]:
-    """``members`` less ``missing`` as a tuple, shared between calls with the same list (the
+def members_tuple(members: list[int], dropped: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """``members`` less ``dropped`` as a tuple, shared between calls with the same list (the
     lists of ``partition_index`` are); read only."""
-    key = (id(members), missing)
+    key = (id(members), dropped)
     hit = _tuples.get(key)
     if hit is not None and hit[0] is members:
         return hit[1]
-    made = tuple(r for r in members if r not in missing) if missing else tuple(members)
+    made = tuple(r for r in members if r not in dropped) if dropped else tuple(members)
     with _checked_lock:
         _tuples[key] = (members, made)  # holds the list: its id is not reused meanwhile
         while len(_tuples) > _TUPLES_MAX:

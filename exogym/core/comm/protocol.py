@@ -32,8 +32,8 @@ class Comm(Protocol):
     ledger: Ledger
     #: The node's own simulated clock, which times non-blocking collectives.
     clock: LocalClock
-    #: Ranks missing from the current round (fault injection).
-    missing: frozenset[int]
+    #: Ranks dropped from the current round (fault injection).
+    dropped: frozenset[int]
 
     def all_reduce(
         self,

@@ -2,7 +2,7 @@
 
 Every call goes to ``base`` unchanged; a subclass overrides the calls it transforms (e.g.
 ``communicators.quantize.QuantizedComm`` quantizes float payloads). The runtime's mode
-(missing nodes) lives on the node's own comm at the bottom, so a wrapper sees it through
+(dropped nodes) lives on the node's own comm at the bottom, so a wrapper sees it through
 ``base``.
 
 ``async_op=True`` is handled here once for every wrapper: the wrapper's own blocking call runs
@@ -51,8 +51,8 @@ class CommWrapper:
         return self.base.clock
 
     @property
-    def missing(self) -> frozenset[int]:
-        return self.base.missing
+    def dropped(self) -> frozenset[int]:
+        return self.base.dropped
 
     def all_reduce(
         self,
