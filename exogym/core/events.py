@@ -154,6 +154,8 @@ class ServerLoop:
         self.tick_steps: list[int] = []
         self.tick_loss: list[float] = []
         self.end_time = 0.0
+        #: Results the server has received.
+        self.received = 0
         self.clients: dict[int, ClientClock] = {}
         self.in_flight: dict[int, Task] = {}
         self._ready: list[Task] = []
@@ -305,6 +307,7 @@ class ServerLoop:
         if task.local is None:
             self._compute(self._ready)
         del self.in_flight[task.client]
+        self.received += 1
         assert task.local is not None
         result = Result(task.client, task.start, task.local, task.info, self.time, len(task.ticks))
         self.server.on_result(result)
@@ -342,7 +345,7 @@ class ServerLoop:
         return {
             "events": events, "seq": self._seq, "time": self.time, "tasks": [t.state_dict() for t in tasks],
             "in_flight": in_flight, "ready": ready, "ticks": list(self.ticks), "tick_steps": list(self.tick_steps),
-            "tick_loss": list(self.tick_loss), "end_time": self.end_time, "clients": clocks,
+            "tick_loss": list(self.tick_loss), "end_time": self.end_time, "received": self.received, "clients": clocks,
             "transfers": list(self.transfers), "between": self._between, "params": self.server.params,
             "server": self.server.state_dict(), "updates": list(self.server.updates),
             "records": {k: list(v) for k, v in self.server.records.items()},
@@ -357,6 +360,7 @@ class ServerLoop:
         ]
         heapq.heapify(self._heap)
         self._seq, self.time, self.end_time = int(state["seq"]), float(state["time"]), float(state["end_time"])
+        self.received = int(state["received"])
         self.in_flight = {int(c): tasks[i] for c, i in state["in_flight"].items()}
         self._ready = [tasks[i] for i in state["ready"]]
         self.ticks, self.tick_steps = list(state["ticks"]), list(state["tick_steps"])

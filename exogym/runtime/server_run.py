@@ -270,7 +270,7 @@ class ServerRun:
         """Run the clock to its end; rank 0's result (the others': the final state only), whose
         ``peak_memory`` is the largest worker's (CUDA allocator peak, else peak resident set).
         Collective."""
-        t0 = self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         if self.cfg.resume_from is not None:
             self._restore(self.cfg.resume_from)
         self.loop.run()
@@ -284,14 +284,14 @@ class ServerRun:
             self.transport.all_reduce(peak, "max")
         if self.rank != 0:
             return {"state_dict": state}
-        if not summary.get("updates"):
+        if not self.loop.received:
             logger.warning(
                 "%s: no client's result reached the server in the run's %d steps (ticks of the clock), so the model "
                 "is the initial one; raise max_steps past a task's length (e.g. FedAvg's H steps per round)",
                 self.server.describe(),
                 self.max_steps,
             )
-        history = sorted(self._rows(time.perf_counter() - t0) + self.validations, key=lambda r: r["step"])
+        history = sorted(self._rows(time.perf_counter() - self._t0) + self.validations, key=lambda r: r["step"])
         self._log(history)
         return {
             "state_dict": state,

@@ -450,6 +450,11 @@ def test_a_run_shorter_than_a_task_warns_that_no_result_reached_the_server(caplo
     with caplog.at_level("WARNING", logger="exogym.runtime.server_run"):
         train_server(4, make, 10, network=SPEEDS)
     assert "no client's result" not in caplog.text
+    # a server that records no update (record_update is optional) but receives results: no warning
+    with caplog.at_level("WARNING", logger="exogym.runtime.server_run"):
+        out = train_server(2, lambda: exogym.ServerStrategy(_SendsAtTheEnd(), optim_spec=SGD), 3, network=SPEEDS)
+    assert out[0]["summary"]["updates"] == 0 and out[0]["server"].seen
+    assert "no client's result" not in caplog.text
 
 
 @pytest.mark.procs
