@@ -16,8 +16,6 @@ from exogym.core.comm.transport import Transport, reduce_rows
 class ThreadTransport(Transport):
     """A ``exogym.core.comm.transport.Transport`` between threads of one process."""
 
-    payload_limit = None
-
     def __init__(self, world: _World, rank: int) -> None:
         self.world, self.rank, self.world_size = world, rank, world.size
 
@@ -138,8 +136,8 @@ def _node_body(
         records: list[Any] = []
         end_step = comm.ledger.end_step
 
-        def record_step(count: int | None = None) -> Any:
-            records.append(end_step(count))
+        def record_step() -> Any:
+            records.append(end_step())
             return records[-1]
 
         comm.ledger.end_step = record_step  # type: ignore[method-assign]

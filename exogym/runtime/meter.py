@@ -34,7 +34,7 @@ class StepMeter:
         comm: the node's comm (its ledger and transport seconds are read).
         network: the run's network model.
         faults: the run's fault plan (stragglers' slowdown, nodes alive), or ``None``.
-        rank, device: the node's.
+        device: the node's.
         log_interval, max_steps: the run's (a train row every ``log_interval`` steps and after
             the last).
     """
@@ -44,12 +44,11 @@ class StepMeter:
         comm: NodeComm,
         network: Network,
         faults: F.FaultPlan | None,
-        rank: int,
         device: torch.device,
         log_interval: int,
         max_steps: int,
     ) -> None:
-        self.comm, self.network, self.faults, self.rank, self.device = comm, network, faults, rank, device
+        self.comm, self.network, self.faults, self.rank, self.device = comm, network, faults, comm.rank, device
         self.log_interval, self.max_steps = log_interval, max_steps
         #: Pending samples and, on rank 0, the run's totals.
         self.metrics = MetricsBuffer(comm, network, log_interval, max_steps)
@@ -69,7 +68,7 @@ class StepMeter:
         self.start = time.perf_counter() - self.metrics.wall
 
     def begin_step(self, step: int = 0) -> None:
-        """Step ``step`` (or a span of steps from it) begins now."""
+        """Step ``step`` begins now."""
         self.t0, self.transport0 = time.perf_counter(), self.comm.transport_seconds
         self._step = step
 
@@ -119,6 +118,9 @@ class StepMeter:
             comm_sim += stall
             comms = [c + stall for c in comms] if comms is not None else None
         keys = meeting_keys(records)
+        # The peak memory, a high-water mark, is read where a row ends: each row gets the value a
+        # read per step would, without a getrusage per step (slow with hundreds of node threads).
+        ends_row = (step + 1) % self.log_interval == 0 or step + 1 == self.max_steps
         metrics.add(
             StepSample(
                 loss_sum,
@@ -130,7 +132,7 @@ class StepMeter:
                 comm_sim,
                 comm_wall,
                 t1 - self.start,
-                float(peak_memory(self.device)) if count and self._closes_row(step) else 0.0,
+                float(peak_memory(self.device)) if count and ends_row else 0.0,
                 lr,
                 keys[0] if keys else 0.0,
             ),
@@ -151,14 +153,6 @@ class StepMeter:
             for row in rows:
                 row["nodes_alive"] = self.faults.min_alive((row["step"] - 1) // L * L, row["step"] - 1)
         return rows
-
-    def _closes_row(self, step: int) -> bool:
-        """Whether step ``step`` ends a train row. The peak memory is a high-water mark, so
-        reading it at these steps (and at each flush) gives every row the value a read per step
-        would, without a ``getrusage`` per step (it walks every thread: slow with hundreds of
-        virtual nodes)."""
-        done = step + 1
-        return done % self.log_interval == 0 or done == self.max_steps
 
 
 def peak_memory(device: torch.device) -> int:

@@ -105,8 +105,8 @@ class TrainNode:
     ``strategy.step()`` (which communicates and updates). Metrics are buffered per step and
     combined across nodes in batches (``exogym.metrics``); before the first step, every
     ``val_interval`` steps and after the last, the local models and the all-node average are
-    validated. Those measurement collectives are not
-    charged to the ledger: they are not part of the algorithm.
+    validated. Those measurement collectives are not charged to the ledger: they are not part
+    of the algorithm.
     """
 
     def __init__(self, job: NodeJob, rank: int, comm: NodeComm, device: torch.device) -> None:
@@ -135,16 +135,20 @@ class TrainNode:
         #: FLOPs of a training step, for ``Network(compute="flops")`` (counted at the first).
         self.step_flops: float | None = None
         # The node is built for its own data's steps per epoch, then the nodes agree on the
-        # fewest (a collective, last: virtual nodes take turns, and what a node built after a
-        # collective would run after rank 0 has started training and its clock). A node whose
-        # data gives more is built again for the agreed count.
+        # fewest over their factory datasets (one uncharged all-reduce, last: virtual nodes take
+        # turns, and what a node built after a collective would run after rank 0 has started
+        # training and its clock). A node whose data gives more is built again for that count.
         local = D.steps_per_epoch(len(train_ds), shared, cfg.num_nodes, cfg.batch_size)
-        self._check_steps_per_epoch(local, rank)
+        if local < 1:
+            raise ValueError(
+                f"node {rank}'s dataset has fewer than batch_size={cfg.batch_size} examples: no full batch to train on"
+            )
         self._build(job, local)
         if not shared:
-            agreed = self._agree_on_steps_per_epoch(local)
-            if agreed != local:
-                self._build(job, agreed)
+            agreed = torch.tensor([float(local)])
+            self.comm.all_reduce(agreed, op="min", charge=False)
+            if int(agreed.item()) != local:
+                self._build(job, int(agreed.item()))
 
     def _build(self, job: NodeJob, steps_per_epoch: int) -> None:
         """The node's model copy, strategy, fault plan and evaluator, for ``steps_per_epoch``."""
@@ -174,21 +178,6 @@ class TrainNode:
             self.comm, self.model, device, self.val_loader, self._forward, self._autocast, self.rank, cfg.num_nodes
         )
 
-    def _agree_on_steps_per_epoch(self, local: int) -> int:
-        """The fewest full batches per epoch over the nodes' factory datasets (their sizes may
-        differ, but every node must run the same number of steps): one uncharged all-reduce.
-        Collective."""
-        t = torch.tensor([float(local)])
-        self.comm.all_reduce(t, op="min", charge=False)
-        return int(t.item())
-
-    def _check_steps_per_epoch(self, local: int, rank: int) -> None:
-        if local < 1:
-            raise ValueError(
-                f"node {rank}'s dataset has fewer than batch_size={self.cfg.batch_size} examples: no full batch to "
-                "train on"
-            )
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         """A fresh autocast context for a forward pass (``fit(autocast=...)``; none without)."""
         if self.cfg.autocast is None:
@@ -209,12 +198,7 @@ class TrainNode:
         run, step = self._begin()
         while step < self.max_steps:
             run.meter.begin_step(step)
-            dropped = self._dropped(step)
-            run.meter.trains = self.rank not in dropped  # (what a handle's clock counts)
-            if self.rank in dropped:
-                done = self._dropped_step(run, step, dropped)
-            else:
-                done = self._training_step(run, step, dropped)
+            done = self._step(run, step, self._dropped(step))
             self._end_steps(run, step, done)
             step = done
         return self._finish(run, keep_state)
@@ -229,7 +213,7 @@ class TrainNode:
         run = _Run(
             Progress(self.max_steps, enabled=cfg.progress and self.rank == 0),
             D.BatchStream(self.loader, self.sampler, cfg.dataloader_kwargs),
-            StepMeter(self.comm, cfg.network, self.faults, self.rank, self.device, cfg.log_interval, self.max_steps),
+            StepMeter(self.comm, cfg.network, self.faults, self.device, cfg.log_interval, self.max_steps),
         )
         step = 0
         if cfg.resume_from is not None:
@@ -242,27 +226,31 @@ class TrainNode:
         run.meter.begin_run()
         return run, step
 
-    def _dropped_step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
-        """A step of a node dropped from the round (fault injection): no data, no compute; zero
-        gradients, and the strategy's step run with this node left out of every collective (so
-        the calls line up with its peers'); its state is replaced when it rejoins at the round's
-        end. The step counter after it."""
+    def _step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
+        """Train on the next batch (forward/backward over its minibatches), then
+        ``strategy.step()`` with the ``dropped`` nodes left out; check the loss, record the
+        sample. A node dropped from the round (fault injection) takes no data and computes
+        nothing: zero gradients, and the strategy's step run with it left out of every
+        collective (so the calls line up with its peers'); its state is replaced when it
+        rejoins at the round's end. The step counter after it."""
+        cfg = self.cfg
+        trains = run.meter.trains = self.rank not in dropped  # (what a handle's clock counts)
         self.strategy.zero_grad()
-        for p in self.model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
+        if trains:
+            count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
+            loss_sum, flops = backward(self._forward, next(run.batches), cfg.accumulation, self.device, count)
+            if flops is not None:
+                self.step_flops = flops
+        else:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         with self.comm.leaving_out(dropped):
             self.strategy.step()
         self._rejoin(step)
-        run.meter.add(step, self.strategy.lr)
-        return self._steps_done(step)
-
-    def _training_step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
-        """Train on the next batch (``_train_step``), check the loss, record the sample;
-        the step counter after it."""
-        cfg = self.cfg
-        loss_sum = self._train_step(next(run.batches), dropped)
-        self._rejoin(step)
+        if not trains:
+            run.meter.add(step, self.strategy.lr)
+            return self._steps_done(step)
         if not math.isfinite(loss_sum) and cfg.stop_on_nonfinite_loss:
             raise FloatingPointError(
                 f"node {self.rank}: the training loss is {loss_sum / cfg.accumulation} at step {step} "
@@ -384,19 +372,6 @@ class TrainNode:
         """Faulty rounds are logged at INFO, or at DEBUG where a round is one step (DDP, SPARTA:
         a line per step would drown the log; ``trainer.result["faults"]`` lists them all)."""
         return logging.INFO if self.faults is not None and self.faults.round_steps > 1 else logging.DEBUG
-
-    def _train_step(self, batch: Any, dropped: frozenset[int] = frozenset()) -> float:
-        """Forward/backward over the minibatches, then ``strategy.step()`` (leaving out the
-        ``dropped`` nodes); the summed loss."""
-        cfg = self.cfg
-        self.strategy.zero_grad()
-        count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
-        loss_value, flops = backward(self._forward, batch, cfg.accumulation, self.device, count)
-        if flops is not None:
-            self.step_flops = flops
-        with self.comm.leaving_out(dropped):
-            self.strategy.step()
-        return loss_value
 
     def _emit(self, row: dict[str, Any] | None) -> None:
         if row is None:  # ranks other than 0 make no validation rows

@@ -1,14 +1,13 @@
 """Virtual nodes: many nodes in one worker process, with real collectives between them.
 
-A worker hosts some nodes of the world (``exogym.runtime.placement`` says which). Each node runs the
-ordinary ``TrainNode`` loop on a thread of its own, but only one thread runs at
-a time: a node runs until its next collective, parks there and hands the turn to the next node
-of the worker. The last node to arrive combines the worker's contributions (reduced locally,
-then once across workers through the worker's ``Transport``),
-writes every node's result and hands the turn back to the first node. The worker therefore
-computes like a plain loop over its nodes, and strategies, communicators and ledgers run
-unchanged: each node still talks through its own ``NodeComm``,
-whose transport is a ``VirtualTransport``.
+A worker hosts some nodes of the world (``exogym.runtime.placement`` says which). Each node
+runs the ordinary ``TrainNode`` loop on a thread of its own, but only one thread runs at a time:
+a node runs until its next collective, parks there and hands the turn to the next node of the
+worker. The last node to arrive combines the worker's contributions (reduced locally, then once
+across workers through the worker's ``Transport``), writes every node's result and hands the
+turn back to the first node. The worker therefore computes like a plain loop over its nodes,
+and strategies, communicators and ledgers run unchanged: each node still talks through its own
+``NodeComm``, whose transport is a ``VirtualTransport``.
 
 Each node keeps its own torch random stream (swapped at every hand-over), so dropout and other
 random draws match those of a run with one process per node.
@@ -28,7 +27,6 @@ hand-over costs about 20-70 µs).
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import traceback
 from collections import deque
@@ -41,9 +39,6 @@ from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduc
 from exogym.runtime.placement import Placement
 from exogym.runtime.virtual_calls import Call, VirtualTransport
 from exogym.runtime.virtual_combine import Combining
-
-logger = logging.getLogger(__name__)
-
 
 #: Calls a node may have queued (ones it does not wait for, see ``VirtualHub.enqueue``).
 MAX_QUEUED = 32
@@ -116,10 +111,9 @@ class VirtualHub(Combining):
         self._folded: dict[tuple[int, tuple[int, ...] | None], torch.Tensor] = {}
         self._cuda = device.type == "cuda"
         self._rng: list[Any] = [None] * self.n
-        for i in range(self.n):
+        for i, r in enumerate(self.ranks):
             # What torch.manual_seed(seed + r) does for the two streams a node uses, without its
             # lazy calls for every other device type (a captured stack each: 0.3 ms per node).
-            r = self.ranks[i]
             torch.default_generator.manual_seed(seed + r)
             if self._cuda:
                 torch.cuda.manual_seed(seed + r)
@@ -219,19 +213,14 @@ class VirtualHub(Combining):
         folded into the collective's running reduction at once (the worker holds one tensor per
         collective and group, not one per node: the final average of 500 nodes would hold 500
         model copies); one to an all-gather is kept until the gather runs."""
-        queue = self._queued[i]
-        if _folds(call):
-            self._fold(i, call, self._next_index(i))
-        if len(queue) + 1 < MAX_QUEUED:
+        queued = len(self._queued[i])
+        self._fold(i, call, self._executed + queued)
+        if queued + 1 < MAX_QUEUED:
             self._append(i, call)
             if self._empty == 0:
                 self._run_ready(i)
         else:
             self.collective(i, call)
-
-    def _next_index(self, i: int) -> int:
-        """The collective that the next call node ``i`` queues takes part in."""
-        return self._executed + len(self._queued[i])
 
     def _append(self, i: int, call: Call) -> None:
         queue = self._queued[i]
@@ -251,19 +240,19 @@ class VirtualHub(Combining):
                 return  # no other worker waits for it yet: work on, run it when this node parks
             released = self._execute()
             if released:
-                rest = self._to_run[self._cursor + 1 :]
-                self._to_run, self._cursor = [i, *rest, *released, i], 0
-                nxt = self._advance()
-                assert nxt is not None and nxt != i
-                self._hand_over(i, nxt)
+                self._to_run, self._cursor = [*self._to_run[self._cursor + 1 :], *released, i], 0
+                self._hand_over(i, self._to_run[0])
                 return
 
     def _fold(self, i: int, call: Call, index: int) -> None:
-        """Reduce ``call``'s tensor into the running result of collective ``index`` for its
-        group, and keep only a stand-in (its dtype and shape) in the call. Half-precision sums
-        are left out: ``reduce_rows_into`` adds those in float32 at once."""
+        """Reduce the tensor of ``call`` (a contribution) into the running result of collective
+        ``index`` for its group, and keep only a stand-in (its dtype and shape) in the call. Only
+        all-reduces fold, and not in half precision: ``reduce_rows_into`` adds those in float32
+        at once."""
         t = call.tensor
-        assert t is not None and call.op is not None
+        if call.kind != "all_reduce" or t is None or t.dtype in (torch.float16, torch.bfloat16):
+            return
+        assert call.op is not None
         key = (index, call.members)
         acc = self._folded.get(key)
         if acc is None:
@@ -287,7 +276,6 @@ class VirtualHub(Combining):
         assert nxt is not None  # this node's call is queued: some collective gives a turn back
         if nxt != i:
             self._hand_over(i, nxt)
-        assert call.done  # woken only by the collective, or by a failure (which raises)
         return call
 
     def _execute(self) -> list[int]:
@@ -311,7 +299,6 @@ class VirtualHub(Combining):
         released = []
         empty = 0
         for j, c in enumerate(calls):
-            c.done = True
             if c.waits:
                 released.append(j)
             queued[j].popleft()
@@ -320,29 +307,18 @@ class VirtualHub(Combining):
         return released
 
     def _check(self, first: Call, c: Call, j: int) -> None:
-        """``CollectiveMismatchError`` where node ``j``'s call ``c`` does not match ``first``."""
-        if c.signature == first.signature:
-            return
+        """``CollectiveMismatchError`` where node ``j``'s call ``c`` does not match ``first``
+        (its kind, op, source and dtype, and its size within one group)."""
         same = c.kind == first.kind and c.op == first.op and c.src == first.src
         if same and c.tensor is not None and first.tensor is not None:
             same = c.tensor.dtype == first.tensor.dtype and (
                 c.members != first.members or c.tensor.numel() == first.tensor.numel()
             )
         if not same:
-            at = next(k for k, q in enumerate(self._queued) if q and q[0] is first)
             raise CollectiveMismatchError(
-                f"node {self.ranks[at]} called {first.describe()} but node "
+                f"node {self.ranks[0]} called {first.describe()} but node "
                 f"{self.ranks[j]} called {c.describe()} at the same point"
             )
-
-
-def _folds(call: Call) -> bool:
-    """Whether ``call``'s tensor is reduced into its collective's running result when it is
-    queued (``VirtualHub._fold``): a contribution to an all-reduce, but not in half
-    precision (``reduce_rows_into`` adds those in float32 at once)."""
-    t = call.tensor
-    half = t is not None and t.dtype in (torch.float16, torch.bfloat16)
-    return call.detached and call.kind == "all_reduce" and t is not None and not half
 
 
 __all__ = ["MAX_QUEUED", "VirtualHub", "VirtualNodeError", "VirtualTransport"]

@@ -1,8 +1,7 @@
 """A virtual node's collective calls and its transport.
 
-Each call of a virtual node becomes a ``Call`` queued at its worker's
-``VirtualHub``; ``VirtualTransport`` is the
-``Transport`` a virtual node's comm talks through.
+Each call of a virtual node becomes a ``Call`` queued at its worker's ``VirtualHub``;
+``VirtualTransport`` is the ``Transport`` a virtual node's comm talks through.
 """
 
 from __future__ import annotations
@@ -34,13 +33,7 @@ class Call:
     waits: bool = False
     #: The node's contribution was reduced on arrival (``tensor`` is a stand-in on "meta").
     folded: bool = False
-    done: bool = False
     result: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        #: What two nodes' calls of one collective must share (members aside: see ``_execute``).
-        t = self.tensor
-        self.signature = (self.kind, self.op, self.src) + ((None, 0) if t is None else (t.dtype, t.numel()))
 
     def describe(self) -> str:
         if self.tensor is None:
@@ -54,49 +47,32 @@ class VirtualTransport(Transport):
     """The ``Transport`` of one virtual node: every call parks
     the node at its worker's ``VirtualHub`` until the worker's nodes have all arrived."""
 
-    payload_limit = None
-
     def __init__(self, hub: VirtualHub, index: int) -> None:
         self.hub, self.index = hub, index
         self.rank = hub.ranks[index]
         self.world_size = hub.num_nodes
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        self._collective(Call("all_reduce", op, _key(members), tensor))
+        self.hub.collective(self.index, Call("all_reduce", op, _key(members), tensor))
 
     def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
-        out = self._collective(Call("all_gather", None, _key(members), tensor)).result
+        out = self.hub.collective(self.index, Call("all_gather", None, _key(members), tensor)).result
         assert out is not None
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self._collective(Call("broadcast", None, None, tensor, src))
+        self.hub.collective(self.index, Call("broadcast", None, None, tensor, src))
 
     def barrier(self) -> None:
-        self._collective(Call("barrier"))
+        self.hub.collective(self.index, Call("barrier"))
 
     def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        """Contribute ``tensor`` to an all-reduce and need no result: returns at once; the hub
-        reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
-        in call order."""
-        self._enqueue(Call("all_reduce", op, _key(members), tensor, detached=True))
+        """Returns at once: the hub reads ``tensor`` when the collective runs."""
+        self.hub.enqueue(self.index, Call("all_reduce", op, _key(members), tensor, detached=True))
 
     def all_gather_contribute(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> None:
-        """Contribute ``tensor`` to an all-gather and need no result: returns at once; the hub
-        reads ``tensor`` when the collective runs (the caller must not write to it). Collective,
-        in call order."""
-        self._enqueue(Call("all_gather", None, _key(members), tensor, detached=True))
-
-    def _collective(self, call: Call) -> Call:
-        """Make ``call`` and wait for it."""
-        return self.hub.collective(self.index, call)
-
-    def _enqueue(self, call: Call) -> None:
-        """Queue ``call``, which this node does not wait for."""
-        self.hub.enqueue(self.index, call)
-
-    def close(self) -> None:
-        pass
+        """Returns at once: the hub reads ``tensor`` when the collective runs."""
+        self.hub.enqueue(self.index, Call("all_gather", None, _key(members), tensor, detached=True))
 
 
 def _key(members: Sequence[int] | None) -> tuple[int, ...] | None:

@@ -41,17 +41,13 @@ class Combining:
         assert op is not None and first.tensor is not None
         groups: dict[tuple[int, ...] | None, list[torch.Tensor]] = {}
         for c in calls:
-            if c.folded:  # the group's folded contributions, once, where its first one sits
-                folded = self._folded.pop((self._executed, c.members), None)
-                if folded is not None:
-                    groups.setdefault(c.members, []).append(folded)
-            else:
-                groups.setdefault(c.members, []).append(c.tensor)  # type: ignore[arg-type]
-        partials = {}
+            # (the group's folded contributions, once, where its first one sits)
+            t = self._folded.pop((self._executed, c.members), None) if c.folded else c.tensor
+            if t is not None:
+                groups.setdefault(c.members, []).append(t)
+        partials = {key: torch.empty_like(tensors[0]) for key, tensors in groups.items()}
         for key, tensors in groups.items():
-            acc = torch.empty_like(tensors[0])
-            reduce_rows_into(tensors, op, acc)
-            partials[key] = acc
+            reduce_rows_into(tensors, op, partials[key])
         if self.outer is not None:
             if first.members is None:
                 self.outer.all_reduce(partials[None], op)
@@ -64,29 +60,22 @@ class Combining:
     def _group_key(self, members: tuple[int, ...] | None) -> int:
         return 0 if members is None else members[0]
 
-    def _local_groups(self, partials: dict) -> list[tuple[int, ...] | None]:
-        """Groups that span other workers, in a fixed order."""
-        out = []
-        for key in partials:
-            span = range(self.num_nodes) if key is None else key
-            if any(self.placement.worker_of(r) != self.worker for r in span):
-                out.append(key)
-        return sorted(out, key=self._group_key)
-
     def _reduce_groups_across_workers(self, partials: dict, op: str, like: torch.Tensor) -> None:
         """Combine per-group partial results of several workers: every worker all-gathers the
         padded table of its partials (with their group ids), then reduces the rows of its own
         groups in worker order. ``like`` gives the dtype where this worker has no partial."""
         outer = self.outer
         assert outer is not None
-        keys = self._local_groups(partials)
-        some = like
+        spans = [
+            k for k in partials if any(self.placement.worker_of(r) != self.worker for r in k or range(self.num_nodes))
+        ]
+        keys = sorted(spans, key=self._group_key)  # the groups that span other workers, in a fixed order
         meta = torch.tensor([float(len(keys)), float(max([partials[k].numel() for k in keys], default=0))])
         outer.all_reduce(meta, "max")
         rows, width = int(meta[0]), int(meta[1])
         if rows == 0:
             return
-        table = torch.zeros(rows, width, dtype=some.dtype, device=self.device)
+        table = torch.zeros(rows, width, dtype=like.dtype, device=self.device)
         ids = torch.full((rows,), -1.0, dtype=torch.float64)
         for r, key in enumerate(keys):
             flat = partials[key].reshape(-1)

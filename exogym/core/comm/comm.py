@@ -25,25 +25,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from exogym.core.comm.entries import Entries
-from exogym.core.comm.groups import (
-    Groups,
-    members_tuple,
-    nbytes,
-    partition_index,
-    staged,
-    subset,
-    world_list,
-    world_members,
-)
+from exogym.core.comm.groups import Groups, nbytes, partition_index, shared, staged, subset, world_members
 from exogym.core.comm.handles import CollectiveHandle, LocalClock, start
 from exogym.core.comm.ledger import Ledger
 from exogym.core.comm.protocol import Comm
-from exogym.core.comm.transport import Transport
+from exogym.core.comm.transport import REDUCE_OPS, Transport
 
 #: The reduce operations of ``NodeComm.all_reduce``.
 ALL_REDUCE_OPS = ("sum", "mean", "max", "min", "product")
@@ -72,11 +63,6 @@ def set_current(comm: Comm | None) -> None:
     _LOCAL.comm = comm
 
 
-def _check_identity_op(op: str, what: str) -> None:
-    if op not in ("sum", "max", "min", "product"):
-        raise ValueError(f"{what}: op must be one of sum, max, min, product (mean counts every member); got {op!r}")
-
-
 class NodeComm:
     """Collectives of one node, with accounting.
 
@@ -84,24 +70,25 @@ class NodeComm:
         rank: this node's rank in ``[0, world_size)``.
         world_size: number of nodes.
         transport: the raw world-wide collectives.
-        ledger: where charges go (a fresh one by default).
     """
 
-    def __init__(self, rank: int, world_size: int, transport: Transport, ledger: Ledger | None = None) -> None:
+    def __init__(self, rank: int, world_size: int, transport: Transport) -> None:
         self.rank = rank
         self.world_size = world_size
         self.transport = transport
-        self.ledger = ledger if ledger is not None else Ledger()
+        #: Where the node's collectives are charged.
+        self.ledger = Ledger()
         #: Wall seconds spent inside the transport (the simulator's own communication cost).
         self.transport_seconds = 0.0
         #: Ranks dropped from the current step (fault injection; see ``leaving_out``).
         self.dropped: frozenset[int] = frozenset()
-        self._everyone = world_list(world_size)  # the members when groups is None (read only, shared)
+        self._everyone = world_members(world_size)  # the members when groups is None (shared)
         #: The node's own simulated clock, which times its handles (``exogym.core.comm.handles``).
         self.clock = LocalClock()
 
     # -- modes (set by the runtime) ---------------------------------------------------------
-    def leaving_out(self, dropped: frozenset[int]) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def leaving_out(self, dropped: frozenset[int]) -> Iterator[None]:
         """Within the block, ``dropped`` ranks are left out (the same set on every rank): a
         ``sum`` or ``mean`` all-reduce takes their share as zeros, ``mean`` divides by the
         present members, and only present members are charged (an all-reduce among them). A
@@ -109,13 +96,7 @@ class NodeComm:
         not meaningful (it rejoins afterwards, see ``exogym.runtime.faults``). Other
         collectives raise while a rank is dropped. The node loop wraps the strategy's step in
         this; its own measurement collectives run outside."""
-        if not dropped and not self.dropped:
-            return _NOTHING_MISSING  # every step of a run without faults: no generator to make
-        return self._leaving_out(frozenset(dropped))
-
-    @contextlib.contextmanager
-    def _leaving_out(self, dropped: frozenset[int]) -> Iterator[None]:
-        previous, self.dropped = self.dropped, dropped
+        previous, self.dropped = self.dropped, frozenset(dropped)
         try:
             yield
         finally:
@@ -124,10 +105,7 @@ class NodeComm:
     # -- bookkeeping ------------------------------------------------------------------------
     def present(self, groups: Groups | None = None) -> list[int]:
         """The members of this rank's group that are not ``dropped``. Not a collective."""
-        _, members = self._my_group(groups)
-        if not self.dropped:
-            return list(members)
-        return [r for r in members if r not in self.dropped]
+        return [r for r in self._group(groups) if r not in self.dropped]
 
     def wire_payload(self, tensor: torch.Tensor, tag: str = "") -> tuple[int, str]:
         """``(bytes, tag)``: ``tensor``'s own bytes and ``tag`` (see ``Comm``)."""
@@ -148,21 +126,19 @@ class NodeComm:
         finally:
             self.transport_seconds += time.perf_counter() - t0
 
-    def _my_group(self, groups: Groups | None) -> tuple[int, list[int]]:
-        """(index of this rank's group, its members) for a partition of the world. The list is
-        shared between calls: read it, do not change it."""
+    def _group(self, groups: Groups | None) -> Sequence[int]:
+        """The members of this rank's group of a partition of the world."""
         if groups is None:
-            return 0, self._everyone
+            return self._everyone
         index, members = partition_index(groups, self.world_size)
-        i = index[self.rank]
-        return i, members[i]
+        return members[index[self.rank]]
 
-    def _members(self, members: list[int], dropped: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    def _members(self, members: Sequence[int], dropped: frozenset[int] = frozenset()) -> tuple[int, ...]:
         """The participants of a collective over ``members`` less ``dropped``, as a tuple shared
         between nodes and calls (ledger records point to it)."""
         if members is self._everyone and not dropped:
-            return world_members(self.world_size)
-        return members_tuple(members, dropped)
+            return self._everyone
+        return shared(tuple(r for r in members if r not in dropped))
 
     def charge(
         self,
@@ -194,28 +170,16 @@ class NodeComm:
         entries: Entries | None = None,
         async_op: bool = False,
     ) -> torch.Tensor | CollectiveHandle:
-        """Reduce ``tensor`` in place within this rank's group and return it.
-
-        ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``; ``groups`` is a partition of
-        the ranks, the same on every rank (groups may carry tensors of different sizes). Charged
-        as one all_reduce of ``tensor``'s bytes over this rank's group. ``entries`` (where the
-        values come from, see ``Entries``) is for wire
-        transforms; the node's own comm moves the values as they are. ``async_op=True``: start
-        it on ``tensor``'s values at the call and return a
-        [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose ``wait()`` writes the result
-        into ``tensor``. Collective.
-        """
+        """``Comm.all_reduce``: ``op`` is ``sum``, ``mean``, ``max``, ``min`` or ``product``;
+        ``groups`` is a partition of the ranks, the same on every rank (groups may carry tensors
+        of different sizes). Charged as one all_reduce of ``tensor``'s bytes over this rank's
+        group; ``entries`` is for wire transforms (this comm moves the values as they are).
+        Collective."""
         if async_op:
-            return start(
-                self.clock,
-                self.ledger,
-                "all_reduce",
-                tensor,
-                lambda t: self.all_reduce(t, op, groups, charge, tag, entries),
-            )
+            return start(self, "all_reduce", tensor, lambda t: self.all_reduce(t, op, groups, charge, tag, entries))
         if op not in ALL_REDUCE_OPS:
             raise ValueError(f"op must be one of sum, mean, max, min, product; got {op!r}")
-        _, members = self._my_group(groups)
+        members = self._group(groups)
         n = len(members)
         if self.dropped:
             if op not in ("sum", "mean"):
@@ -242,9 +206,13 @@ class NodeComm:
         reduction reads it later; other transports reduce it in place). Nothing is charged.
         Collective.
         """
-        _check_identity_op(op, "all_reduce_contribute")
+        if op not in REDUCE_OPS:
+            raise ValueError(
+                "all_reduce_contribute: op must be one of sum, max, min, product (mean counts every member); "
+                f"got {op!r}"
+            )
         self._refuse_dropped("all_reduce_contribute")
-        _, members = self._my_group(groups)
+        members = self._group(groups)
         with staged(tensor) as t, self._timed():
             self.transport.all_reduce_contribute(t, op, subset(groups, members))
 
@@ -256,19 +224,12 @@ class NodeComm:
         tag: str = "",
         async_op: bool = False,
     ) -> torch.Tensor | CollectiveHandle:
-        """Return ``[len(group), *tensor.shape]``: every group member's ``tensor`` in group order.
-
-        Charged as one all_gather of ``tensor``'s bytes over this rank's group. ``async_op=True``:
-        start it on ``tensor``'s values at the call and return a
-        [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose ``wait()`` returns the gathered
-        tensor. Collective.
-        """
+        """``Comm.all_gather``, charged as one all_gather of ``tensor``'s bytes over this rank's
+        group. Collective."""
         if async_op:
-            return start(
-                self.clock, self.ledger, "all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False
-            )
+            return start(self, "all_gather", tensor, lambda t: self.all_gather(t, groups, charge, tag), False)
         self._refuse_dropped("all_gather")
-        _, members = self._my_group(groups)
+        members = self._group(groups)
         with staged(tensor) as t, self._timed():
             gathered = self.transport.all_gather(t, subset(groups, members))
         if charge:
@@ -276,30 +237,23 @@ class NodeComm:
         return gathered.to(tensor.device)
 
     def all_gather_contribute(self, tensor: torch.Tensor, groups: Groups | None = None) -> None:
-        """Contribute ``tensor`` to an all-gather whose result this node does not need.
-
-        For a node that only sends its share of a measurement (e.g. its metric events, which
-        rank 0 alone turns into rows): the peers call ``all_gather`` (or this) with the same
-        ``groups`` and sizes. The caller hands ``tensor`` over: it must not write to it
-        afterwards (virtual nodes queue it and run on at once; the gather reads it later).
-        Nothing is charged. Collective.
-        """
+        """``all_reduce_contribute`` for an all-gather: the peers call ``all_gather`` (or this)
+        with the same ``groups`` and sizes; the caller must not write to ``tensor`` afterwards.
+        Nothing is charged. Collective."""
         self._refuse_dropped("all_gather_contribute")
-        _, members = self._my_group(groups)
+        members = self._group(groups)
         with staged(tensor) as t, self._timed():
             self.transport.all_gather_contribute(t, subset(groups, members))
 
     def broadcast(
         self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
     ) -> torch.Tensor | CollectiveHandle:
-        """Overwrite ``tensor`` in place with rank ``src``'s and return it. ``async_op=True``: start
-        it at the call and return a [`CollectiveHandle`][exogym.strategy.CollectiveHandle] whose
-        ``wait()`` writes rank ``src``'s values (as they were at the start) into ``tensor``.
+        """``Comm.broadcast``, charged as one broadcast of ``tensor``'s bytes over the world.
         Collective."""
         if not 0 <= src < self.world_size:
             raise ValueError(f"src must be a rank in [0, {self.world_size}), got {src}")
         if async_op:
-            return start(self.clock, self.ledger, "broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
+            return start(self, "broadcast", tensor, lambda t: self.broadcast(t, src, charge, tag))
         self._refuse_dropped("broadcast")
         with staged(tensor) as t, self._timed():
             self.transport.broadcast(t, src)
@@ -311,10 +265,6 @@ class NodeComm:
         """Block until every rank arrives. Collective; costs no bytes."""
         with self._timed():
             self.transport.barrier()
-
-
-#: What ``NodeComm.leaving_out`` returns when no rank is dropped.
-_NOTHING_MISSING = contextlib.nullcontext()
 
 
 __all__ = ["ALL_REDUCE_OPS", "Comm", "Groups", "NodeComm", "current", "set_current"]

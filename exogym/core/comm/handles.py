@@ -50,10 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exogym.core.comm.ledger import CollectiveRecord, Ledger
+from exogym.core.comm.ledger import CollectiveRecord
 
 if TYPE_CHECKING:
     from exogym.core.comm.network import Network
+    from exogym.core.comm.protocol import Comm
 
 #: The spelling of a delay that follows the clock: an update lands at the first step at which
 #: its transfer has arrived (Streaming DiLoCo's ``overlap_steps``, SPARTA's ``delay``).
@@ -191,19 +192,14 @@ class LocalClock:
     def _walk(self, compute: float) -> float:
         """The running step's starts and waits in order from the end of its compute: fixes the
         arrivals of its handles; returns the clock after its last wait."""
-        t = self.seconds + compute
+        t, network = self.seconds + compute, self.network
         for handle, is_start in self._events:
             if is_start:
-                handle.arrival = t + self._duration(handle.records, t)
+                seconds = [network.record_seconds(r, t) for r in handle.records] if network is not None else []
+                handle.arrival = t + sum(seconds)
             elif handle.arrival is not None and handle.arrival > t:
                 t = handle.arrival
         return t
-
-    def _duration(self, records: list[CollectiveRecord], at: float) -> float:
-        network = self.network
-        if network is None:
-            return 0.0
-        return sum(network.record_seconds(r, at) for r in records)
 
     def finish(self) -> None:
         """The run ended: write the results of the handles still in flight into their tensors
@@ -232,8 +228,7 @@ class LocalClock:
     def abandon(self) -> None:
         """The node's state is about to be replaced (it rejoins with a peer's): its handles in
         flight go with it, their results never written (the replacing state brings its own)."""
-        gone = {id(h) for h in self._in_flight}
-        self._events = [(h, is_start) for h, is_start in self._events if not (is_start and id(h) in gone)]
+        self._events = [(h, is_start) for h, is_start in self._events if not (is_start and h in self._in_flight)]
         self._in_flight.clear()
 
     def state_dict(self) -> dict[str, float]:
@@ -246,21 +241,17 @@ class LocalClock:
 
 
 def start(
-    clock: LocalClock,
-    ledger: Ledger,
-    kind: str,
-    tensor: torch.Tensor,
-    run: Callable[[torch.Tensor], torch.Tensor],
-    in_place: bool = True,
+    comm: Comm, kind: str, tensor: torch.Tensor, run: Callable[[torch.Tensor], Any], in_place: bool = True
 ) -> CollectiveHandle:
-    """Start ``kind`` on a copy of ``tensor``: ``run(copy)`` is the blocking collective, its
-    records in ``ledger`` marked as not blocking the step. ``in_place``: the result goes into
+    """Start ``kind`` on a copy of ``tensor``: ``run(copy)`` is ``comm``'s blocking collective, its
+    records in ``comm.ledger`` marked as not blocking the step. ``in_place``: the result goes into
     ``tensor`` at wait (``all_reduce``, ``broadcast``); else wait returns ``run``'s result."""
+    ledger = comm.ledger
     first = len(ledger.step_records)
     with ledger.nonblocking():
         result = run(tensor.detach().clone())
-    handle = CollectiveHandle(clock, kind, result, tensor if in_place else None, ledger.step_records[first:])
-    clock.started(handle)
+    handle = CollectiveHandle(comm.clock, kind, result, tensor if in_place else None, ledger.step_records[first:])
+    comm.clock.started(handle)
     return handle
 
 

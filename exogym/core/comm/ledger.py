@@ -139,23 +139,14 @@ class Ledger:
         rec = CollectiveRecord(
             kind, group_size, int(payload), sent, received, tag, self.overlap_steps, members, self.blocking
         )
-        if count == 1:
-            self.step_records.append(rec)
-        else:
-            self.step_records.extend([rec] * count)
+        self.step_records.extend([rec] * count)
         self.total_sent += sent * count
         self.total_received += received * count
         self.total_payload += rec.payload * count
         self.total_collectives += count
         return rec
 
-    def end_step(self, count: int | None = None) -> list[CollectiveRecord]:
-        """Return the records charged since the last call and start a new step; with ``count``,
-        only the first ``count`` of them, the rest staying pending for the steps after (a node
-        that sat several rounds out in one call, charged round after round, closes them one by
-        one)."""
-        if count is None:
-            records, self.step_records = self.step_records, []
-        else:
-            records, self.step_records = self.step_records[:count], self.step_records[count:]
+    def end_step(self) -> list[CollectiveRecord]:
+        """Return the records charged since the last call and start a new step."""
+        records, self.step_records = self.step_records, []
         return records

@@ -17,7 +17,6 @@ calls in user code keep working whatever the transport.
 
 from __future__ import annotations
 
-import logging
 import platform
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,8 +27,6 @@ import torch.distributed as dist
 
 from exogym.core.comm import rendezvous, shm
 from exogym.core.comm.transport import TorchDistTransport, Transport
-
-logger = logging.getLogger(__name__)
 
 #: Transport names ``fit(transport=...)`` accepts.
 KINDS = ("auto", "shm", "gloo", "nccl")
@@ -60,8 +57,6 @@ def resolve_kind(kind: str, device: str, gpus: int, world_size: int) -> str:
     check_settings(kind)
     nccl_ok = device == "cuda" and gpus >= world_size
     if kind == "nccl" and not nccl_ok:
-        import torch
-
         if device != "cuda":
             raise ValueError(
                 f"transport='nccl' needs device='cuda', got device={device!r} "

@@ -1,9 +1,5 @@
-"""``Comm``: the protocol every communication object implements.
-
-The node's own ``NodeComm`` and every
-``CommWrapper`` around it implement it; strategies and
-communicators talk only through it.
-"""
+"""``Comm``: the protocol every communication object implements; strategies and communicators
+talk only through it."""
 
 from __future__ import annotations
 
@@ -21,10 +17,10 @@ from exogym.core.comm.ledger import Ledger
 class Comm(Protocol):
     """The collectives a strategy or communicator may call, with accounting.
 
-    ``NodeComm`` is the node's own; ``CommWrapper``
-    (e.g. ``communicators.quantize.QuantizedComm``) implements the same protocol around
-    another one. Every method but ``charge`` and ``present`` is a collective: every
-    rank must call it, in the same order.
+    ``NodeComm`` is the node's own; ``CommWrapper`` (e.g.
+    ``communicators.quantize.QuantizedComm``) implements the same protocol around another one.
+    Every method but ``charge`` and ``present`` is a collective: every rank must call it, in
+    the same order.
     """
 
     rank: int
@@ -47,7 +43,9 @@ class Comm(Protocol):
     ) -> torch.Tensor | CollectiveHandle:
         """Reduce ``tensor`` in place within this rank's group; return it. ``entries``: where
         its values live in parameter space, for wire transforms that keep state per entry.
-        ``async_op=True``: return a handle instead (``exogym.core.comm.handles``)."""
+        ``async_op=True``: start it on ``tensor``'s values at the call and return a
+        [`CollectiveHandle`][exogym.strategy.CollectiveHandle] instead, whose ``wait()`` writes
+        the result into ``tensor`` (``exogym.core.comm.handles``)."""
         ...
 
     def all_gather(
@@ -66,7 +64,7 @@ class Comm(Protocol):
         self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
     ) -> torch.Tensor | CollectiveHandle:
         """Overwrite ``tensor`` in place with rank ``src``'s; return it (``async_op=True``: a
-        handle)."""
+        handle whose ``wait()`` writes rank ``src``'s values, as they were at the start)."""
         ...
 
     def barrier(self) -> None:

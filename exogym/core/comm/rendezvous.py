@@ -66,17 +66,11 @@ def loopback_interface() -> str | None:
     ``None`` where it cannot be found."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        names = sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        return None
-    for name in names:
-        try:
-            with open(f"/sys/class/net/{name}/flags") as f:
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir("/sys/class/net")):
+            with contextlib.suppress(OSError, ValueError), open(f"/sys/class/net/{name}/flags") as f:
                 if int(f.read().strip(), 16) & _IFF_LOOPBACK:
                     return name
-        except (OSError, ValueError):
-            continue
     return None
 
 

@@ -131,10 +131,6 @@ class ShmTransport(Transport):
             views = self._typed[dtype] = (slots, slots[self.rank], self._result.view(dtype))
         return views
 
-    @property
-    def payload_limit(self) -> int | None:
-        return self.slot
-
     # -- synchronisation -------------------------------------------------------------------
     def peers_waiting(self) -> bool:
         """Whether every other rank has published this rank's next generation (it waits at the
@@ -170,11 +166,8 @@ class ShmTransport(Transport):
     def _pieces(self, tensor: torch.Tensor) -> list[tuple[int, int]]:
         """``(offset, count)`` element ranges of at most one slot each (one empty piece for an
         empty tensor, so that even it meets its peers)."""
-        per = max(1, self.slot // tensor.element_size())
-        n = tensor.numel()
-        if n <= per:
-            return [(0, n)]
-        return [(off, min(per, n - off)) for off in range(0, n, per)]
+        per, n = max(1, self.slot // tensor.element_size()), tensor.numel()
+        return [(off, min(per, n - off)) for off in range(0, max(n, 1), per)]
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         if op not in REDUCE_OPS:
@@ -235,9 +228,8 @@ class ShmTransport(Transport):
             self._sync(_BROADCAST, src, 0, nbytes)
 
     def close(self) -> None:
-        """Leave the process group the node joined beside this transport (see
-        ``connect``); the segment itself is freed when
-        the last process drops it."""
+        """Leave the process group the node joined beside this transport (see ``connect``); the
+        segment itself is freed when the last process drops it."""
         if dist.is_initialized():
             dist.destroy_process_group()
 

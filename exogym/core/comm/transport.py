@@ -14,24 +14,17 @@ with another operation or size, raises ``CollectiveTimeoutError`` or
 
 from __future__ import annotations
 
-import logging
+import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
+from exogym.core.comm.groups import nbytes
 
 #: Reduce operations every transport supports, world-wide and within a group.
 REDUCE_OPS = ("sum", "max", "min", "product")
-
-_DIST_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-    "product": dist.ReduceOp.PRODUCT,
-}
 
 #: Seconds a failing rank waits for its peers to say which collective they were in.
 _PEER_REPORT_S = 3.0
@@ -65,9 +58,6 @@ class Transport:
 
     rank: int
     world_size: int
-    #: Bytes moved in one piece; larger payloads are streamed in pieces this size (``None``: no
-    #: limit of the transport's own).
-    payload_limit: int | None = None
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
         """Reduce ``tensor`` in place with ``op`` (``REDUCE_OPS``) over the world or ``members``."""
@@ -158,10 +148,6 @@ class TorchDistTransport(Transport):
         self.store, self.timeout_s, self.owns_group = store, timeout_s, owns_group
         self._seq = 0
 
-    @property
-    def payload_limit(self) -> int | None:
-        return None
-
     def _run(self, what: str, fn: object, *args: object) -> object:
         self._seq += 1
         try:
@@ -173,19 +159,15 @@ class TorchDistTransport(Transport):
         mine = f"collective #{self._seq}: {what}"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         peers: list[str] = []
-        if self.store is not None:
-            try:
+        with contextlib.suppress(RuntimeError):  # the store is gone with the parent: report what we know
+            if self.store is not None:
                 self.store.set(f"exogym/failed/{self.rank}", mine)
                 others = [f"exogym/failed/{r}" for r in range(self.world_size) if r != self.rank]
-                try:
+                with contextlib.suppress(RuntimeError):  # not every peer reported in time
                     self.store.wait(others, timedelta(seconds=_PEER_REPORT_S))
-                except RuntimeError:
-                    pass
                 for r in range(self.world_size):
                     if r != self.rank and self.store.check([f"exogym/failed/{r}"]):
                         peers.append(f"rank {r}: {self.store.get(f'exogym/failed/{r}').decode()}")
-            except RuntimeError:  # the store is gone with the parent: report what we know
-                pass
         theirs = "; ".join(peers) if peers else "no other rank reported"
         differ = any(p.split(": ", 1)[1] != mine for p in peers)
         cls = CollectiveMismatchError if differ else CollectiveTimeoutError
@@ -197,15 +179,15 @@ class TorchDistTransport(Transport):
         return cls(f"rank {self.rank}: {mine} failed ({first_line}); {theirs}. {hint}")
 
     def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
-        what = describe_op("all_reduce", _nbytes(tensor), op)
+        what = describe_op("all_reduce", nbytes(tensor), op)
         if members is None:
-            self._run(what, dist.all_reduce, tensor, _DIST_OPS[op])
+            self._run(what, dist.all_reduce, tensor, getattr(dist.ReduceOp, op.upper()))
             return
         rows = self._gather_padded(tensor, members, what)
         tensor.copy_(reduce_rows(rows, op).view_as(tensor))
 
     def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
-        what = describe_op("all_gather", _nbytes(tensor))
+        what = describe_op("all_gather", nbytes(tensor))
         if members is None:
             parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
             self._run(what, dist.all_gather, parts, tensor.contiguous())
@@ -215,18 +197,18 @@ class TorchDistTransport(Transport):
     def _gather_padded(self, tensor: torch.Tensor, members: Sequence[int], what: str) -> torch.Tensor:
         """``[len(members), numel]``: the members' flat tensors, through one world-wide gather of
         byte buffers padded to the largest payload of any group."""
-        nbytes = _nbytes(tensor)
-        longest = torch.tensor([nbytes], dtype=torch.int64, device=tensor.device)
+        size = nbytes(tensor)
+        longest = torch.tensor([size], dtype=torch.int64, device=tensor.device)
         self._run(what, dist.all_reduce, longest, dist.ReduceOp.MAX)
         buf = torch.zeros(int(longest.item()), dtype=torch.uint8, device=tensor.device)
-        buf[:nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+        buf[:size].copy_(tensor.contiguous().view(-1).view(torch.uint8))
         parts = [torch.empty_like(buf) for _ in range(self.world_size)]
         self._run(what, dist.all_gather, parts, buf)
-        rows = torch.stack([parts[r][:nbytes] for r in members])
+        rows = torch.stack([parts[r][:size] for r in members])
         return rows.view(tensor.dtype).view(len(members), tensor.numel())
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self._run(describe_op("broadcast", _nbytes(tensor), f"src={src}"), dist.broadcast, tensor, src)
+        self._run(describe_op("broadcast", nbytes(tensor), f"src={src}"), dist.broadcast, tensor, src)
 
     def barrier(self) -> None:
         self._run("barrier", dist.barrier)
@@ -234,7 +216,3 @@ class TorchDistTransport(Transport):
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()

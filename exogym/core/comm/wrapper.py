@@ -6,8 +6,8 @@ Every call goes to ``base`` unchanged; a subclass overrides the calls it transfo
 ``base``.
 
 ``async_op=True`` is handled here once for every wrapper: the wrapper's own blocking call runs
-on a copy of the payload inside ``start``, so a transform of the
-wire reaches non-blocking collectives too.
+on a copy of the payload inside ``start``, so a transform of the wire reaches non-blocking
+collectives too.
 """
 
 from __future__ import annotations
@@ -72,9 +72,8 @@ class CommWrapper:
         self, kind: str, tensor: torch.Tensor, run: Callable[[torch.Tensor], Any], in_place: bool = True
     ) -> CollectiveHandle:
         """A handle for ``run`` (this wrapper's blocking ``kind`` call) on a copy of ``tensor``
-        (see ``start``): what an override of a collective returns
-        for ``async_op=True``."""
-        return start(self.clock, self.ledger, kind, tensor, run, in_place)
+        (see ``start``): what an override of a collective returns for ``async_op=True``."""
+        return start(self, kind, tensor, run, in_place)
 
     def all_gather(
         self,
@@ -98,17 +97,8 @@ class CommWrapper:
     def barrier(self) -> None:
         self.base.barrier()
 
-    def charge(
-        self,
-        kind: str,
-        group_size: int,
-        payload: int,
-        tag: str = "",
-        is_root: bool = False,
-        count: int = 1,
-        members: tuple[int, ...] | None = None,
-    ) -> None:
-        self.base.charge(kind, group_size, payload, tag, is_root, count, members)
+    def charge(self, *args: Any, **kwargs: Any) -> None:
+        self.base.charge(*args, **kwargs)
 
     def present(self, groups: Groups | None = None) -> list[int]:
         return self.base.present(groups)
