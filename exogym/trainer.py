@@ -220,9 +220,9 @@ LocalTrainer = Trainer
 def _launch(job: NodeJob, plan: RunPlan) -> dict[str, Any]:
     """Run the planned nodes: on local worker processes, or as this ``torchrun`` rank's share;
     return this process's result (rank 0's carries the history)."""
-    if plan.launch is not None:
-        assert plan.mode is not None
-        return _run_under_torchrun(job, plan.transport, plan.launch, plan.mode)
+    if plan.layout.launch is not None:
+        assert plan.layout.mode is not None
+        return _run_under_torchrun(job, plan.transport, plan.layout.launch, plan.layout.mode)
     cfg = plan.config
     placement = None if cfg.workers == cfg.num_nodes else plan.placement
     try:

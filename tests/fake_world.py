@@ -189,7 +189,7 @@ def train_ranks(
     body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)
-    placement = Placement.blocks(k, workers)  # as fit places them
+    placement = Placement(k, workers)  # as fit places them
     hubs = [
         VirtualHub(placement, w, None, torch.device("cpu"), seed) for w in range(workers)
     ]  # made here, one after another: each seeds its nodes' random streams through the global one

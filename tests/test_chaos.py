@@ -96,7 +96,7 @@ def test_a_worker_sigkilled_in_a_collective_ends_the_run_naming_it_and_its_nodes
 
 
 class FullDisk(TinyNet):
-    """On node ``rank``'s process, ``torch.save`` to a path ending in ``name`` inside the
+    """On node ``rank``'s process, ``torch.save`` to the temporary file of ``name`` inside the
     checkpoint of step ``step`` writes 100 bytes and raises ``OSError(ENOSPC)``, as a write to a
     full disk does; every other save is untouched."""
 
@@ -111,7 +111,7 @@ class FullDisk(TinyNet):
 
             def full(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
                 path = str(f)
-                if marker in path and os.path.basename(path).split(".tmp")[0] == name:
+                if marker in path and os.path.basename(path).split(".tmp")[0] == f".{name}":
                     with open(path, "wb") as out:
                         out.write(b"\0" * 100)
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
@@ -139,7 +139,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_fails_clearly_and_keeps_the_p
     assert (root / "latest").read_text() == "step-00000008"
     # the failed write's space is freed (the other node, stopped by the failure, may have been
     # in the middle of its own file)
-    assert not list((root / ".step-00000016.partial").glob(f"{name}.tmp*"))
+    assert not list((root / ".step-00000016.partial").glob(f".{name}.tmp*"))
     resumed = _fit(resume_from=str(root))
     assert _same(whole, resumed)
 

@@ -160,7 +160,7 @@ from exogym.runtime import checkpoint as ckpt
 root = sys.argv[1]
 ckpt.write_node(root, 16, 0, {"model": torch.zeros(10)})         # node 0 finished its file
 folder = ckpt.partial_dir(root, 16)
-with open(os.path.join(folder, "node-00001.pt.tmp1"), "wb") as f:  # node 1 is half-way through
+with open(os.path.join(folder, ".node-00001.pt.tmp1"), "wb") as f:  # node 1 is half-way through
     f.write(b"PK\\x03\\x04 half a zip")
     f.flush()
     os.kill(os.getpid(), signal.SIGKILL)

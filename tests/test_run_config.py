@@ -177,7 +177,7 @@ def test_the_plan_derives_what_every_node_reads(tmp_path, monkeypatch) -> None:
         assert (cfg.checkpoint_dir, cfg.checkpoint_interval) == (os.path.join(tmp_path, "ckpt"), 10)
         assert cfg.threads_per_worker >= 1 and cfg.launcher == "exogym" and cfg.faults is None
         assert (plan.transport.kind, plan.transport.world_size, plan.transport.timeout_s) == ("gloo", 2, 20.0)
-        assert (plan.run_name, plan.logger, plan.launch, plan.mode) == ("run", None, None, None)
+        assert (plan.run_name, plan.logger, plan.layout.launch, plan.layout.mode) == ("run", None, None, None)
         assert plan.checkpoint_meta is not None
         assert (plan.checkpoint_meta["num_nodes"], plan.checkpoint_meta["max_steps"]) == (4, 30)
         assert plan.placement.hosts == ((0, 1), (2, 3))

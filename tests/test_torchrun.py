@@ -19,7 +19,7 @@ SCRIPT = os.path.join(ROOT, "tests", "torchrun_script.py")
 
 
 def _torchrun(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in cluster.REQUIRED_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in cluster.TORCHRUN_ENV}
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", *args],
         capture_output=True,
@@ -124,7 +124,7 @@ def _free_port() -> int:
 @pytest.mark.timeout(200)
 def test_two_torchrun_agents_behave_as_two_machines(tmp_path) -> None:
     out = str(tmp_path / "two")
-    env = {k: v for k, v in os.environ.items() if k not in cluster.REQUIRED_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in cluster.TORCHRUN_ENV}
     rdzv = [
         "--nnodes=2",
         "--nproc_per_node=1",
@@ -181,7 +181,7 @@ def test_ranks_that_disagree_on_num_nodes_raise_before_training(tmp_path) -> Non
 
 
 def test_detect_reads_torchrun_variables(monkeypatch) -> None:
-    for k in (*cluster.REQUIRED_ENV, "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for k in (*cluster.TORCHRUN_ENV, "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     assert cluster.detect() is None
     env = {"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1", "LOCAL_RANK": "1"}

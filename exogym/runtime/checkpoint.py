@@ -24,16 +24,12 @@ Faults while writing or reading: a write that fails (a full disk: ``ENOSPC``) ra
 newest complete one is used, with a warning); a damaged ``meta.pt`` or node file is an error
 naming the file, never a silent fall-back to older state.
 
-A node's state (``exogym.runtime.node_state``): model, strategy (inner optimizer, LR scheduler,
-step, communicator state: DiLoCo's global copy and outer optimizer, error-feedback residuals, DeMo's
-delta, ...), torch RNG streams, data position (epoch, batches taken, sampler generator), ledger
-totals, metric totals and, on rank 0, the metric history. With the network's ``compute``
-model deterministic, a resumed run is bit-identical to one that never stopped.
+A node's file holds its whole state (``exogym.runtime.node_state``). With the network's
+``compute`` model deterministic, a resumed run is bit-identical to one that never stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import logging
@@ -44,6 +40,8 @@ import shutil
 from typing import Any
 
 import torch
+
+from exogym.runs import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -109,17 +107,11 @@ def load_safe(path: str, map_location: str | torch.device | None = None) -> Any:
 
 
 def save_atomic(obj: Any, path: str) -> None:
-    """``torch.save`` to a temporary name beside ``path``, then rename: readers see the old file
-    or the whole new one. A failed write removes its temporary file (on a full disk, the space it
-    took) and raises."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    """``torch.save`` to a temporary name beside ``path``, then rename (``exogym.runs.atomic_path``):
+    readers see the old file or the whole new one. A failed write removes its temporary file (on a
+    full disk, the space it took) and raises."""
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def _write_failed(root: str, step: int, path: str, error: OSError) -> OSError:
@@ -166,14 +158,10 @@ def finalize(root: str, step: int, meta: dict[str, Any]) -> str:
     if os.path.exists(final):  # a run that wrote this step before (e.g. resumed from earlier)
         shutil.rmtree(final)
     os.replace(folder, final)
-    tmp = os.path.join(root, f".{LATEST}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with atomic_path(os.path.join(root, LATEST)) as tmp, open(tmp, "w") as f:
             f.write(os.path.basename(final))
-        os.replace(tmp, os.path.join(root, LATEST))
     except OSError as e:  # `latest` still names the previous checkpoint, which is kept: resuming uses it
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         raise _write_failed(root, step, os.path.join(root, LATEST), e) from e
     for name in os.listdir(root):
         old = os.path.join(root, name)
@@ -300,15 +288,11 @@ def fingerprint(model: torch.nn.Module, strategy: Any, num_nodes: int, batch_siz
 
 def check_compatible(meta: dict[str, Any], run: dict[str, Any], folder: str) -> None:
     """Raise ``ValueError`` naming every way this run differs from the checkpoint's."""
-    diffs = []
-    for key, label in (
-        ("num_nodes", "num_nodes"),
-        ("strategy", "strategy"),
-        ("batch_size", "batch_size"),
-        ("seed", "seed"),
-    ):
-        if meta.get(key) != run[key]:
-            diffs.append(f"{label}: checkpoint {meta.get(key)!r}, this run {run[key]!r}")
+    diffs = [
+        f"{key}: checkpoint {meta.get(key)!r}, this run {run[key]!r}"
+        for key in ("num_nodes", "strategy", "batch_size", "seed")
+        if meta.get(key) != run[key]
+    ]
     if meta.get("state_shapes") != run["state_shapes"]:  # the class may be renamed; the state must fit
         theirs, ours = meta.get("state_shapes", {}), run["state_shapes"]
         changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))

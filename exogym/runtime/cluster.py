@@ -25,13 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exogym.core.comm.rendezvous import default_store as default_store
 from exogym.core.comm.rendezvous import join as join
 from exogym.runtime.forkserver import TORCHRUN_ENV
 
-#: The variables ``torchrun`` sets that ExoGym needs (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
-#: default to the rank and world size where a launcher does not set them).
-REQUIRED_ENV = TORCHRUN_ENV
 #: ``fit(torchrun_mode=...)`` values.
 MODES = ("deploy", "simulate")
 
@@ -56,8 +52,8 @@ class LaunchEnv:
 def detect() -> LaunchEnv | None:
     """The launch environment of this process, or ``None`` outside ``torchrun`` (or a launcher
     that sets the same variables, e.g. ``srun`` with them exported)."""
-    env = os.environ
-    if not all(k in env for k in REQUIRED_ENV):
+    env = os.environ  # LOCAL_RANK and LOCAL_WORLD_SIZE default to RANK and WORLD_SIZE
+    if not all(k in env for k in TORCHRUN_ENV):
         return None
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])

@@ -88,15 +88,10 @@ class Evaluator:
             n = D.batch_len(batch)
             with self._autocast():
                 total += self._forward(batch, model).item() * n
-                if (
-                    with_logits
-                    and isinstance(batch, (tuple, list))
-                    and len(batch) == 2
-                    and not batch[1].is_floating_point()
-                ):
-                    pred = model.logits(batch[0]).argmax(-1)
-                    correct += (pred == batch[1]).sum().item()
-                    labelled += batch[1].numel()
+                labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
+                if with_logits and labels is not None and not labels.is_floating_point():
+                    correct += (model.logits(batch[0]).argmax(-1) == labels).sum().item()
+                    labelled += labels.numel()
             count += n
         model.train(was_training)
         return total, count, correct, labelled

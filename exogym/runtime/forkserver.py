@@ -28,17 +28,14 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import multiprocessing.forkserver
-import multiprocessing.util
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-#: Modules the fork server imports once, so that worker processes start with them loaded. This
-#: module comes first: importing it is where the server ties its life to its parent's
-#: (``_follow_parent``), before the seconds of torch's import.
+#: Modules the fork server imports once, so that worker processes start with them loaded (this
+#: module first: see the module's docstring).
 PRELOAD = [
     "exogym.runtime.forkserver",
     "torch",
@@ -94,21 +91,6 @@ def server_pid() -> int | None:
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored in this process meanwhile (only on the main thread; elsewhere nothing
-    changes): a process started now keeps ignoring it, and Python installs no
-    ``KeyboardInterrupt`` handler in a process that starts with SIGINT ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def exit_with_parent() -> None:
     """Have the kernel kill this process (SIGKILL) when its parent ends, however the parent
     ends (Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing happens)."""
@@ -126,11 +108,16 @@ def ensure_server() -> None:
     if _running():  # no SIGINT-ignoring window: a Ctrl-C between two runs of a program is not lost
         return
     os.environ[SERVER_ENV] = str(os.getpid())  # read by the server as it imports this module
+    # SIGINT ignored meanwhile (on the main thread; signals can be set only there): the server
+    # keeps ignoring it, and Python installs no KeyboardInterrupt handler in a process that starts so.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        with _sigint_ignored():
-            multiprocessing.forkserver.ensure_running()
+        multiprocessing.forkserver.ensure_running()
     finally:
         del os.environ[SERVER_ENV]
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _running() -> bool:
@@ -188,25 +175,13 @@ def _stop_at_exit() -> None:
     """End the server this process started early (it may still be importing torch, when it
     would not notice the parent's exit until its imports are done). Its workers have ended:
     ``fit`` stops them before it returns or raises."""
-    if _owner != os.getpid():  # a child forked from the owner exits: the server is not its own
-        return
-    server = multiprocessing.forkserver._forkserver
     pid = server_pid()
-    if pid is None:
+    if _owner != os.getpid() or pid is None:  # a child forked from the owner: not its server
         return
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, 0)
-    # multiprocessing's own bookkeeping, as its ForkServer._stop does.
-    alive, address = getattr(server, "_forkserver_alive_fd", None), getattr(server, "_forkserver_address", None)
-    if alive is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive)
-    if address and not multiprocessing.util.is_abstract_socket_namespace(address):
-        with contextlib.suppress(OSError):
-            os.unlink(address)
-    server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+    with contextlib.suppress(OSError):  # reaps it, closes its pipe and removes its socket
+        multiprocessing.forkserver._forkserver._stop()
 
 
 __all__ = [

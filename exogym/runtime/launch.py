@@ -12,14 +12,9 @@ The processes of a run that returns stay, idle, for the next run of the program
   of a second: it holds the read end of a pipe whose only write end is the parent's (a watchdog
   thread ends the node at EOF), and on Linux it also has ``PR_SET_PDEATHSIG``.
 
-The job (model, strategy, datasets: the user's objects) travels with ``cloudpickle``, so
-closures, lambdas and classes defined in ``__main__``, ``python -c`` or a notebook work; their
-code keeps its file name, so that a node's traceback names the user's file and line
-(``exogym.runtime.pickling``). The
-worker re-imports the user's ``__main__`` script itself at its first job (as multiprocessing
-would, but inside the reported block, so a missing main guard or an import error comes back as
-the node's error); programs without a script file (stdin, ``-c``, notebooks) are not
-re-imported.
+The job (model, strategy, datasets: the user's objects) travels with ``cloudpickle``
+(``exogym.runtime.pickling``), so closures, lambdas and classes defined in ``__main__`` work; a
+worker re-imports the user's script at its first job (``exogym.runtime.main_script``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import gc
 import io
 import logging
 import multiprocessing.connection
-import multiprocessing.spawn
 import os
 import signal
 import sys
@@ -81,20 +75,14 @@ def start_processes_server(wait: bool = True) -> float:
     overlap what the caller does next (``fit`` checks the strategy meanwhile). Idempotent."""
     if start_method() != "forkserver":
         return 0.0
-    ctx = forkserver.context()
     t0 = time.perf_counter()
     forkserver.ensure_server()
-    if not wait:
-        return time.perf_counter() - t0
-    probe = ctx.Process(target=_noop, name="exogym-warm-up")  # returns once the preload is done
-    with without_main_import():
-        probe.start()
-    probe.join()
+    if wait:
+        probe = forkserver.context().Process(target=os.getpid, name="exogym-warm-up")  # starts once preloaded
+        with without_main_import():
+            probe.start()
+        probe.join()
     return time.perf_counter() - t0
-
-
-def _noop() -> None:
-    """What the fork server's warm-up process runs."""
 
 
 def serialize_job(job: Any) -> bytes:
@@ -110,9 +98,14 @@ def serialize_job(job: Any) -> bytes:
         ) from e
 
 
-def _die_with_parent(alive: Any) -> None:
-    """End this process when the parent goes: PR_SET_PDEATHSIG where Linux offers it, and a
-    watchdog thread that waits for EOF on the parent's pipe (everywhere)."""
+def _serve(conn: Any, alive: Any) -> None:
+    """Process body of a worker (``exogym.runtime.pool``): run the jobs that come through
+    ``conn``, one run at a time, until a ``None`` job (or EOF: the parent is gone). A job that
+    raises is reported, then the process ends (the parent replaces it); otherwise it stays for
+    the next run. Exits without the interpreter's teardown (about 0.5 s of CPU with torch).
+
+    The process ends when the parent goes: PR_SET_PDEATHSIG where Linux offers it, and a
+    watchdog thread that waits for EOF on the parent's pipe ``alive`` (everywhere)."""
     forkserver.exit_with_parent()
 
     def watch() -> None:
@@ -121,14 +114,6 @@ def _die_with_parent(alive: Any) -> None:
         os._exit(PARENT_GONE_EXIT)
 
     threading.Thread(target=watch, name="exogym-parent-watchdog", daemon=True).start()
-
-
-def _serve(conn: Any, alive: Any) -> None:
-    """Process body of a worker (``exogym.runtime.pool``): run the jobs that come through
-    ``conn``, one run at a time, until a ``None`` job (or EOF: the parent is gone). A job that
-    raises is reported, then the process ends (the parent replaces it); otherwise it stays for
-    the next run. Exits without the interpreter's teardown (about 0.5 s of CPU with torch)."""
-    _die_with_parent(alive)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
     while True:
         try:
@@ -244,15 +229,13 @@ def _sigterm_as_exception() -> Iterator[None]:
         yield
     except _Terminated:
         signal.signal(signal.SIGTERM, previous)
-        previous = None
         sys.stderr.write("\n")  # on a line of its own: rank 0's progress bar may be mid-line
         sys.stderr.flush()
         logger.warning("SIGTERM: every node was stopped")
         os.kill(os.getpid(), signal.SIGTERM)
         raise SystemExit(128 + signal.SIGTERM) from None  # a Python handler that returned
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_nodes(
@@ -277,8 +260,7 @@ def run_nodes(
     env, where, spec = dict(os.environ), (os.getcwd(), list(sys.path)), main_spec()
     results: dict[int, Any] = {}
     errors: list[tuple] = []
-    failed: list[int] = []
-    codes: dict[int, int | None] = {}
+    codes: dict[int, int] = {}  # the exit codes of the processes that ended without a result
     procs: list[pool.PooledProcess] = []
     finished = False
     try:
@@ -289,10 +271,13 @@ def run_nodes(
                     w.conn.send((r, env, where, spec, payload, args))
             while True:
                 _drain(procs, results, errors)
-                failed = [r for r, w in enumerate(procs) if r not in results and w.process.exitcode is not None]
-                if errors or failed:
-                    codes = {r: procs[r].process.exitcode for r in failed}
-                    _collect_late_errors(procs, results, errors)
+                codes = {r: w.process.exitcode for r, w in enumerate(procs) if r not in results}
+                codes = {r: code for r, code in codes.items() if code is not None}
+                if errors or codes:
+                    deadline = time.monotonic() + _ERROR_GRACE_S  # time for the failing node's traceback
+                    while not errors and time.monotonic() < deadline:
+                        time.sleep(_POLL_S)
+                        _drain(procs, results, errors)
                     break
                 if len(results) == num_nodes:
                     finished = True
@@ -305,7 +290,7 @@ def run_nodes(
             workers.give_back(procs)
         else:
             workers.discard(procs)
-    return _outcome(num_nodes, results, errors, failed, codes, placement)
+    return _outcome(num_nodes, results, errors, codes, placement)
 
 
 def _start_worker(alive_r: Any, index: int) -> pool.PooledProcess:
@@ -323,9 +308,8 @@ def _outcome(
     num_nodes: int,
     results: dict[int, Any],
     errors: list[tuple],
-    failed: list[int],
-    codes: dict[int, int | None],
-    placement: Placement | None = None,
+    codes: dict[int, int],
+    placement: Placement | None,
 ) -> dict[int, Any]:
     unit = "node" if placement is None else "worker"
 
@@ -334,27 +318,22 @@ def _outcome(
             return f"node {node} of {num_nodes}"
         return f"node {node} of {placement.num_nodes} (worker {proc} of {num_nodes})"
 
-    silent = [r for r in failed if r not in {e[1] for e in errors}]
+    silent = [r for r in codes if r not in {e[1] for e in errors}]
     if silent:
         # A process that vanished without a traceback (killed, os._exit, segfault) is reported
         # first: the others' errors are then mostly about losing their peer.
-        r = silent[0]
+        r, code = silent[0], str(codes[silent[0]])
+        with contextlib.suppress(ValueError):  # the signal that ended it: "-9 (SIGKILL)"
+            code += f" ({signal.Signals(-codes[r]).name})"
         others = "".join(f"\n  then {who(e[1], e[5])}: {e[4]}" for e in sorted(errors))
-        hosted = ""
-        if placement is not None:
-            hosted = f" (hosting {placement.describe(r)} of {placement.num_nodes})"
+        hosted = "" if placement is None else f" (hosting {placement.describe(r)} of {placement.num_nodes})"
         raise NodeFailedError(
-            r,
-            f"{unit} {r} of {num_nodes}{hosted} exited with code {codes[r]}{_signal_name(codes[r])} "
-            f"without reporting an error{others}",
+            r, f"{unit} {r} of {num_nodes}{hosted} exited with code {code} without reporting an error{others}"
         )
     if errors:
         _, proc, type_name, summary, tb, node = min(errors)
         raise NodeFailedError(node, f"{who(proc, node)} failed: {summary}\n\n{tb}", type_name)
-    missing = [r for r in range(num_nodes) if r not in results]
-    if missing:
-        raise NodeFailedError(missing[0], f"{unit} {missing[0]} of {num_nodes} ended without a result")
-    return results
+    return results  # every node's: a run without a failure ends when all are in
 
 
 def _drain(procs: list[pool.PooledProcess], results: dict[int, Any], errors: list) -> None:
@@ -362,8 +341,10 @@ def _drain(procs: list[pool.PooledProcess], results: dict[int, Any], errors: lis
     it exits)."""
     reported = {e[1] for e in errors}
     for r, w in enumerate(procs):
-        while r not in results and r not in reported and _poll(w.conn):
+        while r not in results and r not in reported:
             try:
+                if not w.conn.poll():
+                    break
                 msg = w.conn.recv()
             except (EOFError, OSError):
                 break
@@ -372,27 +353,3 @@ def _drain(procs: list[pool.PooledProcess], results: dict[int, Any], errors: lis
             else:
                 errors.append((msg[2], msg[1], msg[3], msg[4], msg[5], msg[6]))
                 reported.add(r)
-
-
-def _poll(conn: Any) -> bool:
-    try:
-        return conn.poll()
-    except (EOFError, OSError):
-        return False
-
-
-def _collect_late_errors(procs: list[pool.PooledProcess], results: dict[int, Any], errors: list) -> None:
-    """After a first failure, give the failing node a moment to deliver its traceback."""
-    deadline = time.monotonic() + _ERROR_GRACE_S
-    while not errors and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
-        _drain(procs, results, errors)
-
-
-def _signal_name(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f" ({signal.Signals(-code).name})"
-        except ValueError:
-            return ""
-    return ""

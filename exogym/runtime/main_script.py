@@ -67,10 +67,7 @@ def import_main(spec: tuple[str, str] | None) -> None:
         return
     _IMPORTING_MAIN = True
     try:
-        if spec[0] == "name":
-            mp.spawn._fixup_main_from_name(spec[1])  # type: ignore[attr-defined]
-        else:
-            mp.spawn._fixup_main_from_path(spec[1])  # type: ignore[attr-defined]
+        getattr(mp.spawn, f"_fixup_main_from_{spec[0]}")(spec[1])  # _fixup_main_from_name or _path
     finally:
         _IMPORTING_MAIN = False
 

@@ -48,24 +48,10 @@ def device_budget(device: str, nodes_per_device: int, max_memory_usage: float) -
     return int(total * max_memory_usage / max(1, nodes_per_device))
 
 
-def _rss_peak_reset() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_now_and_peak() -> tuple[int, int]:
-    now = peak = 0
+def _rss(field: str) -> int:
+    """This process's ``VmRSS`` (resident) or ``VmHWM`` (peak resident) bytes (Linux's ``/proc``)."""
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                now = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) * 1024
-    return now, peak
+        return next((int(line.split()[1]) * 1024 for line in f if line.startswith(f"{field}:")), 0)
 
 
 def _measure(model: torch.nn.Module, batch: Any, device: str) -> int | None:
@@ -77,12 +63,16 @@ def _measure(model: torch.nn.Module, batch: Any, device: str) -> int | None:
         forward_loss(model, batch).backward()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    if device == "cpu" and _rss_peak_reset():
-        base, _ = _rss_now_and_peak()
-        forward_loss(model, batch).backward()
-        _, peak = _rss_now_and_peak()
-        return max(0, peak - base)
-    return None
+    if device != "cpu":
+        return None
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets the peak resident set (VmHWM) to the current one
+    except OSError:
+        return None
+    base = _rss("VmRSS")
+    forward_loss(model, batch).backward()
+    return max(0, _rss("VmHWM") - base)
 
 
 def probe_minibatch_size(
@@ -111,13 +101,15 @@ def probe_minibatch_size(
             if probe is None:
                 probe = copy.deepcopy(model).to(device)
                 probe.train()
-            _CACHE[key] = _probe(probe, dataset, m, device, collate_fn)
+            batch = to_device(collate_fn([dataset[i % len(dataset)] for i in range(m)]), torch.device(device))
+            try:
+                _CACHE[key] = _measure(probe, batch, device)
+            except torch.OutOfMemoryError:
+                _CACHE[key] = float("inf")
+            probe.zero_grad(set_to_none=True)
         peak = _CACHE[key]
-        if peak is None:
-            chosen = batch_size
-            break
-        if peak <= budget:
-            chosen = m
+        if peak is None or peak <= budget:
+            chosen = batch_size if peak is None else m
             break
     if probe is not None:
         del probe
@@ -130,18 +122,3 @@ def probe_minibatch_size(
         )
     logger.debug("minibatch_size=%d chosen for batch_size=%d on %s", chosen, batch_size, device)
     return chosen
-
-
-def _probe(
-    probe: torch.nn.Module, dataset: Any, m: int, device: str, collate_fn: Callable[[list[Any]], Any]
-) -> float | None:
-    """Peak bytes of one forward and backward pass of ``probe`` on ``m`` examples collated by
-    ``collate_fn`` (``inf``: out of memory; ``None``: not measurable)."""
-    examples = [dataset[i % len(dataset)] for i in range(m)]
-    batch = to_device(collate_fn(examples), torch.device(device))
-    try:
-        peak = _measure(probe, batch, device)
-    except torch.OutOfMemoryError:
-        peak = float("inf")
-    probe.zero_grad(set_to_none=True)
-    return peak

@@ -27,20 +27,10 @@ _LEDGER_TOTALS = ("total_sent", "total_received", "total_payload", "total_collec
 def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
     """Write ``node``'s state after ``done`` steps; rank 0 completes the checkpoint once every
     node has written. Collective (one uncharged barrier)."""
-    root = node.cfg.checkpoint_dir
+    root, ledger = node.cfg.checkpoint_dir, node.comm.ledger
     assert root is not None
-    # Written in a call of its own: the state is freed before the barrier, where the virtual
-    # nodes of a worker wait for each other (they would hold every node's state at once).
-    _write(node, root, done, batches, metrics)
-    node.comm.barrier()  # every node's file is written
-    if node.rank == 0:
-        folder = ckpt.finalize(root, done, node.checkpoint_meta or {})
-        logger.info("checkpoint after step %d: %s", done, folder)
-
-
-def _write(node: TrainNode, root: str, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
-    """``node``'s state after ``done`` steps, to its file of the checkpoint."""
-    ledger = node.comm.ledger
+    # The state is freed before the barrier, where the virtual nodes of a worker wait for each
+    # other (they would hold every node's state at once).
     state = {
         "step": done,
         "model": node.model.state_dict(),
@@ -55,6 +45,11 @@ def _write(node: TrainNode, root: str, done: int, batches: D.BatchStream, metric
         "history": node.history if node.rank == 0 else None,
     }
     ckpt.write_node(root, done, node.rank, state)
+    del state
+    node.comm.barrier()  # every node's file is written
+    if node.rank == 0:
+        folder = ckpt.finalize(root, done, node.checkpoint_meta or {})
+        logger.info("checkpoint after step %d: %s", done, folder)
 
 
 def restore(node: TrainNode, folder: str, batches: D.BatchStream, metrics: MetricsBuffer) -> int:

@@ -5,8 +5,6 @@ and state belong to its rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 
 def block_of(num_nodes: int, workers: int, worker: int) -> range:
     """The ranks worker ``worker`` hosts in contiguous blocks, the first ``num_nodes % workers``
@@ -17,34 +15,18 @@ def block_of(num_nodes: int, workers: int, worker: int) -> range:
 
 
 class Placement:
-    """The ranks each worker hosts: ``hosts[w]`` for worker ``w``, ascending. Every rank of
-    ``0 .. K-1`` appears once, rank 0 on worker 0 (its worker makes the run's rows and returns
-    the result), and every worker hosts at least one node.
+    """The ranks each of ``workers`` workers hosts out of ``num_nodes`` (at least one each):
+    contiguous blocks (``block_of``), so rank 0 is on worker 0 (its worker makes the run's rows
+    and returns the result).
 
-    Args:
-        hosts: per worker, the ranks it hosts (any order).
+    Attributes:
+        hosts: ``hosts[w]``, the ranks worker ``w`` hosts, ascending.
     """
 
-    def __init__(self, hosts: Sequence[Iterable[int]]) -> None:
-        self.hosts: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(int(r) for r in h)) for h in hosts)
-        self.workers = len(self.hosts)
-        self.num_nodes = sum(len(h) for h in self.hosts)
-        self._worker = [-1] * self.num_nodes
-        self._slot = [-1] * self.num_nodes
-        for w, ranks in enumerate(self.hosts):
-            if not ranks:
-                raise ValueError(f"worker {w} hosts no node")
-            for i, r in enumerate(ranks):
-                if not 0 <= r < self.num_nodes or self._worker[r] != -1:
-                    raise ValueError(f"rank {r} is out of range or placed twice in {self.num_nodes} nodes")
-                self._worker[r], self._slot[r] = w, i
-        if self._worker[0] != 0:
-            raise ValueError("rank 0 must be hosted by worker 0")
-
-    @classmethod
-    def blocks(cls, num_nodes: int, workers: int) -> Placement:
-        """Contiguous blocks (``block_of``)."""
-        return cls([block_of(num_nodes, workers, w) for w in range(workers)])
+    def __init__(self, num_nodes: int, workers: int) -> None:
+        self.num_nodes, self.workers = num_nodes, workers
+        self.hosts = tuple(tuple(block_of(num_nodes, workers, w)) for w in range(workers))
+        self._worker = [w for w, ranks in enumerate(self.hosts) for _ in ranks]
 
     def ranks(self, worker: int) -> tuple[int, ...]:
         """The ranks worker ``worker`` hosts, ascending."""
@@ -56,23 +38,12 @@ class Placement:
 
     def slot_of(self, rank: int) -> int:
         """``rank``'s index among the ranks of its worker."""
-        return self._slot[rank]
+        return rank - self.hosts[self._worker[rank]][0]
 
     def describe(self, worker: int) -> str:
-        """``"nodes 4-7"`` for a contiguous block, else ``"12 nodes"`` (for logs and errors)."""
+        """``"nodes 4-7"``, or ``"node 4"`` for a block of one (for logs and errors)."""
         ranks = self.hosts[worker]
-        if ranks[-1] - ranks[0] + 1 == len(ranks):
-            return f"node {ranks[0]}" if len(ranks) == 1 else f"nodes {ranks[0]}-{ranks[-1]}"
-        return f"{len(ranks)} nodes"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Placement) and self.hosts == other.hosts
-
-    def __hash__(self) -> int:
-        return hash(self.hosts)
-
-    def __repr__(self) -> str:
-        return f"Placement({', '.join(self.describe(w) for w in range(self.workers))})"
+        return f"node {ranks[0]}" if len(ranks) == 1 else f"nodes {ranks[0]}-{ranks[-1]}"
 
 
 __all__ = ["Placement", "block_of"]

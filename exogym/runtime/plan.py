@@ -76,8 +76,7 @@ class RunPlan:
         run_name: the run's name in the logs.
         logger: rank 0's logger, or ``None``.
         checkpoint_meta: what a checkpoint records of the run, or ``None`` without checkpoints.
-        launch: this process's place in a ``torchrun`` launch, or ``None`` for local workers.
-        mode: ``'deploy'`` or ``'simulate'`` under torchrun, else ``None``.
+        layout: where the nodes run (its ``launch`` and ``mode`` say how under torchrun).
     """
 
     config: FitConfig
@@ -86,8 +85,7 @@ class RunPlan:
     run_name: str
     logger: Logger | None
     checkpoint_meta: dict[str, Any] | None
-    launch: cluster.LaunchEnv | None = None
-    mode: str | None = None
+    layout: Layout
 
 
 def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strategy: Any, args: FitArgs) -> RunPlan:
@@ -132,25 +130,30 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
-    placement = None if isinstance(strategy, ServerStrategy) else Placement.blocks(run.num_nodes, layout.workers)
+    placement = None if isinstance(strategy, ServerStrategy) else Placement(run.num_nodes, layout.workers)
+    # The transport: over torchrun's process group, or a store (and shared-memory segment) made here.
+    timeout_s, asked = config.collective_timeout, args.transport
+    if layout.launch is not None:
+        transport = TransportPlan.for_launcher(layout.transport, layout.workers, timeout_s)
+    else:
+        transport = TransportPlan.create(
+            asked.transport, device, layout.workers, state_bytes, layout.gpus, timeout_s, asked.shm_slot_mb
+        )
     return RunPlan(
         config=config,
-        transport=_transport(args.transport, layout, device, config, state_bytes),
+        transport=transport,
         placement=placement,
         run_name=args.logging.run_name or default_run_name(_label(strategy)),
         logger=args.logging.sink,
         checkpoint_meta=meta,
-        launch=layout.launch,
-        mode=layout.mode,
+        layout=layout,
     )
 
 
 def _label(strategy: Strategy) -> str:
     """The strategy's class name, or a plain ``ServerStrategy``'s server's (the runs of
     ``FedAvgStrategy(client_sampling=...)`` go to ``FedAvgServer``'s folder)."""
-    if type(strategy) is ServerStrategy:
-        return type(strategy.server).__name__
-    return type(strategy).__name__
+    return type(strategy.server if type(strategy) is ServerStrategy else strategy).__name__
 
 
 def usable_cpus() -> int:
@@ -170,21 +173,15 @@ def resolve_workers(workers: int | None, num_nodes: int, device: str, gpus: int)
     return workers
 
 
-def check_devices(devices: list[int] | None, device: str) -> None:
-    """``devices`` must list existing CUDA devices, and only with ``device='cuda'``."""
-    if devices is None:
-        return
-    if device != "cuda":
-        raise ValueError(f"devices= lists CUDA devices but device={device!r}")
-    count = torch.cuda.device_count()
-    if not devices or any(not 0 <= d < count for d in devices):
-        raise ValueError(f"devices must be non-empty CUDA indices in [0, {count}), got {devices}")
-
-
 def _device(run: RunConfig) -> str:
-    """The nodes' device type, checked against ``devices``."""
-    device = resolve_device(run.device)
-    check_devices(run.devices, device)
+    """The nodes' device type; ``devices`` must list existing CUDA devices, and only with ``device='cuda'``."""
+    device, devices = resolve_device(run.device), run.devices
+    if devices is not None:
+        if device != "cuda":
+            raise ValueError(f"devices= lists CUDA devices but device={device!r}")
+        count = torch.cuda.device_count()
+        if not devices or any(not 0 <= d < count for d in devices):
+            raise ValueError(f"devices must be non-empty CUDA indices in [0, {count}), got {devices}")
     return device
 
 
@@ -240,14 +237,12 @@ def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:
         kind = cluster.resolve_transport(transport.transport, device)
         threads = max(1, usable_cpus() // launch.local_world_size)
         own = cluster.worker_device(device, devices, launch)
-        layout = Layout(launch.world_size, gpus, kind, own, threads, launch, mode)
-    else:
-        workers = resolve_workers(transport.workers, run.num_nodes, device, gpus)
-        kind = resolve_kind(transport.transport, device, gpus, workers)  # a transport that cannot work fails first
-        # A lane of runs side by side (a packed sweep) gives each worker one core's thread.
-        threads = pool.lane_threads() or max(1, usable_cpus() // workers)
-        layout = Layout(workers, gpus, kind, devices, threads)
-    return layout
+        return Layout(launch.world_size, gpus, kind, own, threads, launch, mode)
+    workers = resolve_workers(transport.workers, run.num_nodes, device, gpus)
+    kind = resolve_kind(transport.transport, device, gpus, workers)  # a transport that cannot work fails first
+    # A lane of runs side by side (a packed sweep) gives each worker one core's thread.
+    threads = pool.lane_threads() or max(1, usable_cpus() // workers)
+    return Layout(workers, gpus, kind, devices, threads)
 
 
 def _probe_minibatch(
@@ -321,16 +316,3 @@ def _checkpoint_meta(model: torch.nn.Module, strategy: Strategy, config: FitConf
     if config.resume_from is not None:
         preflight.check_resume(config.resume_from, meta, strategy)
     return meta
-
-
-def _transport(
-    transport: TransportConfig, layout: Layout, device: str, config: FitConfig, state_bytes: int
-) -> TransportPlan:
-    """The transport plan: over torchrun's process group, or a store (and shared-memory
-    segment) made here for the local workers."""
-    timeout_s = config.collective_timeout
-    if layout.launch is not None:
-        return TransportPlan.for_launcher(layout.transport, layout.workers, timeout_s)
-    return TransportPlan.create(
-        transport.transport, device, layout.workers, state_bytes, layout.gpus, timeout_s, transport.shm_slot_mb
-    )

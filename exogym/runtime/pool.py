@@ -11,11 +11,9 @@ node uses is seeded by the run, so a run's results equal those of a run on fresh
 
 The processes of a run that fails (a node raises or dies), is interrupted (Ctrl-C, SIGTERM) or
 otherwise does not finish are stopped, never reused: the next run starts fresh ones. Idle
-workers end with the program: at exit ([`shutdown`][exogym.shutdown], registered with ``atexit``),
-and, when the program dies without exiting (``kill -9``, or a signal whose default action ends it),
-within a fraction of a second, as every node process does (it watches a pipe whose only write end
-the program holds, and on Linux has ``PR_SET_PDEATHSIG``). [`shutdown`][exogym.shutdown] ends them
-earlier.
+workers end with the program: at exit, or earlier, by [`shutdown`][exogym.shutdown]; within a
+fraction of a second when it dies without exiting (``kill -9``), as every node process does
+(``exogym.runtime.launch``).
 
 A *lane* (``lane``) is one of several runs side by side in one program, each on a thread of
 its own (a sweep packing small runs onto the cores): inside it, the thread's ``fit`` calls take
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -41,19 +38,13 @@ from typing import Any
 
 from exogym.runtime import forkserver
 
-logger = logging.getLogger(__name__)
-
 _STOP_GRACE_S = 5.0
 
 
 @dataclass
 class PooledProcess:
-    """One worker process and the parent's end of its duplex pipe (jobs go out, results come back).
-
-    Attributes:
-        process: the ``multiprocessing`` process.
-        conn: the parent's end of the pipe.
-    """
+    """One worker ``process`` (``multiprocessing``'s) and ``conn``, the parent's end of its duplex
+    pipe (jobs go out, results come back)."""
 
     process: Any
     conn: Any
@@ -97,12 +88,12 @@ class WorkerPool:
         try:
             with self._lock:
                 self.busy += taken
-            while len(taken) < n:
-                self._check_aborted()
+            while not self._aborted and len(taken) < n:
                 taken.append(start(self.alive_r, len(taken)))
                 with self._lock:
                     self.busy.append(taken[-1])
-            self._check_aborted()
+            if self._aborted:
+                raise KeyboardInterrupt("the lane's runs were stopped")
         except BaseException:  # Ctrl-C while starting, too: none of them is left behind
             self.discard(taken)
             raise
@@ -119,16 +110,12 @@ class WorkerPool:
         _stop(dead, busy=True)
         return taken
 
-    def _check_aborted(self) -> None:
-        if self._aborted:
-            raise KeyboardInterrupt("the lane's runs were stopped")
-
     def give_back(self, workers: list[PooledProcess]) -> None:
         """Keep ``workers`` (of a run that finished) for the next run. Idle workers the run did
         not use are stopped: the pool holds the processes of the last run (none after
         ``abort``)."""
         with self._lock:
-            self._release(workers)
+            self.busy = [w for w in self.busy if w not in workers]
             if self._aborted:
                 surplus = list(workers)
             else:
@@ -139,12 +126,8 @@ class WorkerPool:
         """Stop ``workers`` (of a run that did not finish, or dead: they may be busy) and close
         their pipes."""
         with self._lock:
-            self._release(workers)
+            self.busy = [w for w in self.busy if w not in workers]
         _stop(workers, busy=True)
-
-    def _release(self, workers: list[PooledProcess]) -> None:
-        ids = {id(w) for w in workers}
-        self.busy = [w for w in self.busy if id(w) not in ids]
 
     def abort(self) -> None:
         """Stop the running run's workers (SIGTERM; the run's ``fit`` then raises and discards
@@ -253,7 +236,12 @@ def _stop(workers: list[PooledProcess], busy: bool = False) -> None:
     """Ask idle workers to exit (a ``None`` job) or terminate ``busy`` ones, kill any left after
     a grace period; join them all and close their pipes. Never raises for one already gone."""
     for w in workers:
-        if (busy or not _ask_to_exit(w)) and w.process.exitcode is None:
+        asked = False
+        if not busy:
+            with contextlib.suppress(OSError, ValueError):  # its pipe is gone
+                w.conn.send(None)  # the job that ends an idle worker
+                asked = True
+        if not asked and w.process.exitcode is None:
             with contextlib.suppress(OSError):
                 w.process.terminate()
     deadline = time.monotonic() + _STOP_GRACE_S
@@ -265,15 +253,6 @@ def _stop(workers: list[PooledProcess], busy: bool = False) -> None:
             w.process.join()
         with contextlib.suppress(OSError):
             w.conn.close()
-
-
-def _ask_to_exit(worker: PooledProcess) -> bool:
-    """Send an idle worker the job that ends it; ``False`` where its pipe is gone."""
-    try:
-        worker.conn.send(None)
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 __all__ = ["PooledProcess", "WorkerPool", "current", "lane", "lane_threads", "shutdown", "worker_pids"]

@@ -74,10 +74,7 @@ def planned_steps(
 
 
 def check_model_output(
-    model: torch.nn.Module,
-    dataset: Any,
-    name: str = "train_dataset",
-    collate_fn: Callable[[list[Any]], Any] = D.collate,
+    model: torch.nn.Module, dataset: Any, collate_fn: Callable[[list[Any]], Any] = D.collate
 ) -> None:
     """Run ``model`` once on a probe batch of the first two examples of ``dataset`` collated by
     ``collate_fn`` (no grad, eval mode), called and read as the nodes do
@@ -94,8 +91,8 @@ def check_model_output(
             out = call(model, D.to_device(batch, next(model.parameters(), torch.empty(0)).device))
     except Exception as e:
         raise RuntimeError(
-            f"{described_call(batch)} failed on ExoGym's probe batch, examples 0 to {n - 1} of {name} collated into a "
-            f"batch of {n} (shapes {_shapes(batch)}), which fit() runs once before starting the nodes: "
+            f"{described_call(batch)} failed on ExoGym's probe batch, examples 0 to {n - 1} of train_dataset collated "
+            f"into a batch of {n} (shapes {_shapes(batch)}), which fit() runs once before starting the nodes: "
             f"{type(e).__name__}: {e}. A {n} in that error is this probe's batch size, not your batch_size; check "
             "that the model accepts what the dataset's examples collate into"
         ) from e
@@ -134,9 +131,6 @@ class _DryTransport(Transport):
     def barrier(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
-
 
 def flops_as_seconds(
     network: Any,
@@ -161,14 +155,9 @@ def flops_as_seconds(
     counter = FlopCounterMode(display=False)
     with counter:
         forward_loss(probe, batch).backward()
-    seconds = float(counter.get_total_flops()) / network.flops_per_second
-    logger.info(
-        "compute from FLOPs: %.4g FLOPs a step, %.4g s at %g FLOP/s",
-        counter.get_total_flops(),
-        seconds,
-        network.flops_per_second,
-    )
-    return dataclasses.replace(network, compute=seconds)
+    flops, speed = float(counter.get_total_flops()), network.flops_per_second
+    logger.info("compute from FLOPs: %.4g FLOPs a step, %.4g s at %g FLOP/s", flops, flops / speed, speed)
+    return dataclasses.replace(network, compute=flops / speed)
 
 
 def check_strategy_builds(
@@ -180,18 +169,18 @@ def check_strategy_builds(
     seed: int,
     per_epoch: int | None,
     network: Any = None,
-) -> Strategy | None:
+) -> None:
     """Bind a copy of ``strategy`` to a copy of ``model`` (whose state is ``state_bytes``) here,
     as every node does (optimizer, LR schedule, communicator pipeline), so that a bad argument
     raises before any process starts; then warn (one log line each) about periods and warm-ups
-    longer than the run, and outer momentum that the run's rounds cannot build up. Returns the
-    bound copy (rank 0's), or ``None`` where the model is too large to copy here."""
+    longer than the run, and outer momentum that the run's rounds cannot build up. Skipped where
+    the model is too large to copy here."""
     from exogym.core.comm.comm import NodeComm, set_current
 
     if isinstance(strategy, ServerStrategy):  # its server's settings against the run's, here
         _check_server(strategy, model, num_nodes, seed, per_epoch, network)
     if state_bytes > DRY_INIT_MAX_BYTES:
-        return None
+        return
     dry = copy.deepcopy(strategy)
     comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
     dry._attach(comm, steps or 1, seed, per_epoch or 1, network)
@@ -201,10 +190,8 @@ def check_strategy_builds(
     finally:
         set_current(None)
     if steps is not None:
-        _warn_periods(dry, steps)
-        _warn_outer_momentum(dry, steps)
+        _warn_communicators(dry, steps)
         _warn_warmup(dry, steps)
-    return dry
 
 
 def _check_server(
@@ -228,8 +215,16 @@ def _check_server(
     setup_server(copy.deepcopy(strategy.server), ctx)
 
 
-def _warn_periods(dry: Strategy, steps: int) -> None:
-    """Log the communicators whose period ``H`` is longer than the run, and the rounds of the others."""
+def _warn_communicators(dry: Strategy, steps: int) -> None:
+    """Log the communicators whose period ``H`` is longer than the run (the rounds of the
+    others), and those whose own optimizer (DiLoCo's outer SGD, one step per round) has a
+    momentum that the run's rounds are too few to build up.
+
+    Heavy-ball momentum ``mu`` averages the updates over about ``1 / (1 - mu)`` steps and reaches
+    ``1 - mu**n`` of its steady state after ``n``; ``n = 2 / (1 - mu)`` gives about 86%. With fewer
+    outer steps the early, large pseudo-gradients dominate the velocity and the average model
+    overshoots (the README's DiLoCo sweep: momentum 0.9 with 10 rounds ends at 4x the loss of 0.5).
+    """
     from exogym.core.pipeline import CommunicateOptimizeStrategy
 
     if not isinstance(dry, CommunicateOptimizeStrategy):
@@ -246,28 +241,11 @@ def _warn_periods(dry: Strategy, steps: int) -> None:
             )
         elif m.H > 1:
             logger.info("%s: %d communication rounds in %d steps", m.describe(), steps // m.H, steps)
-
-
-def _warn_outer_momentum(dry: Strategy, steps: int) -> None:
-    """Log a communicator whose own optimizer (DiLoCo's outer SGD, one step per round) has a
-    momentum that the run's rounds are too few to build up.
-
-    Heavy-ball momentum ``mu`` averages the updates over about ``1 / (1 - mu)`` steps and reaches
-    ``1 - mu**n`` of its steady state after ``n``; ``n = 2 / (1 - mu)`` gives about 86%. With fewer
-    outer steps the early, large pseudo-gradients dominate the velocity and the average model
-    overshoots (the README's DiLoCo sweep: momentum 0.9 with 10 rounds ends at 4x the loss of 0.5).
-    """
-    from exogym.core.pipeline import CommunicateOptimizeStrategy
-
-    if not isinstance(dry, CommunicateOptimizeStrategy):
-        return
-    for m in dry.pipeline.leaves():
-        momenta = [g.get("momentum", 0.0) for o in _optimizers(m) for g in o.param_groups]
-        momentum = max(momenta, default=0.0)
+        momentum = max((g.get("momentum", 0.0) for o in _optimizers(m) for g in o.param_groups), default=0.0)
         if not 0.0 < momentum < 1.0:
             continue
         needed, rounds = math.ceil(round(2 / (1 - momentum), 6)), steps // m.H
-        if 0 < rounds < needed:  # no rounds at all: _warn_periods says so
+        if 0 < rounds < needed:  # no rounds at all: said above
             logger.warning(
                 "%s: its optimizer's momentum %g needs about %d steps (2 / (1 - momentum)) to build up, but the run "
                 "gives it %d (%d steps / H=%d); short runs with high outer momentum overshoot or diverge: give more "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -13,8 +14,12 @@ class Progress:
     """
 
     def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self._bar = _bar(total, enabled)
+        from tqdm.auto import tqdm
+
+        # tqdm's default lock is a multiprocessing semaphore; nodes end with os._exit, which would
+        # leave it registered with the resource tracker. A thread lock is all one process needs.
+        tqdm.set_lock(threading.RLock())
+        self._bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, disable=not enabled)
         self._postfix: dict[str, str] = {}
 
     def resumed(self, step: int) -> None:
@@ -40,30 +45,6 @@ class Progress:
     def close(self) -> None:
         """The run has ended."""
         self._bar.close()
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, *args: Any, **kw: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    import threading
-
-    from tqdm.auto import tqdm
-
-    # tqdm's default lock is a multiprocessing semaphore; nodes end with os._exit, which would
-    # leave it registered with the resource tracker. A thread lock is all one process needs.
-    tqdm.set_lock(threading.RLock())
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
 
 
 __all__ = ["Progress"]

@@ -28,8 +28,6 @@ from exogym.runtime.placement import Placement
 from exogym.runtime.server_run import server_worker
 from exogym.runtime.virtual import VirtualHub, VirtualNodeError
 
-logger = logging.getLogger(__name__)
-
 
 def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, Any] | None:
     """Process entry of worker ``worker``: train its nodes and return rank 0's result (the final
@@ -41,7 +39,7 @@ def worker_process(worker: int, job: NodeJob, plan: TransportPlan) -> dict[str, 
     if isinstance(job.strategy, ServerStrategy):  # a server and tasks: no node is built
         return server_worker(worker, job, plan)
     cfg = job.config
-    placement = job.placement or Placement.blocks(cfg.num_nodes, cfg.workers)
+    placement = job.placement or Placement(cfg.num_nodes, cfg.workers)
     ranks = placement.ranks(worker)
     label = f"node {ranks[0]}" if len(ranks) == 1 else f"worker {worker}: {placement.describe(worker)}"
     logging.basicConfig(level=cfg.log_level, format=f"[{label}] %(levelname)s %(name)s: %(message)s")

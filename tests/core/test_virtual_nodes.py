@@ -209,7 +209,7 @@ def test_ledger_of_every_virtual_node_matches_the_ring_formula_for_islands_at_k1
 
 
 def test_virtual_nodes_calling_different_collectives_raise_naming_both() -> None:
-    hub = VirtualHub(Placement.blocks(2, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(2, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank == 0:
@@ -223,7 +223,7 @@ def test_virtual_nodes_calling_different_collectives_raise_naming_both() -> None
 
 
 def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> None:
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(3, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank != 1:
@@ -237,7 +237,7 @@ def test_a_virtual_node_that_finishes_while_another_waits_fails_the_run() -> Non
 
 
 def test_the_last_virtual_node_finishing_while_others_wait_fails_instead_of_hanging() -> None:
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(3, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank != 2:
@@ -257,7 +257,7 @@ def test_contributing_nodes_run_on_without_waiting_and_the_waiting_nodes_get_eve
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
-    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     waited = _record_waits(hubs)
     events: list[tuple[str, int]] = []
     got: list[float] = []
@@ -291,7 +291,7 @@ def test_hubs_sharing_a_process_swap_the_random_state_one_at_a_time(monkeypatch:
     # process-wide random state at once can deadlock inside torch; each swap must run alone.
     import threading
 
-    hubs = [VirtualHub(Placement.blocks(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement(4, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     inside, most = [0], [0]
     count = threading.Lock()
     real_get, real_set = torch.get_rng_state, torch.set_rng_state
@@ -361,7 +361,7 @@ def test_gather_contributors_run_on_and_gathering_nodes_get_every_member_in_orde
     from exogym.core.comm.comm import NodeComm
     from tests.fake_world import run_ranks
 
-    hubs = [VirtualHub(Placement.blocks(6, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
+    hubs = [VirtualHub(Placement(6, 2), w, None, torch.device("cpu"), 0) for w in range(2)]
     waited = _record_waits(hubs)
     events: list[tuple[str, int]] = []
     got: dict[tuple[int, int], torch.Tensor] = {}
@@ -413,7 +413,7 @@ def test_a_node_that_contributes_to_many_collectives_waits_once_its_queue_is_ful
     # MAX_QUEUED calls (it parks when full); node 0 gets the three shares each time.
     from exogym.runtime.virtual import MAX_QUEUED
 
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(3, 1), 0, None, torch.device("cpu"), 0)
     longest = [0]
     got = []
 
@@ -439,7 +439,7 @@ def _sums_and_work(outer: Any = None) -> list[tuple[str, int]]:
     """Node 0 waits for each of 4 sums; node 1 contributes to each, then works locally (one
     worker, ``outer`` its transport to the others): the order of node 0's results (the sums)
     and node 1's work."""
-    hub = VirtualHub(Placement.blocks(2, 1), 0, outer, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(2, 1), 0, outer, torch.device("cpu"), 0)
     events: list[tuple[str, int]] = []
 
     def body(rank, transport):
@@ -548,7 +548,7 @@ def test_blocks_cover_every_rank_once_and_worker_of_inverts_them(k: int, w: int)
     assert ranks == list(range(k))
     sizes = [len(block_of(k, w, i)) for i in range(w)]
     assert max(sizes) - min(sizes) <= 1
-    placement = Placement.blocks(k, w)
+    placement = Placement(k, w)
     assert all(placement.worker_of(r) == i for i in range(w) for r in block_of(k, w, i))
     assert all(placement.slot_of(r) == j for i in range(w) for j, r in enumerate(block_of(k, w, i)))
 
@@ -602,7 +602,7 @@ def test_a_finished_virtual_node_is_freed_without_the_cyclic_collector() -> None
         built(node, *args)
         alive.extend([weakref.ref(node), weakref.ref(node.model), weakref.ref(node.strategy)])
 
-    hub = VirtualHub(Placement.blocks(6, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(6, 1), 0, None, torch.device("cpu"), 0)
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -639,7 +639,7 @@ def test_a_warm_worker_keeps_its_frozen_imports_frozen_and_leaves_the_nodes_to_t
 
 
 def test_contributions_of_two_sizes_to_one_all_reduce_are_named_as_mismatched() -> None:
-    hub = VirtualHub(Placement.blocks(3, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(3, 1), 0, None, torch.device("cpu"), 0)
 
     def body(rank, transport):
         if rank < 2:
@@ -705,7 +705,7 @@ def test_contributions_are_folded_on_arrival_into_one_tensor_per_collective_and_
     # queued calls keep a shape-only stand-in), and the results are the plain reductions.
     from exogym.core.comm.comm import NodeComm
 
-    hub = VirtualHub(Placement.blocks(6, 1), 0, None, torch.device("cpu"), 0)
+    hub = VirtualHub(Placement(6, 1), 0, None, torch.device("cpu"), 0)
     seen: dict[str, object] = {}
     got: list[list[float]] = []
     groups = [[0, 1, 2], [3, 4, 5]]
