@@ -31,20 +31,14 @@ from typing import Any
 
 import torch
 
+from communicators.checks import check_int, check_number
 from exogym.core.server import Result, Server, ServerContext, Train
-
-
-def _number(x: object) -> bool:
-    """Whether ``x`` is a finite real number (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def dylu_steps(H: int, step_seconds: list[float]) -> list[int]:
     """Per node, its local steps per segment under DyLU: ``max(1, floor(H * v_r / v_max))``
-    with speed ``v_r = 1 / step_seconds[r]`` (all ``H`` where steps take no time)."""
+    with speed ``v_r = 1 / step_seconds[r]`` (every step takes time)."""
     fastest = min(step_seconds)
-    if fastest <= 0:
-        return [H] * len(step_seconds)
     return [max(1, math.floor(H * fastest / s + 1e-9)) for s in step_seconds]
 
 
@@ -112,7 +106,11 @@ class AsyncDiLoCoServer(Server):
         dylu: bool = True,
     ) -> None:
         super().__init__()
-        _check_async_diloco(H, outer_lr, outer_momentum, dn_period, dn_c)
+        check_int("H", H, why="local steps per segment")
+        check_number("outer_lr", outer_lr, 0, above=True)
+        check_number("outer_momentum", outer_momentum, 0, 1)
+        check_int("dn_period", dn_period, none="the number of nodes")
+        check_number("dn_c", dn_c, 0)
         self.segment_steps, self.outer_lr, self.outer_momentum = H, outer_lr, outer_momentum
         self.dn_period, self.dn_c, self.dylu = dn_period, dn_c, dylu
 
@@ -149,19 +147,6 @@ class AsyncDiLoCoServer(Server):
             f"AsyncDiLoCo(H={self.segment_steps}, outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}, "
             f"dn_period={self.dn_period}, dn_c={self.dn_c}, dylu={self.dylu})"
         )
-
-
-def _check_async_diloco(H: Any, outer_lr: Any, outer_momentum: Any, dn_period: Any, dn_c: Any) -> None:
-    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-        raise ValueError(f"H must be an int >= 1 (local steps per segment), got {H!r}")
-    if not _number(outer_lr) or not outer_lr > 0:
-        raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
-    if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
-        raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
-    if dn_period is not None and (isinstance(dn_period, bool) or not isinstance(dn_period, int) or dn_period < 1):
-        raise ValueError(f"dn_period must be an int >= 1 or None (the number of nodes), got {dn_period!r}")
-    if not _number(dn_c) or not dn_c >= 0:
-        raise ValueError(f"dn_c must be a number >= 0, got {dn_c!r}")
 
 
 __all__ = ["AsyncDiLoCoServer", "DelayedNesterov", "dylu_steps"]

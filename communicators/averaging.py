@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 
+from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.communicator import Communicator, NodeContext
@@ -52,13 +53,11 @@ class AveragingCommunicator(Communicator):
         local_epochs: int | None = None,
     ) -> None:
         super().__init__(H)
-        if local_epochs is not None and (not isinstance(local_epochs, int) or local_epochs < 1):
-            raise ValueError(f"local_epochs must be a positive int, got {local_epochs!r}")
+        check_int("local_epochs", local_epochs, why="passes over a node's data between averages", none="H")
         self.local_epochs = local_epochs
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-        if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
-            raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
+        check_int("island_size", island_size, why="nodes per island", none="everyone")
         if client_sampling is not None:
             raise ValueError(
                 f"AveragingCommunicator(client_sampling={client_sampling!r}): client sampling runs as a server on the "
@@ -83,19 +82,14 @@ class AveragingCommunicator(Communicator):
         islands = draw_islands(ctx.num_nodes, self.island_size, ctx.seed, step // self.H) if self.island_size else None
         tag = f"average_{self.target}"
         for bucket in self.buckets:
-            params, buf = bucket.tensors, bucket.buffer
+            tensors = bucket.tensors
             if self.target == "grads":
-                flat = buf.pack([p.grad for p in params])
-                ctx.comm.all_reduce(flat, op="mean", groups=islands, tag=tag)  # among the present nodes
-                for p, view in zip(params, buf.views, strict=True):
+                for p in tensors:  # a parameter without a gradient contributes zeros and gets the mean
                     if p.grad is None:
-                        p.grad = view.view_as(p).clone()
-                    else:
-                        p.grad.copy_(view.view_as(p))
-            else:
-                flat = buf.pack(params)
-                ctx.comm.all_reduce(flat, op="mean", groups=islands, tag=tag)
-                buf.unpack(params)
+                        p.grad = torch.zeros_like(p)
+                tensors = [p.grad for p in tensors]
+            ctx.comm.all_reduce(bucket.buffer.pack(tensors), op="mean", groups=islands, tag=tag)  # the present nodes'
+            bucket.buffer.unpack(tensors)
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"

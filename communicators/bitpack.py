@@ -4,13 +4,17 @@ A tensor of ``m`` non-negative integer codes, each below ``2**width``, packs int
 ``ceil(m * width / 8)`` bytes (least significant bit first, codes back to back with no
 alignment); several such tensors of different widths pack into one stream whose length is the
 sum of their bits, rounded up to whole bytes once. Pure torch, on any device.
+``all_gather_bytes`` all-gathers tensors of any dtypes and shapes in one byte buffer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from exogym.core.comm.comm import Comm
 
 
 def packed_bytes(bits: int) -> int:
@@ -50,8 +54,7 @@ def pack(codes: Sequence[torch.Tensor], widths: Sequence[int]) -> torch.Tensor:
 def unpack(data: torch.Tensor, counts: Sequence[int], widths: Sequence[int]) -> list[torch.Tensor]:
     """The inverse of ``pack``: ``counts[i]`` int64 codes of ``widths[i]`` bits each from the
     ``uint8`` stream ``data`` (a width of 0 gives zeros)."""
-    shifts = torch.arange(8, device=data.device, dtype=torch.int64)
-    stream = ((data.to(torch.int64).view(-1, 1) >> shifts) & 1).view(-1)
+    stream = _bits(data, 8)
     out, offset = [], 0
     for m, w in zip(counts, widths, strict=True):
         if w == 0:
@@ -63,4 +66,17 @@ def unpack(data: torch.Tensor, counts: Sequence[int], widths: Sequence[int]) -> 
     return out
 
 
-__all__ = ["pack", "packed_bytes", "unpack"]
+def all_gather_bytes(comm: Comm, tensors: Sequence[torch.Tensor], **kwargs: Any) -> list[torch.Tensor]:
+    """Every node's ``tensors`` (any dtypes and shapes), all-gathered in one byte buffer
+    (``comm.all_gather(buffer, **kwargs)``): per tensor, ``[nodes, *shape]``. Collective."""
+    payload = torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors])
+    gathered = comm.all_gather(payload, **kwargs)
+    out, offset = [], 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        out.append(gathered[:, offset : offset + n].contiguous().view(t.dtype).view(-1, *t.shape))
+        offset += n
+    return out
+
+
+__all__ = ["all_gather_bytes", "pack", "packed_bytes", "unpack"]

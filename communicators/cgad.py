@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from communicators.async_diloco import _number
+from communicators.checks import check_number, is_number
 
 
 def cgad_scale(tau: int, alpha: float, cutoff: float) -> float:
@@ -33,17 +33,13 @@ def cgad_scale(tau: int, alpha: float, cutoff: float) -> float:
 
 def check_cgad(alpha: Any, cutoff: Any, betas: Any, eps: Any) -> None:
     """``ValueError`` naming the argument where a CGAD setting is not usable."""
-    if not _number(alpha) or not alpha >= 0:
-        raise ValueError(f"cgad_alpha must be a finite number >= 0 (the decay per merge of age), got {alpha!r}")
-    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)) or not cutoff > 0:
-        raise ValueError(
-            f"cgad_cutoff must be a number > 0 (the age, in merges, from which a contribution is gated out; "
-            f"float('inf') for no gate), got {cutoff!r}"
-        )
-    if not (isinstance(betas, tuple) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
+    check_number("cgad_alpha", alpha, 0, why="the decay per merge of age")
+    if cutoff != math.inf:
+        why = "the age, in merges, from which a contribution is gated out; float('inf') for no gate"
+        check_number("cgad_cutoff", cutoff, 0, why=why, above=True)
+    if not (isinstance(betas, tuple) and len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas)):
         raise ValueError(f"cgad_betas must be a tuple of two numbers in [0, 1) (Adam's betas), got {betas!r}")
-    if not _number(eps) or not eps > 0:
-        raise ValueError(f"cgad_eps must be a number > 0 (Adam's epsilon), got {eps!r}")
+    check_number("cgad_eps", eps, 0, why="Adam's epsilon", above=True)
 
 
 class CGAD:

@@ -36,7 +36,7 @@ def quantize(values: torch.Tensor, bits: int, range_sigmas: float = RANGE_SIGMAS
     codes = (centered / scale + levels // 2).round().clamp(0, levels - 1).to(torch.int64)
     sums = torch.zeros(levels, dtype=torch.float32, device=v.device).index_add_(0, codes, centered)
     counts = torch.zeros(levels, dtype=torch.float32, device=v.device).index_add_(0, codes, torch.ones_like(centered))
-    codebook = torch.where(counts > 0, sums / counts.clamp_min(1), torch.zeros_like(sums)) + shift
+    codebook = sums / counts.clamp_min(1) + shift  # a code no value has: sums 0, so shift
     return codes, codebook
 
 

@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.bitpack import all_gather_bytes
+from communicators.checks import check_number
 from exogym import ops
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.pipeline import Communicator, NodeContext
@@ -36,14 +38,11 @@ from exogym.ops.dct import as_2d_shape, chunk_shape, index_dtype
 
 @dataclass(frozen=True)
 class TensorPlan:
-    """How one tensor travels: ``compressed`` (DCT top-k) or dense."""
+    """How one tensor travels: ``compressed`` (DCT top-k, ``k`` coefficients of each chunk) or dense."""
 
     shape: tuple[int, ...]
-    dtype: torch.dtype
     compressed: bool
-    chunks: int
     k: int
-    index_dtype: torch.dtype
     payload: int  # bytes this node sends for the tensor
 
 
@@ -54,17 +53,11 @@ def plan_tensor(shape: tuple[int, ...], dtype: torch.dtype, topk: int, chunk: in
     stay in the residual)."""
     cr, cc = chunk_shape(shape, chunk)
     rows, cols = as_2d_shape(shape)
-    chunks, k = (rows // cr) * (cols // cc), min(topk, cr * cc)
-    idt = index_dtype(cr, cc)
-    elem = torch.empty((), dtype=dtype).element_size()
+    k = min(topk, cr * cc)
     if k < cr * cc:
-        sparse = chunks * k * (torch.empty((), dtype=idt).element_size() + elem)
-        return TensorPlan(tuple(shape), dtype, True, chunks, k, idt, sparse)
-    return TensorPlan(tuple(shape), dtype, False, 0, 0, idt, rows * cols * elem)
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
+        chunks = (rows // cr) * (cols // cc)
+        return TensorPlan(tuple(shape), True, k, chunks * k * (index_dtype(cr, cc).itemsize + dtype.itemsize))
+    return TensorPlan(tuple(shape), False, 0, rows * cols * dtype.itemsize)
 
 
 class DCTTopKExchange:
@@ -106,24 +99,14 @@ class DCTTopKExchange:
         top-k; the tensor itself when it went dense), for error feedback."""
         averaged: list[Any] = [None] * len(tensors)
         sent: list[Any] = [None] * len(tensors)
-        parts: list[torch.Tensor] = []
-        encoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i, (t, plan) in enumerate(zip(tensors, self.plans, strict=True)):
-            if plan.compressed:
-                idx, vals = ops.dct_encode(t, self.chunk, plan.k)
-                encoded[i] = (idx, vals)
-                sent[i] = ops.dct_decode(idx[None], vals[None], plan.shape, self.chunk)
-                parts += [_bytes(vals), _bytes(idx)]
-        if parts:
-            payload = torch.cat(parts)
-            gathered = comm.all_gather(payload, groups=groups, charge=False)
-            comm.charge("all_gather", gathered.shape[0], payload.numel(), tag)
-            offset = 0
-            for i, (idx, vals) in encoded.items():
-                nv, ni = vals.numel() * vals.element_size(), idx.numel() * idx.element_size()
-                all_vals = gathered[:, offset : offset + nv].contiguous().view(vals.dtype).view(-1, *vals.shape)
-                all_idx = gathered[:, offset + nv : offset + nv + ni].contiguous().view(idx.dtype).view(-1, *idx.shape)
-                offset += nv + ni
+        compressed = [i for i, p in enumerate(self.plans) if p.compressed]
+        parts = [x for i in compressed for x in ops.dct_encode(tensors[i], self.chunk, self.plans[i].k)]
+        if parts:  # per compressed tensor: its indices, its values
+            received = all_gather_bytes(comm, parts, groups=groups, charge=False)
+            comm.charge("all_gather", received[0].shape[0], sum(t.numel() * t.element_size() for t in parts), tag)
+            own, every = zip(parts[::2], parts[1::2], strict=True), zip(received[::2], received[1::2], strict=True)
+            for i, (idx, vals), (all_idx, all_vals) in zip(compressed, own, every, strict=True):
+                sent[i] = ops.dct_decode(idx[None], vals[None], self.plans[i].shape, self.chunk)
                 averaged[i] = ops.dct_decode(all_idx, all_vals, self.plans[i].shape, self.chunk, sign=sign)
         dense = [i for i, p in enumerate(self.plans) if not p.compressed]
         if dense:
@@ -154,8 +137,7 @@ class DCTCompressCommunicator(Communicator):
 
     def __init__(self, topk: int = 32, chunk: int = 64, decay: float = 0.999, sign: bool = True) -> None:
         super().__init__(H=1)
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        check_number("decay", decay, 0, 1, "the momentum decay of delta", upto=True)
         self.topk, self.chunk, self.decay, self.sign = topk, chunk, decay, sign
 
     def setup(self, ctx: NodeContext) -> None:
@@ -175,10 +157,7 @@ class DCTCompressCommunicator(Communicator):
         averaged, sent = self.exchange.exchange(self.ctx.comm, self.deltas, sign=self.sign, tag="demo")
         for p, delta, avg, own in zip(self.params, self.deltas, averaged, sent, strict=True):
             delta.sub_(own)
-            if p.grad is None:
-                p.grad = avg.clone()
-            else:
-                p.grad.copy_(avg)
+            p.grad = avg.clone()
 
     def state_dict(self) -> dict[str, Any]:
         return {"deltas": list(self.deltas)}

@@ -42,13 +42,14 @@ the synchronizer's own fragment; the paper's radial-directional averaging is not
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import torch
 
-from communicators.async_diloco import _number
 from communicators.cgad import CGAD, cgad_scale, check_cgad
+from communicators.checks import check_int, check_number
 from exogym.core.comm.network import Network
 from exogym.core.server import Result, Server, ServerContext, Train
 
@@ -63,12 +64,8 @@ def fragment_bounds(n: int, fragments: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each fragment of ``n`` entries: contiguous, near-equal (the first
     ``n % fragments`` one entry longer)."""
     size, extra = divmod(n, fragments)
-    bounds, start = [], 0
-    for p in range(fragments):
-        end = start + size + (1 if p < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    cuts = [p * size + min(p, extra) for p in range(fragments + 1)]
+    return list(itertools.pairwise(cuts))
 
 
 def fragment_offsets(H: int, fragments: int) -> list[int]:
@@ -76,38 +73,23 @@ def fragment_offsets(H: int, fragments: int) -> list[int]:
     return [((p + 1) * H // fragments) % H for p in range(fragments)]
 
 
-def absences(network: Network | None, num_nodes: int) -> list[list[Interval]]:
+def absences(network: Network, num_nodes: int) -> list[list[Interval]]:
     """Per node, the intervals its availability trace makes it absent (none without a trace)."""
     out: list[list[Interval]] = [[] for _ in range(num_nodes)]
-    availability = None if network is None else network.availability
-    if availability is None:
+    if network.availability is None:
         return out
-    for node, points in availability.series:
+    for node, points in network.availability.series:
         if node >= num_nodes:
             continue
         start = None
-        for t, present in points:
+        for t, present in [*points, (math.inf, True)]:  # an absence at the end lasts to math.inf
             if not present and start is None:
                 start = t
             elif present and start is not None:
                 if t > start:
                     out[node].append((start, t))
                 start = None
-        if start is not None:
-            out[node].append((start, math.inf))
     return out
-
-
-def _blocking(spans: list[Interval], t: float, d: float) -> Interval | None:
-    """The first absence overlapping ``[t, t + d)`` (at ``t`` for a step of no time)."""
-    for a, b in spans:
-        if a < t + d and b > t or (d == 0 and a <= t < b):
-            return (a, b)
-    return None
-
-
-def _absent(spans: list[Interval], t: float) -> bool:
-    return any(a <= t < b for a, b in spans)
 
 
 class DecoupledDiLoCoServer(Server):
@@ -154,33 +136,23 @@ class DecoupledDiLoCoServer(Server):
         cgad_eps: float = 1e-8,
     ) -> None:
         super().__init__()
-        checks = (("H", H, 1), ("fragments", fragments, 1), ("quorum", quorum, 1), ("tau", tau, 0))
-        for name, v, least in checks:
-            if v is None and name == "quorum":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                none = " or None (half the nodes)" if name == "quorum" else ""
-                raise ValueError(f"{name} must be an int >= {least}{none}, got {v!r}")
+        check_int("H", H)
+        check_int("fragments", fragments)
+        check_int("quorum", quorum, none="half the nodes")
+        check_int("tau", tau, 0)
         if fragments > H:
             raise ValueError(f"fragments must be at most H={H} (one fragment due per step at most), got {fragments}")
-        if not _number(grace) or not 0 <= grace < 1:
-            raise ValueError(f"grace must be a number in [0, 1) (the share of the slack waited), got {grace!r}")
+        check_number("grace", grace, 0, 1, "the share of the slack waited")
         if outer not in OUTER_LR:
             raise ValueError(f"outer must be one of {sorted(OUTER_LR)} (the synchronizer's optimizer), got {outer!r}")
         outer_lr = OUTER_LR[outer] if outer_lr is None else outer_lr
-        if not _number(outer_lr) or not outer_lr > 0:
-            raise ValueError(f"outer_lr must be a number > 0 or None (the outer optimizer's default), got {outer_lr!r}")
-        if not _number(outer_momentum) or not 0 <= outer_momentum < 1:
-            raise ValueError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
+        check_number("outer_lr", outer_lr, 0, why="None: the outer optimizer's default", above=True)
+        check_number("outer_momentum", outer_momentum, 0, 1)
         check_cgad(cgad_alpha, cgad_cutoff, cgad_betas, cgad_eps)
         self.sync_steps, self.fragments, self.quorum, self.grace, self.tau = H, fragments, quorum, grace, tau
         self.outer, self.outer_lr, self.outer_momentum = outer, outer_lr, outer_momentum
-        self.cgad_alpha, self.cgad_cutoff, self.cgad_betas, self.cgad_eps = (
-            cgad_alpha,
-            cgad_cutoff,
-            cgad_betas,
-            cgad_eps,
-        )
+        self.cgad_alpha, self.cgad_cutoff = cgad_alpha, cgad_cutoff
+        self.cgad_betas, self.cgad_eps = cgad_betas, cgad_eps
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -222,7 +194,8 @@ class DecoupledDiLoCoServer(Server):
     def _step_or_leave(self, r: int, adopt: bool) -> None:
         """Learner ``r`` takes its next step at once, or, absent during it, pulls the model when it
         returns."""
-        span = _blocking(self.down[r], self.now, self.step_seconds[r])
+        t, d = self.now, self.step_seconds[r]  # the step would take [t, t + d)
+        span = next(((a, b) for a, b in self.down[r] if a < t + d and b > t), None)  # the first absence in it
         if span is None:
             state = (lambda: self._adopt(r)) if adopt else self.learner[r]
             self.send(r, Train(1), state=state, transfer=False, upload=False)
@@ -235,8 +208,7 @@ class DecoupledDiLoCoServer(Server):
             if version > self.v[r][p]:
                 box = self.inbox[r][p]
                 self._slice(self.learner[r], p).copy_(box[version])
-                for old in [old for old in box if old <= version]:
-                    del box[old]
+                self.inbox[r][p] = {v: merged for v, merged in box.items() if v > version}
                 self.v[r][p], self.c[r][p] = version, 0
         return self.learner[r]
 
@@ -248,9 +220,8 @@ class DecoupledDiLoCoServer(Server):
         r = result.client
         self.learner[r] = result.local.clone()
         self.steps_taken[r] += 1
-        s, c = self.steps_taken[r], self.c[r]
-        for p in range(len(c)):
-            c[p] += 1
+        s = self.steps_taken[r]
+        c = self.c[r] = [n + 1 for n in self.c[r]]
         for p, offset in enumerate(self.offsets):
             if s % self.sync_steps == offset:
                 sent = self._slice(self.learner[r], p).clone()
@@ -281,14 +252,13 @@ class DecoupledDiLoCoServer(Server):
             scale = cgad_scale(staleness, self.cgad_alpha, self.cgad_cutoff) if self.cgad is not None else 1.0
             scales.append(scale)
             delta.add_((theta - sent) * (float(c) / total * scale))
-        if self.cgad is not None:
-            if any(s > 0 for s in scales):  # all gated out: nothing arrived to step on
-                self.cgad.step(p, self.bounds[p], theta, delta)
-        else:
+        if self.cgad is None:
             assert self.momentum is not None
             buf = self._slice(self.momentum, p)
             buf.mul_(self.outer_momentum).add_(delta)
             theta.add_(delta.add(buf, alpha=self.outer_momentum), alpha=-self.outer_lr)
+        elif any(s > 0 for s in scales):  # all gated out: nothing arrived to step on
+            self.cgad.step(p, self.bounds[p], theta, delta)
         self.version[p] += 1
         self.round[p], self.merging[p] = {}, False
         weights = tuple(float(c) / total for _, (c, _, _, _) in contributions)
@@ -296,7 +266,7 @@ class DecoupledDiLoCoServer(Server):
         merged = theta.clone()  # (read only by the learners it reaches)
         for r in range(self.ctx.num_clients):
             arrival = self.now + self.fragment_seconds[r][p]
-            if not _absent(self.down[r], arrival):
+            if not any(a <= arrival < b for a, b in self.down[r]):  # a learner absent then drops it
                 self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], merged)
 
     def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
@@ -312,10 +282,8 @@ class DecoupledDiLoCoServer(Server):
         self.learner[r] = model
         self.v[r] = list(versions)
         self.c[r] = [0] * self.fragments
-        for p, version in enumerate(versions):  # what reached it before is older than the pull
-            box = self.inbox[r].get(p, {})
-            for old in [old for old in box if old <= version]:
-                del box[old]
+        # what reached it before is older than the pull
+        self.inbox[r] = {p: {v: m for v, m in box.items() if v > versions[p]} for p, box in self.inbox[r].items()}
         self._step_or_leave(r, adopt=True)
 
     def summary(self) -> dict[str, Any]:
@@ -331,15 +299,11 @@ class DecoupledDiLoCoServer(Server):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        learners = ("learner", "steps_taken", "sends", "c", "v", "arrived")
+        kept = ("learner", "steps_taken", "sends", "c", "v", "arrived", "version", "opened", "merging", "momentum")
         return {
-            **{k: getattr(self, k) for k in learners},
+            **{k: getattr(self, k) for k in kept},
             "inbox": [{p: dict(box) for p, box in boxes.items()} for boxes in self.inbox],
-            "version": self.version,
             "round": [{r: tuple(m) for r, m in contributions.items()} for contributions in self.round],
-            "opened": self.opened,
-            "merging": self.merging,
-            "momentum": self.momentum,
             "cgad": None if self.cgad is None else self.cgad.state_dict(),
         }
 
@@ -360,18 +324,16 @@ class DecoupledDiLoCoServer(Server):
             self.momentum.copy_(state["momentum"])
 
     def describe(self) -> str:
-        return (
-            f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
-            f"grace={self.grace}, tau={self.tau}, {self._describe_outer()})"
-        )
-
-    def _describe_outer(self) -> str:
+        outer = f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
         if self.outer == "cgad":
-            return (
+            outer = (
                 f"outer='cgad', outer_lr={self.outer_lr}, cgad_alpha={self.cgad_alpha}, "
                 f"cgad_cutoff={self.cgad_cutoff}, cgad_betas={self.cgad_betas}, cgad_eps={self.cgad_eps}"
             )
-        return f"outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}"
+        return (
+            f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
+            f"grace={self.grace}, tau={self.tau}, {outer})"
+        )
 
 
 __all__ = [

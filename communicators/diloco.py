@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.flat import dtype_buckets
@@ -74,8 +75,7 @@ class DiLoCoCommunicator(Communicator):
         self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
         if not isinstance(self.outer_spec, OptimSpec):
             raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")
-        if island_size is not None and island_size < 1:
-            raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
+        check_int("island_size", island_size, why="nodes per island", none="everyone")
         self.normalize = normalize
         self.island_size = island_size
         self.reducer = reducer
@@ -97,28 +97,32 @@ class DiLoCoCommunicator(Communicator):
         islands = None
         if self.island_size:
             islands = draw_islands(self.ctx.num_nodes, self.island_size, self.ctx.seed, step // self.H)
-        saved_grads = [p.grad for p in self.params]
+        grads = [g - p for g, p in zip(self.global_params, self.params, strict=True)]
         if self.reducer is not None:
-            pseudo = [g - p for g, p in zip(self.global_params, self.params, strict=True)]
-            self.reducer.reduce_(self.ctx.comm, pseudo, islands)
-            for p, d in zip(self.params, pseudo, strict=True):
-                p.grad = d
+            self.reducer.reduce_(self.ctx.comm, grads, islands)
         else:
             for bucket in self.buckets:
-                buf = bucket.buffer.pack([self.global_params[i] - self.params[i] for i in bucket.indices])
-                self.ctx.comm.all_reduce(buf, op="mean", groups=islands, tag="diloco_pseudo_grad")
-                for p, view in zip(bucket.tensors, bucket.buffer.views, strict=True):
-                    p.grad = view.view_as(p).clone()
+                mine = [grads[i] for i in bucket.indices]
+                self.ctx.comm.all_reduce(bucket.buffer.pack(mine), op="mean", groups=islands, tag="diloco_pseudo_grad")
+                bucket.buffer.unpack(mine)
         if self.normalize:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params]))
-            for p in self.params:
-                p.grad.div_(norm.clamp_min(1e-12))
-        for p, g in zip(self.params, self.global_params, strict=True):
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(d) for d in grads]))
+            for d in grads:
+                d.div_(norm.clamp_min(1e-12))
+        self._outer_step(grads)
+
+    def _outer_step(self, grads: list[torch.Tensor]) -> None:
+        """The outer optimizer's step from ``global_params`` with ``grads`` (one per parameter) as
+        the gradients: the parameters and ``global_params`` both end with its result, and the
+        parameters keep their own ``.grad``."""
+        saved = [p.grad for p in self.params]
+        for p, g, d in zip(self.params, self.global_params, grads, strict=True):
             p.copy_(g)
+            p.grad = d
         self.outer.step()
-        for p, g, saved in zip(self.params, self.global_params, saved_grads, strict=True):
+        for p, g, s in zip(self.params, self.global_params, saved, strict=True):
             g.copy_(p)
-            p.grad = saved
+            p.grad = s
 
     def state_dict(self) -> dict[str, Any]:
         state = {"global_params": list(self.global_params), "outer": self.outer.state_dict()}

@@ -29,16 +29,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from communicators.diloco import DEFAULT_OUTER
-from exogym.core.comm.flat import dtype_buckets
+from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
-from exogym.core.pipeline import Communicator, NodeContext
+from exogym.core.pipeline import NodeContext
 
 
-class EagerDiLoCoCommunicator(Communicator):
+class EagerDiLoCoCommunicator(DiLoCoCommunicator):
     """Every ``H`` steps: an outer step on this node's fresh pseudo-gradient share plus the other
     nodes' shares of the previous round, while the round's all-reduce overlaps the next ``H``
-    steps.
+    steps. ``global_params`` are this node's own outer parameters.
 
     Averages among the nodes present (``comm.present()``), so faults may drop nodes: a dropped
     node rejoins with the state of a survivor.
@@ -48,64 +47,42 @@ class EagerDiLoCoCommunicator(Communicator):
         outer_optim: the outer optimizer (default Nesterov SGD, lr 0.7, momentum 0.9).
     """
 
-    space: ClassVar[str] = "param"
     #: The mean pseudo-gradient holds every entry every round.
     payloads: ClassVar[str] = "stable"
     supports_dropout: ClassVar[bool] = True
 
     def __init__(self, H: int = 100, outer_optim: OptimSpec | None = None) -> None:
-        super().__init__(H)
-        self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
-        if not isinstance(self.outer_spec, OptimSpec):
-            raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")
+        super().__init__(H, outer_optim)
         #: Steps of compute each round's all-reduce overlaps (the next inner phase).
         self.overlap_steps = H
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
-        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self.buckets = dtype_buckets(self.params)
-        # theta_m: this node's outer parameters (a copy on device, refreshed at each outer step).
-        self.global_params = [p.detach().clone() for p in self.params]
         # The other nodes' shares of the last round's mean, applied at the next outer step.
         self.delayed = [torch.zeros_like(p) for p in self.params]
-        self.outer = self.outer_spec.build(self.params)
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         n = len(self.ctx.comm.present())
-        saved_grads = [p.grad for p in self.params]
+        grads: list[Any] = [None] * len(self.params)
         for bucket in self.buckets:
             mean = bucket.buffer.pack([self.global_params[i] - self.params[i] for i in bucket.indices])
-            own = mean.clone()
+            shares = (mean / n).split(bucket.buffer.numels)  # this node's own, before the all-reduce
             with self.ctx.comm.ledger.overlapping(self.overlap_steps):
                 self.ctx.comm.all_reduce(mean, op="mean", tag="eager_diloco_pseudo_grad")
-            offset = 0
-            for i in bucket.indices:
-                p, size = self.params[i], self.params[i].numel()
-                share = own[offset : offset + size].view_as(p) / n
-                p.grad = share + self.delayed[i]
-                self.delayed[i].copy_(mean[offset : offset + size].view_as(p) - share)
-                offset += size
-        for p, g in zip(self.params, self.global_params, strict=True):
-            p.copy_(g)
-        self.outer.step()
-        for p, g, saved in zip(self.params, self.global_params, saved_grads, strict=True):
-            g.copy_(p)
-            p.grad = saved
+            for i, share, total in zip(bucket.indices, shares, mean.split(bucket.buffer.numels), strict=True):
+                share = share.view_as(self.params[i])
+                grads[i] = share + self.delayed[i]
+                self.delayed[i].copy_(total.view_as(share) - share)
+        self._outer_step(grads)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "global_params": list(self.global_params),
-            "delayed": list(self.delayed),
-            "outer": self.outer.state_dict(),
-        }
+        return {**super().state_dict(), "delayed": list(self.delayed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for mine, saved in ((self.global_params, state["global_params"]), (self.delayed, state["delayed"])):
-            for t, s in zip(mine, saved, strict=True):
-                t.copy_(s)
-        self.outer.load_state_dict(state["outer"])
+        super().load_state_dict(state)
+        for t, s in zip(self.delayed, state["delayed"], strict=True):
+            t.copy_(s)
 
     def describe(self) -> str:
         return f"EagerDiLoCo(H={self.H}, outer={self.outer_spec!r})"

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from communicators.checks import check_int, check_number
 from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
 from exogym.core.seeding import generator
 from exogym.core.server import Result, Server, ServerContext, Train
@@ -67,23 +68,11 @@ class FedAvgServer(Server):
                 f"FedAvgServer: give the local work once, H={H!r} (steps per round) or local_epochs={local_epochs!r} "
                 "(passes over a client's data per round), not both"
             )
-        if H is not None and (isinstance(H, bool) or not isinstance(H, int) or H < 1):
-            raise ValueError(f"H must be an int >= 1 (local steps per round), got {H!r}")
-        if local_epochs is not None and (
-            isinstance(local_epochs, bool) or not isinstance(local_epochs, int) or local_epochs < 1
-        ):
-            raise ValueError(
-                f"local_epochs must be an int >= 1 (passes over a client's data per round), got {local_epochs!r}"
-            )
-        if isinstance(client_sampling, bool) or not (
-            isinstance(client_sampling, (int, float)) and 0.0 < client_sampling <= 1.0
-        ):
-            raise ValueError(
-                f"client_sampling must be in (0, 1], a float: the fraction of the clients drawn a round; got "
-                f"{client_sampling!r}"
-            )
-        if island_size is not None and (not isinstance(island_size, int) or island_size < 1):
-            raise ValueError(f"island_size must be a positive int or None, got {island_size!r}")
+        check_int("H", H, why="local steps per round", none="1, or local_epochs")
+        check_int("local_epochs", local_epochs, why="passes over a client's data per round", none="H")
+        why = "the fraction of the clients drawn a round"
+        check_number("client_sampling", client_sampling, 0, 1, why, above=True, upto=True)
+        check_int("island_size", island_size, none="one group")
         self.H = 1 if H is None and local_epochs is None else H
         self.local_epochs = local_epochs
         self.client_sampling, self.island_size = client_sampling, island_size
@@ -115,10 +104,8 @@ class FedAvgServer(Server):
                 self.client_sampling, self.island_size, per_island,
             )  # fmt: skip
 
-    def _model_of(self, client: int) -> torch.Tensor:
-        return self.holds.get(client, self.params)
-
-    def _start_round(self) -> None:
+    def start(self) -> None:
+        """Start a round: draw its clients and send each the model it holds."""
         k, seed, r = self.ctx.num_clients, self.ctx.seed, self.round
         if self.island_size:
             self.islands = draw_islands(k, self.island_size, seed, r)
@@ -128,10 +115,7 @@ class FedAvgServer(Server):
         self.results = {}
         for group in self.groups:
             for client in group:
-                self.send(client, Train(self.local_steps), state=self._model_of(client))
-
-    def start(self) -> None:
-        self._start_round()
+                self.send(client, Train(self.local_steps), state=self.holds.get(client, self.params))
 
     def on_result(self, result: Result) -> None:
         self.results[result.client] = result.local
@@ -139,10 +123,7 @@ class FedAvgServer(Server):
         if len(self.results) < sum(len(g) for g in self.groups):
             return
         for i, group in enumerate(self.groups):
-            total = torch.zeros_like(self.params)
-            for client in group:  # ascending: the sum's order
-                total.add_(self.results[client])
-            mean = total.div_(len(group))
+            mean = sum(self.results[client] for client in group) / len(group)  # ascending: the sum's order
             if self.islands:
                 for member in self.islands[i]:  # every member holds its island's mean
                     self.holds[member] = mean
@@ -153,7 +134,7 @@ class FedAvgServer(Server):
             self.params.copy_(sum(self.holds[g[0]] * (len(g) / k) for g in self.islands))
         self.round += 1
         if self.open:
-            self._start_round()
+            self.start()
 
     def summary(self) -> dict[str, Any]:
         """The rounds completed."""

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from communicators.checks import check_int, check_number
 from exogym.core.server import Result, Server, ServerContext, Train
 
 
@@ -31,11 +32,7 @@ def staleness_weight(tau: int) -> float:
 
 
 class FedBuffServer(Server):
-    """FedBuff as a server (Algorithm 1 of the paper): ``concurrency`` clients drawn from the
-    seed train ``local_steps`` steps each from the model they are sent, with a fresh inner
-    optimizer; each result ``local - start`` is scaled by ``1 / sqrt(1 + staleness)`` into a
-    buffer, and every ``buffer_size`` results the server steps ``x <- x + server_lr * buffer /
-    buffer_size``. Each result frees a slot for the next client drawn.
+    """FedBuff as a server (Algorithm 1 of the paper, as the module docstring states it).
 
     Args:
         local_steps: ``Q``, a client's steps per task.
@@ -48,7 +45,10 @@ class FedBuffServer(Server):
         self, local_steps: int = 10, buffer_size: int = 10, concurrency: int | None = 20, server_lr: float = 1.0
     ):
         super().__init__()
-        _check_fedbuff(local_steps, buffer_size, concurrency, server_lr)
+        check_int("local_steps", local_steps)
+        check_int("buffer_size", buffer_size)
+        check_int("concurrency", concurrency, none="half the clients")
+        check_number("server_lr", server_lr, 0, above=True)
         self.local_steps, self.buffer_size, self.concurrency, self.server_lr = (
             local_steps, buffer_size, concurrency, server_lr,
         )  # fmt: skip
@@ -117,19 +117,6 @@ def draw_free_client(seed: int, draw: int, num_clients: int, in_flight: list[int
         else:
             break
     return i
-
-
-def _check_fedbuff(local_steps: Any, buffer_size: Any, concurrency: Any, server_lr: Any) -> None:
-    checked = [("local_steps", local_steps), ("buffer_size", buffer_size)]
-    if concurrency is not None:
-        checked.append(("concurrency", concurrency))
-    for name, v in checked:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
-        raise ValueError(f"server_lr must be a number > 0, got {server_lr!r}")
-    if not math.isfinite(server_lr):
-        raise ValueError(f"server_lr must be finite, got {server_lr!r}")
 
 
 __all__ = [

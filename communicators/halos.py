@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from communicators.async_diloco import DelayedNesterov, _number
+from communicators.async_diloco import DelayedNesterov
+from communicators.checks import check_int, check_number
 from exogym.core.comm.network import Network
 from exogym.core.server import Result, Server, ServerContext, Train
 
@@ -47,16 +48,10 @@ from exogym.core.server import Result, Server, ServerContext, Train
 def halos_steps(H: int, step_seconds: list[float], dylu: bool) -> list[int]:
     """Per node, its local steps per segment: ``H``, or with DyLU
     ``max(1, ceil(H * v_r / v_max))`` with speed ``v_r = 1 / step_seconds[r]``."""
-    fastest = min(step_seconds)
-    if not dylu or fastest <= 0:
+    if not dylu:
         return [H] * len(step_seconds)
+    fastest = min(step_seconds)
     return [max(1, math.ceil(H * fastest / s - 1e-9)) for s in step_seconds]
-
-
-def worker_transfer_seconds(network: Network, rank: int, nbytes: int) -> float:
-    """Seconds to move ``nbytes`` between node ``rank`` and its region's LPS: as the clock
-    prices a transfer between two nodes of the region."""
-    return network.collective_seconds("broadcast", nbytes, (rank, rank))
 
 
 def region_transfer_seconds(network: Network, region: int, nbytes: int) -> float:
@@ -105,23 +100,14 @@ class HALoSServer(Server):
         dylu: bool = True,
     ) -> None:
         super().__init__()
-        counts = (("H", H), ("accumulation", accumulation), ("lps_period", lps_period), ("gps_period", gps_period))
-        for name, v in counts:
-            if name != "H" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                none = "" if name == "H" else " or None"
-                raise ValueError(f"{name} must be an int >= 1{none}, got {v!r}")
-        for name, v in (("lps_lr", lps_lr), ("gps_lr", gps_lr)):
-            if not _number(v) or not v > 0:
-                raise ValueError(f"{name} must be a number > 0, got {v!r}")
-        for name, v in (("lps_momentum", lps_momentum), ("gps_momentum", gps_momentum)):
-            if not _number(v) or not 0 <= v < 1:
-                raise ValueError(f"{name} must be a number in [0, 1), got {v!r}")
-        if not _number(merge_weight) or not 0 <= merge_weight <= 1:
-            raise ValueError(
-                f"merge_weight must be a number in [0, 1] (the global model's weight), got {merge_weight!r}"
-            )
+        check_int("H", H)
+        check_int("accumulation", accumulation, none="each region's workers")
+        check_int("lps_period", lps_period, none="the workers of its region")
+        check_int("gps_period", gps_period, none="the regions")
+        for name, lr, momentum in (("lps", lps_lr, lps_momentum), ("gps", gps_lr, gps_momentum)):
+            check_number(f"{name}_lr", lr, 0, above=True)
+            check_number(f"{name}_momentum", momentum, 0, 1)
+        check_number("merge_weight", merge_weight, 0, 1, "the global model's weight", upto=True)
         if not isinstance(dylu, bool):
             raise ValueError(f"dylu must be True or False, got {dylu!r}")
         self.segment_steps, self.accumulation, self.merge_weight = H, accumulation, merge_weight
@@ -134,12 +120,9 @@ class HALoSServer(Server):
         k, network = ctx.num_clients, ctx.network
         self.region = [ctx.region_of(r) for r in range(k)]
         regions = ctx.regions
-        self.region_transfer = [
-            region_transfer_seconds(network, q, ctx.nbytes) if network is not None else 0.0 for q in range(regions)
-        ]
-        self.worker_transfer = [
-            worker_transfer_seconds(network, r, ctx.nbytes) if network is not None else 0.0 for r in range(k)
-        ]
+        self.region_transfer = [region_transfer_seconds(network, q, ctx.nbytes) for q in range(regions)]
+        # a worker's transfer to its region's LPS: as the clock prices one between two nodes of the region
+        self.worker_transfer = [network.collective_seconds("broadcast", ctx.nbytes, (r, r)) for r in range(k)]
         workers = [self.region.count(q) for q in range(regions)]
         self.per_region = [self.accumulation or n for n in workers]
         self.local_steps = halos_steps(self.segment_steps, [ctx.step_seconds(r) for r in range(k)], self.dylu)
@@ -236,5 +219,4 @@ __all__ = [
     "HALoSServer",
     "halos_steps",
     "region_transfer_seconds",
-    "worker_transfer_seconds",
 ]

@@ -31,11 +31,11 @@ Bytes per node and round (ledger): one all-reduce between two nodes of the local
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import torch
 
+from communicators.checks import check_number
 from communicators.islands import draw_islands
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.pipeline import Communicator, NodeContext
@@ -64,8 +64,7 @@ class NoLoCoCommunicator(Communicator):
         super().__init__(H)
         gamma = outer_lr if gamma is None else gamma
         for name, value in (("outer_lr", outer_lr), ("outer_momentum", outer_momentum), ("gamma", gamma)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a number >= 0 and finite, got {value!r}")
+            check_number(name, value, 0)
         self.outer_lr, self.outer_momentum, self.gamma = float(outer_lr), float(outer_momentum), float(gamma)
 
     @property

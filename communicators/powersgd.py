@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.checks import check_int
 from exogym.core.comm.flat import dtype_buckets, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.core.seeding import generator
@@ -102,8 +103,7 @@ class PowerSGDCommunicator(Communicator):
 
     def __init__(self, rank: int = 1, min_compression_rate: float = 2.0) -> None:
         super().__init__(H=1)
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(f"rank must be a positive int, got {rank!r}")
+        check_int("rank", rank, why="the approximation rank")
         if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)):
             raise TypeError(f"min_compression_rate must be a number >= 1, got {min_compression_rate!r}")
         if not min_compression_rate >= 1.0:
@@ -126,31 +126,23 @@ class PowerSGDCommunicator(Communicator):
         self.factors = [_Factors([self.shapes[i] for i in g], self.params[g[0]]) for g in self.groups]
         self.started = False  # whether Q holds a warm start
 
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes this node all-reduces per step: the uncompressed tensors, P and Q."""
-        dense = sum(b.buffer.numel * b.tensors[0].element_size() for b in self.dense)
-        return dense + sum((f.p.numel() + f.q.numel()) * f.p.element_size() for f in self.factors)
-
     def _draw_q(self) -> None:
         """The first Q: standard normal from the shared seed, every matrix in parameter order."""
         gen = generator(self.ctx.seed, _Q_SALT)
         qs = {i: q for g, f in zip(self.groups, self.factors, strict=True) for i, q in zip(g, f.qs, strict=True)}
-        for i in range(len(self.params)):
-            q = qs[i]
-            q.copy_(torch.randn(q.shape, generator=gen, dtype=q.dtype))
+        for i in sorted(qs):
+            qs[i].copy_(torch.randn(qs[i].shape, generator=gen, dtype=qs[i].dtype))
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         comm = self.ctx.comm
         for bucket in self.dense:
+            for p in bucket.tensors:  # a parameter without a gradient contributes zeros and gets the mean
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             grads = [p.grad for p in bucket.tensors]
             comm.all_reduce(bucket.buffer.pack(grads), op="mean", tag="powersgd_dense")
-            for p, view in zip(bucket.tensors, bucket.buffer.views, strict=True):
-                if p.grad is None:
-                    p.grad = view.view_as(p).clone()
-                else:
-                    p.grad.copy_(view.view_as(p))
+            bucket.buffer.unpack(grads)
         if not self.params:
             return
         for p, e in zip(self.params, self.errors, strict=True):
@@ -171,11 +163,7 @@ class PowerSGDCommunicator(Communicator):
             for i, p_, q in zip(group, f.ps, f.qs, strict=True):
                 approx = p_ @ q.T
                 self.errors[i].sub_(approx)  # E = M - M_hat
-                param = self.params[i]
-                if param.grad is None:
-                    param.grad = approx.view(param.shape)
-                else:
-                    param.grad.copy_(approx.view(param.shape))
+                self.params[i].grad = approx.view(self.params[i].shape)
 
     def state_dict(self) -> dict[str, Any]:
         return {"errors": list(self.errors), "qs": [f.q for f in self.factors] if self.started else None}

@@ -16,14 +16,14 @@ them.
 With ``error_feedback=True`` the quantization error is added to a later payload (Seide et al.
 2014; Karimireddy et al. 2019, EF-SGD): per payload site (the n-th payload of a communication
 phase) where payloads hold the same entries every round, and per parameter entry where a module
-says which entries each payload holds (``Entries``, as
-error-feedback top-k and SparseLoCo keep it): a SPARTA payload gets the residuals of the entries
-it carries, and the entries it does not carry keep theirs.
+says which entries each payload holds (``Entries``, as error-feedback top-k and SparseLoCo keep
+it): a SPARTA payload gets the residuals of the entries it carries, and the entries it does not
+carry keep theirs.
 
-A module that codes its payloads into bytes itself
-(``coded_payloads``: error-feedback top-k's values and
-indices in one buffer, SparseLoCo's few-bit codes) has no float payload to quantize: the
-transforms refuse it when the strategy is made, rather than pass its bytes through unchanged.
+A module that codes its payloads into bytes itself (``payloads = "coded"``: error-feedback
+top-k's values and indices in one buffer, SparseLoCo's few-bit codes) has no float payload to
+quantize: the transforms refuse it when the strategy is made, rather than pass its bytes through
+unchanged.
 """
 
 from __future__ import annotations
@@ -50,22 +50,16 @@ def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor,
     """``(codes, scales)`` of a 1-D float tensor. int8: symmetric per-chunk absmax, codes in
     ``[-127, 127]``; fp8: per-chunk absmax scaled to 448, cast to ``float8_e4m3fn`` and viewed as
     ``uint8``; fp16/bf16: a cast and no scales."""
-    if fmt == "fp16":
-        return x.to(torch.float16), x.new_empty(0, dtype=torch.float32)
-    if fmt == "bf16":
-        return x.to(torch.bfloat16), x.new_empty(0, dtype=torch.float32)
+    if fmt in ("fp16", "bf16"):
+        return x.to(torch.float16 if fmt == "fp16" else torch.bfloat16), x.new_empty(0, dtype=torch.float32)
     n = x.numel()
     chunks = math.ceil(n / chunk)
-    padded = torch.zeros(chunks * chunk, dtype=torch.float32, device=x.device)
-    padded[:n] = x.reshape(-1)
-    rows = padded.view(chunks, chunk)
+    rows = torch.nn.functional.pad(x.reshape(-1).to(torch.float32), (0, chunks * chunk - n)).view(chunks, chunk)
+    scales = rows.abs().amax(dim=1) / (_FP8_MAX if fmt == "fp8" else 127.0)
+    scaled = rows / scales.clamp_min(1e-30)[:, None]
     if fmt == "fp8":
-        scales = rows.abs().amax(dim=1) / _FP8_MAX
-        codes8 = (rows / scales.clamp_min(1e-30)[:, None]).to(torch.float8_e4m3fn)
-        return codes8.reshape(-1)[:n].contiguous().view(torch.uint8), scales
-    scales = rows.abs().amax(dim=1) / 127.0
-    codes = torch.round(rows / scales.clamp_min(1e-30)[:, None]).clamp_(-127, 127).to(torch.int8)
-    return codes.reshape(-1)[:n], scales
+        return scaled.to(torch.float8_e4m3fn).reshape(-1)[:n].contiguous().view(torch.uint8), scales
+    return torch.round(scaled).clamp_(-127, 127).to(torch.int8).reshape(-1)[:n], scales
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int = 256) -> torch.Tensor:
@@ -74,9 +68,7 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int =
         return codes.to(torch.float32)
     if fmt == "fp8":
         codes = codes.view(torch.float8_e4m3fn)
-    n = codes.numel()
-    idx = torch.arange(n, device=codes.device) // chunk
-    return codes.to(torch.float32) * scales[idx]
+    return codes.to(torch.float32) * scales.repeat_interleave(chunk)[: codes.numel()]
 
 
 def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
@@ -87,7 +79,8 @@ def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
 
 
 class QuantizedComm(WireComm):
-    """A ``Comm`` around ``base`` that quantizes float payloads.
+    """A ``Comm`` around ``base`` that quantizes float all-reduce and all-gather payloads
+    (broadcasts pass through as they are).
 
     Error-feedback residuals belong to a payload *site*: the n-th quantized collective of a
     communication phase (see ``begin_phase``), so two payloads of the same size keep
@@ -98,8 +91,7 @@ class QuantizedComm(WireComm):
         super().__init__(base)
         self.fmt, self.chunk, self.error_feedback = fmt, chunk, error_feedback
         self.residuals: dict[tuple, torch.Tensor] = {}
-        #: Residuals of located payloads (``Entries``): one per
-        #: tensor, in parameter space.
+        #: Residuals of located payloads (``Entries``): one per tensor, in parameter space.
         self.entry_residuals: dict[tuple, list[torch.Tensor]] = {}
         self._site = 0
 
@@ -107,46 +99,36 @@ class QuantizedComm(WireComm):
         """Start a communication phase: payload sites are counted from here."""
         self._site = 0
 
-    def _encode(self, tensor: torch.Tensor, site: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        x = tensor.detach().reshape(-1).to(torch.float32)
-        if self.error_feedback:
-            res = self.residuals.get(site)
-            if res is not None:
-                x = x + res
-        codes, scales = quantize(x, self.fmt, self.chunk)
-        if self.error_feedback:
-            self.residuals[site] = x - dequantize(codes, scales, self.fmt, self.chunk)
-        return codes, scales
-
     def _encode_next(
         self, tensor: torch.Tensor, tag: str, entries: Entries | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_encode`` ``tensor`` as the phase's next payload site, or with its located
-        entries' residuals where ``entries`` is given (error feedback in parameter space)."""
+        """``(codes, scales)`` of ``tensor`` as the phase's next payload site. With error feedback
+        the quantization error is kept for the site's next payload or, where ``entries`` locates
+        the values, per parameter entry: each value gets the residual of the entry it comes from,
+        the entries sent keep this payload's error, the others their residual."""
         self._site += 1
-        if entries is not None and self.error_feedback:
-            return self._encode_located(tensor, entries, tag)
-        return self._encode(tensor, (self._site, tag, tensor.numel(), tensor.dtype))
-
-    def _encode_located(self, tensor: torch.Tensor, entries: Entries, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Error feedback in parameter space: each value gets the residual of the entry it comes
-        from; the entries sent keep the new quantization error, the others their residual."""
-        if entries.numel() != tensor.numel():
-            raise ValueError(f"entries locate {entries.numel()} values, but the payload has {tensor.numel()}")
-        key = entries.key(tag)
-        res = self.entry_residuals.get(key)
-        if res is None:
-            res = [torch.zeros(t.numel(), dtype=torch.float32, device=t.device) for t in entries.tensors]
-            self.entry_residuals[key] = res
-        x = tensor.detach().reshape(-1).to(torch.float32) + torch.cat(
-            [r[i] for r, i in zip(res, entries.indices, strict=True)]
-        )
+        x = tensor.detach().reshape(-1).to(torch.float32)
+        if not self.error_feedback:
+            return quantize(x, self.fmt, self.chunk)
+        if entries is None:
+            site = (self._site, tag, tensor.numel(), tensor.dtype)
+            if site in self.residuals:
+                x = x + self.residuals[site]
+        else:
+            if entries.numel() != tensor.numel():
+                raise ValueError(f"entries locate {entries.numel()} values, but the payload has {tensor.numel()}")
+            res = self.entry_residuals.get(entries.key(tag))
+            if res is None:
+                res = [torch.zeros(t.numel(), dtype=torch.float32, device=t.device) for t in entries.tensors]
+                self.entry_residuals[entries.key(tag)] = res
+            x = x + torch.cat([r[i] for r, i in zip(res, entries.indices, strict=True)])
         codes, scales = quantize(x, self.fmt, self.chunk)
         error = x - dequantize(codes, scales, self.fmt, self.chunk)
-        offset = 0
-        for r, i in zip(res, entries.indices, strict=True):
-            r[i] = error[offset : offset + i.numel()]
-            offset += i.numel()
+        if entries is None:
+            self.residuals[site] = error
+        else:
+            for r, i, e in zip(res, entries.indices, error.split([i.numel() for i in entries.indices]), strict=True):
+                r[i] = e
         return codes, scales
 
     def all_reduce(
@@ -207,12 +189,6 @@ class QuantizedComm(WireComm):
             return self.base.wire_payload(tensor, tag)
         return quantized_bytes(tensor.numel(), self.fmt, self.chunk), f"{tag}+{self.fmt}"
 
-    def broadcast(
-        self, tensor: torch.Tensor, src: int = 0, charge: bool = True, tag: str = "", async_op: bool = False
-    ) -> torch.Tensor | CollectiveHandle:
-        """Passed through unquantized."""
-        return self.base.broadcast(tensor, src, charge, tag, async_op)
-
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": dict(self.residuals), "entry_residuals": dict(self.entry_residuals)}
 
@@ -227,17 +203,12 @@ class Quantize(Wire):
     Args:
         fmt: one of ``FORMATS``.
         chunk: entries per int8/fp8 scale.
-        error_feedback: carry the quantization error into later payloads: per payload site
-            where the payloads hold the same entries every round
-            (``payloads = "stable"``), per parameter
-            entry where they say which entries they hold
-            (``payloads = "located"``: SPARTA).
+        error_feedback: carry the quantization error into later payloads: per payload site where
+            the payloads hold the same entries every round (``payloads = "stable"``), per
+            parameter entry where they say which entries they hold (``payloads = "located"``: SPARTA).
     """
 
-    fmt = "int8"
-
-    def __init__(self, fmt: str | None = None, chunk: int = 256, error_feedback: bool = False) -> None:
-        fmt = type(self).fmt if fmt is None else fmt
+    def __init__(self, fmt: str = "int8", chunk: int = 256, error_feedback: bool = False) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
         if not isinstance(chunk, int) or chunk < 1:
@@ -274,16 +245,12 @@ class Quantize(Wire):
 class Int8(Quantize):
     """[`Quantize`][communicators.Quantize] to int8 (per-chunk absmax scales)."""
 
-    fmt = "int8"
-
     def __init__(self, chunk: int = 256, error_feedback: bool = False) -> None:
         super().__init__("int8", chunk, error_feedback)
 
 
 class FP8(Quantize):
     """[`Quantize`][communicators.Quantize] to float8_e4m3fn (per-chunk scales)."""
-
-    fmt = "fp8"
 
     def __init__(self, chunk: int = 256, error_feedback: bool = False) -> None:
         super().__init__("fp8", chunk, error_feedback)
@@ -292,16 +259,12 @@ class FP8(Quantize):
 class FP16(Quantize):
     """[`Quantize`][communicators.Quantize] to float16."""
 
-    fmt = "fp16"
-
     def __init__(self, error_feedback: bool = False) -> None:
         super().__init__("fp16", 256, error_feedback)
 
 
 class BF16(Quantize):
     """[`Quantize`][communicators.Quantize] to bfloat16."""
-
-    fmt = "bf16"
 
     def __init__(self, error_feedback: bool = False) -> None:
         super().__init__("bf16", 256, error_feedback)
@@ -311,7 +274,7 @@ class QuantizeCommunicator(Wrapper):
     """Wrap ``inner`` so that its float payloads travel as ``fmt`` (``int8``, ``fp8``, ``fp16``,
     ``bf16``): the [`Quantize`][communicators.Quantize] wire transform applied to one module.
 
-    Runs exactly when ``inner`` runs (its space, schedule and participation); state is
+    Runs exactly when ``inner`` runs (its space and schedule); state is
     ``inner``'s plus the error-feedback residuals.
 
     Args:
@@ -325,7 +288,6 @@ class QuantizeCommunicator(Wrapper):
         super().__init__(inner)
         self.wire = Quantize(fmt, chunk, error_feedback)
         self.wire.check(inner)
-        self.fmt, self.chunk, self.error_feedback = fmt, chunk, error_feedback
 
     def wrap_comm(self, comm: Comm) -> Comm:
         self.qcomm = self.wire.wrap(comm)

@@ -34,7 +34,9 @@ from typing import ClassVar
 
 import torch
 
+from communicators.checks import check_int, check_number
 from communicators.islands import draw_islands
+from communicators.topk import index_dtype, topk_count
 from exogym import ops
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.flat import dtype_buckets, group_by_dtype
@@ -132,12 +134,10 @@ class SparseCommunicator(Communicator):
         p = sparsification_rate if p is None else p
         if p is None:
             p = 0.005
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p (the fraction of parameters averaged) must be in [0, 1], got {p}")
+        check_number("p", p, 0, 1, "the fraction of parameters averaged", upto=True)
         if selector not in SELECTORS:
             raise ValueError(f"selector must be one of {SELECTORS}, got {selector!r}")
-        if island_size is not None and island_size < 1:
-            raise ValueError(f"island_size must be >= 1 or None, got {island_size}")
+        check_int("island_size", island_size, why="nodes per island", none="everyone")
         if delay != AUTO and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
             raise ValueError(
                 f"delay (rounds before an average is applied) must be an int >= 0 or 'auto' (when it arrives on the "
@@ -228,10 +228,8 @@ class SparseCommunicator(Communicator):
         comm = self.ctx.comm
         for bucket, snap in zip(self.buckets, self.snapshots, strict=True):
             flat = bucket.buffer.pack(bucket.tensors)
-            k = min(flat.numel(), max(1, round(self.p * flat.numel())))
-            local = (flat - snap).abs().topk(k, sorted=False).indices
-            small = torch.int32 if flat.numel() < 2**31 else torch.int64
-            gathered = comm.all_gather(local.to(small), groups=islands, tag="sparse_topk_indices")
+            local = (flat - snap).abs().topk(topk_count(flat.numel(), self.p), sorted=False).indices
+            gathered = comm.all_gather(local.to(index_dtype(flat.numel())), groups=islands, tag="sparse_topk_indices")
             union = torch.unique(gathered.reshape(-1)).to(torch.int64)
             values = flat[union]
             entries = Entries.of_flat(bucket.tensors, union)
@@ -243,11 +241,9 @@ class SparseCommunicator(Communicator):
     def state_dict(self) -> dict:
         if self.selector == "topk":
             return {"snapshots": list(self.snapshots)}
-        return (
-            {"pending": [(s, [(g, list(i), h.state_dict()) for g, i, h in items]) for s, items in self.pending]}
-            if self.delay
-            else {}
-        )
+        if not self.delay:
+            return {}
+        return {"pending": [(s, [(g, list(i), h.state_dict()) for g, i, h in items]) for s, items in self.pending]}
 
     def load_state_dict(self, state: dict) -> None:
         if self.selector == "topk":

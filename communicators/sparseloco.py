@@ -44,7 +44,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from communicators.bitpack import pack, packed_bytes, unpack
+from communicators.bitpack import all_gather_bytes, pack, unpack
+from communicators.checks import check_int, check_number
 from communicators.codebook import dequantize, quantize
 from exogym.core.pipeline import Communicator, NodeContext
 from exogym.ops.dct import as_2d_shape, largest_divisor_at_most
@@ -120,12 +121,6 @@ class ChunkPlan:
         return m[: self.rows, : self.cols].reshape(-1)
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None, why: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be an int {bound} ({why}), got {value!r}")
-
-
 class SparseLoCoCommunicator(Communicator):
     """Every ``H`` steps: error feedback with decay ``beta``, chunk-wise top-``k`` at ``bits``
     bits all-gathered, and an outer SGD step of ``outer_lr`` on the mean of the decoded payloads.
@@ -170,17 +165,14 @@ class SparseLoCoCommunicator(Communicator):
                 f"chunking must be 'blocks' (each matrix in blocks of chunk x chunk, the paper's) or 'flat' "
                 f"(each tensor flattened into runs of chunk entries), got {chunking!r}"
             )
-        _check_int("chunk", chunk, 1, None, "a chunk's side")
+        check_int("chunk", chunk, why="a chunk's side")
         full = chunk * chunk if chunking == "blocks" else chunk
         if k is None:
             k = max(1, full // DENSITY_DIVISOR)
-        _check_int("k", k, 1, full, f"entries sent per chunk, at most a chunk's {full} with chunking={chunking!r}")
-        _check_int("bits", bits, 1, 8, "bits per sent value")
-        for name, value in (("beta", beta), ("outer_lr", outer_lr)):
-            number = not isinstance(value, bool) and isinstance(value, (int, float))
-            if not number or not (0.0 <= value <= 1.0 if name == "beta" else value > 0.0):
-                bound = "in [0, 1]" if name == "beta" else "> 0"
-                raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+        check_int("k", k, 1, full, f"entries sent per chunk, at most a chunk's {full} with chunking={chunking!r}")
+        check_int("bits", bits, 1, 8, "bits per sent value")
+        check_number("beta", beta, 0, 1, upto=True)
+        check_number("outer_lr", outer_lr, 0, above=True)
         self.chunk, self.k, self.beta, self.bits, self.outer_lr = chunk, k, float(beta), bits, float(outer_lr)
         self.chunking = chunking
 
@@ -190,12 +182,6 @@ class SparseLoCoCommunicator(Communicator):
         self.global_params = [p.detach().clone() for p in self.params]
         self.errors = [torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in self.params]
         self.plans = [ChunkPlan.of(tuple(p.shape), self.chunk, self.k, self.chunking) for p in self.params]
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of this node's all-gather payload per round (the formula of the module docstring)."""
-        bits = sum(pl.sent * (pl.index_bits + self.bits) for pl in self.plans)
-        return packed_bytes(bits) + len(self.plans) * 4 * (1 << self.bits)
 
     def _select(self, e: torch.Tensor, pl: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """(``[chunks, k]`` indices within each chunk, ascending; their values) of ``e``."""
@@ -219,21 +205,17 @@ class SparseLoCoCommunicator(Communicator):
             codes.append((idx.reshape(-1) << self.bits) | q)
             widths.append(pl.index_bits + self.bits)
             books.append(book)
-        stream = pack(codes, widths)
-        payload = torch.cat([stream, torch.cat(books).view(torch.uint8)])
-        gathered = self.ctx.comm.all_gather(payload, tag="sparseloco")  # [K, payload bytes]
-        nodes = gathered.shape[0]
+        payload = [pack(codes, widths), torch.cat(books)]
+        streams, all_books = all_gather_bytes(self.ctx.comm, payload, tag="sparseloco")  # one row per node
         total = [torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in self.params]
         levels = 1 << self.bits
-        for row in gathered:
-            sent = unpack(row[: stream.numel()], [pl.sent for pl in self.plans], widths)
-            # a copy: the codebooks' bytes start at any offset, and a float32 view needs 4-byte alignment
-            all_books = row[stream.numel() :].clone().view(torch.float32).view(len(self.plans), levels)
+        for stream, node_books in zip(streams, all_books.view(-1, len(self.plans), levels), strict=True):
+            sent = unpack(stream, [pl.sent for pl in self.plans], widths)
             for t, (pl, sym) in enumerate(zip(self.plans, sent, strict=True)):
-                values = dequantize(sym & (levels - 1), all_books[t])
+                values = dequantize(sym & (levels - 1), node_books[t])
                 total[t].add_(self._decode(pl, sym >> self.bits, values, total[t].dtype))
         for p, g, s in zip(self.params, self.global_params, total, strict=True):
-            g.sub_(s.view_as(g), alpha=self.outer_lr / nodes)
+            g.sub_(s.view_as(g), alpha=self.outer_lr / streams.shape[0])
             p.copy_(g)
 
     def state_dict(self) -> dict[str, Any]:

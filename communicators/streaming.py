@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.checks import check_int, check_number
 from communicators.diloco import DEFAULT_OUTER
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.flat import dtype_buckets
@@ -70,10 +71,7 @@ class StreamingDiLoCoCommunicator(Communicator):
         outer_optim: OptimSpec | None = None,
     ) -> None:
         super().__init__(H)
-        if not isinstance(num_fragments, int) or isinstance(num_fragments, bool) or not 1 <= num_fragments <= H:
-            raise ValueError(
-                f"num_fragments must be an int in [1, H={H}] (one fragment syncs at a time), got {num_fragments!r}"
-            )
+        check_int("num_fragments", num_fragments, 1, H, "at most H: one fragment syncs at a time")
         if overlap_steps != AUTO and (
             not isinstance(overlap_steps, int) or isinstance(overlap_steps, bool) or not 0 <= overlap_steps < H
         ):
@@ -81,8 +79,7 @@ class StreamingDiLoCoCommunicator(Communicator):
                 f"overlap_steps must be an int in [0, H={H}) (a fragment's update lands before its next sync) or "
                 f"'auto' (when its transfer arrives on the simulated clock), got {overlap_steps!r}"
             )
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha (the share of local values kept) must be in [0, 1], got {alpha!r}")
+        check_number("alpha", alpha, 0, 1, "the share of local values kept", upto=True)
         self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
         if not isinstance(self.outer_spec, OptimSpec):
             raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.bitpack import all_gather_bytes
+from communicators.checks import check_number
 from exogym.core.pipeline import Communicator, NodeContext
 
 
@@ -32,10 +34,6 @@ def topk_count(numel: int, fraction: float) -> int:
 def index_dtype(numel: int) -> torch.dtype:
     """int32 where it can address every entry, else int64."""
     return torch.int32 if numel < 2**31 else torch.int64
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
 
 
 class TopKCommunicator(Communicator):
@@ -58,8 +56,7 @@ class TopKCommunicator(Communicator):
 
     def __init__(self, k: float = 0.01) -> None:
         super().__init__(H=1)
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
-            raise ValueError(f"k (the fraction of each tensor's entries sent) must be in (0, 1], got {k!r}")
+        check_number("k", k, 0, 1, "the fraction of each tensor's entries sent", above=True, upto=True)
         self.k = float(k)
 
     def setup(self, ctx: NodeContext) -> None:
@@ -69,43 +66,22 @@ class TopKCommunicator(Communicator):
         self.residuals = [torch.zeros(p.shape, dtype=p.dtype, device=p.device) for p in self.params]
         self.counts = [topk_count(p.numel(), self.k) for p in self.params]
 
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of this node's all-gather payload per step."""
-        return sum(
-            k * (torch.empty((), dtype=index_dtype(p.numel())).element_size() + p.element_size())
-            for p, k in zip(self.params, self.counts, strict=True)
-        )
-
     @torch.no_grad()
     def communicate(self, step: int) -> None:
-        parts, sent = [], []
+        sent = []
         for p, residual, k in zip(self.params, self.residuals, self.counts, strict=True):
             if p.grad is not None:
                 residual.add_(p.grad)
             flat = residual.view(-1)
             idx = flat.abs().topk(k, sorted=False).indices
-            values = flat[idx]
+            sent += [flat[idx], idx.to(index_dtype(p.numel()))]
             flat[idx] = 0  # sent: it leaves the residual
-            index = idx.to(index_dtype(p.numel()))
-            sent.append((values, index))
-            parts += [_bytes(values), _bytes(index)]
-        payload = torch.cat(parts)
-        gathered = self.ctx.comm.all_gather(payload, tag="topk_ef")  # [nodes, payload bytes]
-        nodes, offset = gathered.shape[0], 0
-        for p, (values, index) in zip(self.params, sent, strict=True):
-            nv, ni = values.numel() * values.element_size(), index.numel() * index.element_size()
-            all_values = gathered[:, offset : offset + nv].contiguous().view(values.dtype)
-            all_index = gathered[:, offset + nv : offset + nv + ni].contiguous().view(index.dtype).long()
-            offset += nv + ni
+        received = all_gather_bytes(self.ctx.comm, sent, tag="topk_ef")  # per tensor: [nodes, k]
+        for p, all_values, all_index in zip(self.params, received[::2], received[1::2], strict=True):
             mean = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-            for j in range(nodes):
-                mean.index_add_(0, all_index[j], all_values[j])
-            mean.div_(nodes)
-            if p.grad is None:
-                p.grad = mean.view(p.shape)
-            else:
-                p.grad.copy_(mean.view(p.shape))
+            for values, index in zip(all_values, all_index.long(), strict=True):  # node by node
+                mean.index_add_(0, index, values)
+            p.grad = mean.div_(all_values.shape[0]).view(p.shape)
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": list(self.residuals)}

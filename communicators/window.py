@@ -3,6 +3,7 @@ compressor takes over (PowerSGD's ``start_powerSGD_iter``)."""
 
 from __future__ import annotations
 
+from communicators.checks import check_int
 from exogym.core.communicator import Communicator, Wrapper
 
 
@@ -20,18 +21,13 @@ class During(Wrapper):
         super().__init__(inner)
         if inner._leaves() != [inner]:
             raise TypeError(f"During wraps one module, got {inner.describe()}: wrap each module instead")
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise ValueError(f"start must be an int >= 0, got {start!r}")
+        check_int("start", start, 0)
         if stop is not None and (not isinstance(stop, int) or isinstance(stop, bool) or stop < start):
             raise ValueError(f"stop must be None or an int >= start={start}, got {stop!r}")
         self.start, self.stop = start, stop
 
-    def active(self, step: int) -> bool:
-        """Whether ``step`` lies in the window."""
-        return self.start <= step and (self.stop is None or step < self.stop)
-
     def is_due(self, step: int) -> bool:
-        return self.active(step) and self.inner.is_due(step)
+        return self.start <= step and (self.stop is None or step < self.stop) and self.inner.is_due(step)
 
     def _leaves(self) -> list[Communicator]:
         """This module: the runtime asks it, not ``inner``, which steps communicate."""

@@ -84,7 +84,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("FedAvg H=0", lambda: FedAvgStrategy(H=0), ValueError, "H must be a positive int"),
     ("DiLoCo H=0", lambda: DiLoCoStrategy(H=0), ValueError, "H must be a positive int"),
     ("FedAvg H and epochs", lambda: FedAvgStrategy(H=5, local_epochs=2), TypeError, "H .steps. or local_epochs"),
-    ("sampling > 1", lambda: FedAvgStrategy(client_sampling=2.0), ValueError, "client_sampling must be in"),
+    ("sampling > 1", lambda: FedAvgStrategy(client_sampling=2.0), ValueError, "client_sampling must be a number in"),
     (
         "sampled FedAvg H and epochs",
         lambda: FedAvgStrategy(H=5, local_epochs=2, client_sampling=0.5),

@@ -1,28 +1,9 @@
-"""The ``Communicator``: one building block of a lock-step strategy's communication.
-
-A researcher writes a communicator with four things (the rest has defaults):
-
-- ``Communicator.space``: ``"grad"`` (runs before the optimizer step, on ``p.grad``) or
-  ``"param"`` (after it, on the parameters);
-- a schedule: ``H`` (communicate after local steps ``H-1, 2H-1, ...``) or an own
-  [`Communicator.is_due`][communicators.Communicator.is_due];
-- [`Communicator.setup`][communicators.Communicator.setup] (per node: allocate state from the
-  [`NodeContext`][communicators.NodeContext]);
-- [`Communicator.communicate`][communicators.Communicator.communicate] (the collective work of one
-  due step).
-
-Optional:
-[`state_dict`][communicators.Communicator.state_dict]/[`load_state_dict`][communicators.Communicator.load_state_dict]
-(checkpoints), [`describe`][communicators.Communicator.describe] (logs),
-[`finish`][communicators.Communicator.finish] (the end of the run). Capabilities are class
-attributes: ``payloads`` (what a wire transform may assume of what the module sends) and
-``supports_dropout`` (faults may drop nodes from its rounds). A module whose schedule follows
-the simulated clock sets ``needs_step_seconds = True``.
+"""The ``Communicator``: one building block of a lock-step strategy's communication (its class
+docstring says what a researcher writes), the ``NodeContext`` it is set up with, and ``Wrapper``,
+a communicator around another one that passes all of it on.
 
 Every node trains every step; algorithms where only some clients train, or clients train on
 clocks of their own, are servers ([`Server`][exogym.Server]).
-
-[`Wrapper`][communicators.Wrapper] wraps another communicator and passes all of the above on.
 """
 
 from __future__ import annotations
@@ -96,11 +77,6 @@ class NodeContext:
             tensors.append(t)
         return tensors
 
-    def with_comm(self, comm: Comm) -> NodeContext:
-        """This context with another communication object (what a [`Wrapper`][communicators.Wrapper]
-        hands its inner module when it transforms the wire)."""
-        return replace(self, comm=comm)
-
 
 #: The values of ``Communicator.payloads``.
 PAYLOADS = ("varying", "stable", "located", "coded")
@@ -122,8 +98,9 @@ class Communicator:
     (every tensor it keeps between steps, for checkpoints),
     [`describe`][communicators.Communicator.describe] (a label with its settings: logs, and the
     check that a resumed run has the settings of the checkpoint),
-    [`finish`][communicators.Communicator.finish]. Capabilities are class attributes:
-    ``payloads`` and ``supports_dropout``.
+    [`finish`][communicators.Communicator.finish] (the end of the run). Capabilities are class
+    attributes: ``payloads`` and ``supports_dropout``; a module whose schedule follows the
+    simulated clock sets ``needs_step_seconds = True``.
 
     Args:
         H: communicate every ``H`` steps (``H >= 1``).
@@ -181,8 +158,8 @@ class Communicator:
         self.ctx = ctx
 
     def _init_node(self, ctx: NodeContext) -> None:
-        """Alias of [`setup`][communicators.Communicator.setup] (the spelling of earlier examples);
-        calls ``setup``."""
+        """Alias of [`setup`][communicators.Communicator.setup] (the spelling of earlier examples;
+        see ``exogym.compat``), and what the pipeline calls to set a module up on a node."""
         self.setup(ctx)
 
     def is_due(self, step: int) -> bool:
@@ -210,14 +187,8 @@ class Communicator:
         """End of the run, after the last step, before the final state is read: the work a
         module has left (e.g. a collective still in flight). The default does nothing.
         Collective: every rank calls it."""
-        return None
 
     # -- what the pipeline runs (not for subclasses to override) -----------------------------
-    def _bind(self, ctx: NodeContext) -> None:
-        """Set the module up on a node: ``_init_node``, which is ``setup`` unless a subclass
-        defines that older spelling itself (see ``exogym.compat``)."""
-        self._init_node(ctx)
-
     def _leaves(self) -> list[Communicator]:
         """The modules that communicate: this one (a pipeline lists its modules', a wrapper its
         inner module's)."""
@@ -268,7 +239,7 @@ class Wrapper(Communicator):
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
-        self.inner._bind(ctx.with_comm(self.wrap_comm(ctx.comm)))
+        self.inner._init_node(replace(ctx, comm=self.wrap_comm(ctx.comm)))  # through its own comm
 
     def is_due(self, step: int) -> bool:
         return self.inner.is_due(step)

@@ -1,13 +1,10 @@
 """``MuonAdamW``: Muon for the hidden matrices, AdamW for every other parameter, as one optimizer.
 
 ``torch.optim.Muon`` (Jordan et al. 2024) orthogonalizes the momentum of a 2-D parameter with
-Newton-Schulz iterations and takes only 2-D parameters. Muon is meant for the hidden layers'
-matrices: its users, MuLoCo (Therien et al. 2025, arXiv 2505.23725) among them, give the
-embeddings, the output head and every parameter that is not a matrix (biases, norms' gains) to
-AdamW. [`MuonAdamW`][exogym.strategy.MuonAdamW] does that split inside one ``torch.optim.Optimizer``, so an
-``OptimSpec`` can name it (``OptimSpec(MuonAdamW, lr=0.02)`` or ``OptimSpec.from_string("muon")``)
-wherever an inner optimizer goes. Its ``param_groups`` are the two optimizers' own groups, so a
-learning-rate scheduler scales both.
+Newton-Schulz iterations and takes only 2-D parameters. [`MuonAdamW`][exogym.strategy.MuonAdamW]
+gives it the hidden layers' matrices and AdamW the rest inside one ``torch.optim.Optimizer``, so
+an ``OptimSpec`` can name it (``OptimSpec(MuonAdamW, lr=0.02)`` or
+``OptimSpec.from_string("muon")``) wherever an inner optimizer goes.
 """
 
 from __future__ import annotations
@@ -88,13 +85,14 @@ class MuonAdamW(torch.optim.Optimizer):
     others (the embeddings, the output head, 1-D biases and gains, 0-D scalars, convolution
     kernels of 3 or more dimensions); one optimizer to the outside.
 
-    Which parameters Muon takes is ``muon_params`` (``exogym.core.muon.muon_parameters``). The default,
-    ``"hidden"``, is Muon's convention and MuLoCo's: every parameter with exactly two dimensions
-    except the weights of the ``torch.nn.Embedding`` modules and the output head, the weight of
-    the last ``torch.nn.Linear`` in ``model.modules()`` order (a head tied to an embedding is that
-    embedding's weight: AdamW's too). A model whose last ``Linear`` is not its head names its
-    Muon parameters instead. It needs the model: a strategy builds its inner optimizer over the
-    model's ``ModelParameters``; by hand, pass the model itself (``MuonAdamW(model)``).
+    Which parameters Muon takes is ``muon_params`` (``exogym.core.muon.muon_parameters``). The
+    default, ``"hidden"``, is Muon's convention and MuLoCo's (Therien et al. 2025, arXiv
+    2505.23725): every parameter with exactly two dimensions except the weights of the
+    ``torch.nn.Embedding`` modules and the output head, the weight of the last ``torch.nn.Linear``
+    in ``model.modules()`` order (a head tied to an embedding is that embedding's weight: AdamW's
+    too). A model whose last ``Linear`` is not its head names its Muon parameters instead. It
+    needs the model: a strategy builds its inner optimizer over the model's ``ModelParameters``;
+    by hand, pass the model itself (``MuonAdamW(model)``).
 
     ``param_groups`` holds Muon's group (if any 2-D parameter) then AdamW's (if any other); each
     group's ``lr`` is that optimizer's and a scheduler scales both. ``state_dict`` holds both

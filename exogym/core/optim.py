@@ -111,11 +111,7 @@ class OptimSpec:
         return f"OptimSpec({self.cls.__name__}{', ' + args if args else ''})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, OptimSpec) and (self.cls, self.kwargs, self.restart_every) == (
-            other.cls,
-            other.kwargs,
-            other.restart_every,
-        )
+        return isinstance(other, OptimSpec) and vars(self) == vars(other)  # cls, kwargs, restart_every
 
 
 def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:

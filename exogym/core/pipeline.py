@@ -49,7 +49,7 @@ class Pipeline(Communicator):
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         for m in self.modules:
-            m._bind(ctx)
+            m._init_node(ctx)
 
     def leaves(self) -> list[Communicator]:
         """Every module that communicates, nested pipelines and wrappers flattened, in order."""
@@ -159,7 +159,7 @@ class CommunicateOptimizeStrategy(Strategy):
             self.steps_per_epoch,
             self.network,
         )
-        self.pipeline._bind(ctx)
+        self.pipeline._init_node(ctx)
 
     def communicate_phase(self, space: str, step: int) -> None:
         """Run the modules of ``space`` (``"grad"`` or ``"param"``) due at ``step``. Collective."""

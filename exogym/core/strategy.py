@@ -19,6 +19,7 @@ Every rank runs the same code; there is no master rank.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from abc import ABC, abstractmethod
 from typing import Any
@@ -36,33 +37,21 @@ from exogym.core.schedule import build_scheduler, check_scheduler
 DEFAULT_OPTIM = OptimSpec(torch.optim.AdamW, lr=1e-3)
 
 
-#: The keywords every strategy passes to ``Strategy`` (presets take them as ``**strategy_kwargs``).
-STRATEGY_KEYWORDS = (
-    "optim_spec",
-    "lr_scheduler",
-    "lr_scheduler_kwargs",
-    "max_norm",
-    "inner_optim",
-    "lr",
-    "warmup_steps",
-)
-
-
 def check_strategy_kwargs(owner: object, kwargs: dict[str, Any]) -> None:
     """Raise ``TypeError`` naming ``owner``'s class (what the user typed; ``owner`` is an instance
     or the class itself), not a base class, for a keyword that neither that class's constructor
-    nor [`Strategy`][exogym.strategy.Strategy] takes, with the closest valid spelling
-    (``DiLoCoStrategy(h=10)``: did you mean 'H'?)."""
-    unknown = [k for k in kwargs if k not in STRATEGY_KEYWORDS]
+    nor [`Strategy`][exogym.strategy.Strategy] takes (presets pass ``Strategy``'s keywords on as
+    ``**strategy_kwargs``), with the closest valid spelling (``DiLoCoStrategy(h=10)``: did you
+    mean 'H'?)."""
+    keywords = [n for n in inspect.signature(Strategy.__init__).parameters if n != "self"]
+    unknown = [k for k in kwargs if k not in keywords]
     if not unknown:
         return
-    import inspect
-
     from exogym.keywords import unexpected_keyword
 
     cls = owner if isinstance(owner, type) else type(owner)
     own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "strategy_kwargs")]
-    valid = own + [k for k in STRATEGY_KEYWORDS if k not in own]
+    valid = own + [k for k in keywords if k not in own]
     raise unexpected_keyword(f"{cls.__name__}()", unknown[0], valid)
 
 
@@ -157,12 +146,12 @@ class Strategy(ABC):
         # the model's parameters, with the model: an optimizer may treat them by role (MuonAdamW)
         self.optim = self.optim_spec.build(ModelParameters(model))
         self._buckets: list[Bucket] | None = None  # communicate_gradients/models' flat buffers
-        self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
+        self._setup_scheduler()
 
     def _setup_scheduler(self) -> None:
-        """Build the LR scheduler again, for ``self.optim`` as it is: a subclass that replaces
-        the optimizer in its ``_init_node`` calls this after (the original exo gym's spelling;
-        see ``exogym.compat``)."""
+        """Build the LR scheduler for ``self.optim`` as it is: ``_init_node`` does, and a subclass
+        that replaces the optimizer in its ``_init_node`` calls this again after (the original exo
+        gym's spelling; see ``exogym.compat``)."""
         self.scheduler = build_scheduler(self.optim, self.lr_scheduler, self.lr_scheduler_kwargs, self.max_steps)
 
     @property

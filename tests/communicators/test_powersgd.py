@@ -222,8 +222,8 @@ def test_powersgd_matches_pytorchs_powersgd_hook_under_ddp_on_two_gloo_processes
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"rank": 0}, ValueError, r"rank must be a positive int, got 0"),
-        ({"rank": 1.5}, ValueError, r"rank must be a positive int, got 1.5"),
+        ({"rank": 0}, ValueError, r"rank must be an int >= 1 .*, got 0"),
+        ({"rank": 1.5}, ValueError, r"rank must be an int >= 1 .*, got 1.5"),
         ({"start_iter": -1}, ValueError, r"start_iter \(dense steps before compressing\) must be an int >= 0"),
         ({"min_compression_rate": 0.5}, ValueError, r"min_compression_rate must be >= 1, got 0.5"),
         ({"min_compression_rate": "2"}, TypeError, r"min_compression_rate must be a number >= 1"),

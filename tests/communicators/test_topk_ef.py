@@ -110,7 +110,7 @@ def test_faults_that_drop_nodes_are_refused_naming_the_all_gather() -> None:
 
 @pytest.mark.parametrize("k", [0, 1.5, True, "0.1"])
 def test_a_fraction_outside_zero_to_one_is_refused(k) -> None:
-    with pytest.raises(ValueError, match=r"k \(the fraction of each tensor's entries sent\) must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"k must be a number in \(0, 1\] \(the fraction of each tensor's entries"):
         TopKEFStrategy(k=k)
 
 
