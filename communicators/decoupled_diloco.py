@@ -165,8 +165,9 @@ class DecoupledDiLoCoServer(Server):
         self.bounds = fragment_bounds(n, P)
         self.offsets = fragment_offsets(self.sync_steps, P)
         self.down = absences(ctx.network, k)
-        size = self.params.element_size()
-        self.fragment_seconds = [[ctx.transfer_seconds(r, size * (b - a)) for a, b in self.bounds] for r in range(k)]
+        # A fragment's share of a model's bytes on the wire (``ctx.nbytes``: a scale's target's).
+        self.fragment_bytes = [ctx.nbytes * (b - a) // n for a, b in self.bounds]
+        self.fragment_seconds = [[ctx.transfer_seconds(r, nb) for nb in self.fragment_bytes] for r in range(k)]
         self.pull_seconds = [ctx.transfer_seconds(r) for r in range(k)]
         self.step_seconds = [ctx.step_seconds(r) for r in range(k)]
         self.step_ref = sorted(self.step_seconds)[self._quorum - 1]
@@ -225,7 +226,7 @@ class DecoupledDiLoCoServer(Server):
         for p, offset in enumerate(self.offsets):
             if s % self.sync_steps == offset:
                 sent = self._slice(self.learner[r], p).clone()
-                self.transfer(r, sent=sent.numel() * sent.element_size())  # it trains on meanwhile
+                self.transfer(r, sent=self.fragment_bytes[p])  # it trains on meanwhile
                 self.schedule(self.fragment_seconds[r][p], "contribution", r, p, c[p], self.v[r][p], sent)
                 self.sends[r] += 1
         self._step_or_leave(r, adopt=True)
@@ -270,7 +271,7 @@ class DecoupledDiLoCoServer(Server):
                 self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], merged)
 
     def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
-        self.transfer(r, received=merged.numel() * merged.element_size())  # it trains on meanwhile
+        self.transfer(r, received=self.fragment_bytes[p])  # it trains on meanwhile
         self.arrived[r][p] = max(self.arrived[r][p], version)
         self.inbox[r].setdefault(p, {})[version] = merged
 

@@ -151,7 +151,7 @@ class StreamingDiLoCoCommunicator(Communicator):
                 delta,
                 op="mean",
                 tag="streaming_diloco",
-                entries=Entries.of_flat(bucket.tensors, torch.arange(lo, hi, device=delta.device)),
+                entries=Entries.of_range(bucket.tensors, lo, hi),
                 async_op=True,
             )
             handles.append(handle)

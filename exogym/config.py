@@ -56,6 +56,9 @@ class FitConfig:
             or ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
         dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
+        projection: with a scale, the target's payloads for the proxy's
+            ([`exogym.projection.Projection`][exogym.projection.Projection]), which every node's
+            ledger records; ``None``: the proxy's own.
     """
 
     num_nodes: int
@@ -86,6 +89,7 @@ class FitConfig:
     faults: Faults | None = None
     fault_round_steps: int = 1
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
+    projection: Any = None
 
     @property
     def accumulation(self) -> int:
@@ -108,6 +112,7 @@ class FitConfig:
         if n.counts_flops:
             d["network"]["flops_per_second"] = n.flops_per_second
         d["faults"] = None if self.faults is None else self.faults.to_dict()
+        d["projection"] = None if self.projection is None else self.projection.to_dict()
         return d
 
 

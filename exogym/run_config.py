@@ -7,7 +7,7 @@ section                        ``fit`` keywords
 ``RunConfig``             ``num_nodes``, ``num_epochs``, ``max_steps``, ``batch_size``,
                                ``minibatch_size``, ``gradient_accumulation``, ``device``,
                                ``devices``, ``autocast``, ``seed``, ``max_memory_usage``,
-                               ``network``, ``stop_on_nonfinite_loss``
+                               ``network``, ``scale``, ``stop_on_nonfinite_loss``
 ``DataConfig``            ``val_size``, ``val_interval``, ``shuffle``, ``dataloader_kwargs``
 ``TransportConfig``       ``transport``, ``collective_timeout``, ``shm_slot_mb``,
                                ``workers``, ``torchrun_mode``
@@ -26,6 +26,7 @@ the run's plan (``exogym.runtime.plan``), which turns the sections into the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from exogym.data import check_loader_kwargs
 from exogym.faults_config import Faults
 from exogym.logger import Logger, resolve_logger
 from exogym.runs import check_name
+from exogym.scale import Scale
 
 
 @dataclass
@@ -75,8 +77,12 @@ class RunConfig:
     stop_on_nonfinite_loss: bool = True
     """End the run with an error naming the node and step when a training loss is NaN or
     infinite (``False``: train on)."""
+    scale: Scale | str | float | None = None
+    """The model and hardware whose time is simulated ([`Scale`][exogym.Scale]; a parameter
+    count such as ``"10B"`` is ``Scale("10B")``): collectives carry the target's bytes and a step
+    lasts the scale's compute seconds where it gives them; ``None``: the proxy's own."""
     network_model: Network = field(init=False, repr=False)
-    """The [`Network`][exogym.Network] that ``network`` names."""
+    """The [`Network`][exogym.Network] that ``network`` names (with the scale's compute)."""
 
     def __post_init__(self) -> None:
         positive_int(self.num_nodes, "num_nodes")
@@ -89,6 +95,13 @@ class RunConfig:
             raise ValueError(f"max_memory_usage must be in (0, 1], got {self.max_memory_usage}")
         self._check_minibatch()
         self.network_model = resolve_network(self.network, num_nodes=self.num_nodes, seed=self.seed)
+        if self.scale is not None and not isinstance(self.scale, Scale):
+            if isinstance(self.scale, bool) or not isinstance(self.scale, (str, int, float)):
+                raise TypeError(f"scale must be an exogym.Scale or a parameter count such as '10B', got {self.scale!r}")
+            self.scale = Scale(self.scale)
+        seconds = self.scale.seconds_per_step() if self.scale is not None else None
+        if seconds is not None:
+            self.network_model = dataclasses.replace(self.network_model, compute=seconds)
 
     def _check_minibatch(self) -> None:
         batch, mb, acc = self.batch_size, self.minibatch_size, self.gradient_accumulation

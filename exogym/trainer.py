@@ -26,6 +26,7 @@ from exogym.runtime.node import NodeJob
 from exogym.runtime.plan import RunPlan, plan_run, resolve_workers
 from exogym.runtime.plan import usable_cpus as usable_cpus
 from exogym.runtime.worker import worker_process
+from exogym.scale import Scale
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Trainer:
         save_dir: str | None = None,
         correlation_interval: int | None = None,
         wandb_project: str | None = None,
+        scale: Scale | str | float | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -125,7 +127,8 @@ class Trainer:
           ``max_steps`` (steps per node; overrides ``num_epochs``), ``batch_size`` (per node per
           step), ``minibatch_size`` or ``gradient_accumulation`` (neither: the largest divisor of
           ``batch_size`` that fits in ``max_memory_usage`` of the device), ``device``,
-          ``devices``, ``autocast``, ``seed``, ``network``, ``stop_on_nonfinite_loss``;
+          ``devices``, ``autocast``, ``seed``, ``network``, ``scale`` (the model and hardware whose
+          time is simulated: [`Scale`][exogym.Scale]), ``stop_on_nonfinite_loss``;
         * data (``DataConfig``): ``val_size``, ``val_interval``,
           ``shuffle``, ``dataloader_kwargs``;
         * transport (``TransportConfig``): ``transport``,
@@ -166,7 +169,7 @@ class Trainer:
                 num_nodes=num_nodes, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size,
                 minibatch_size=minibatch_size, gradient_accumulation=gradient_accumulation, device=device,
                 devices=devices, autocast=autocast, seed=seed, max_memory_usage=max_memory_usage, network=network,
-                stop_on_nonfinite_loss=stop_on_nonfinite_loss,
+                scale=scale, stop_on_nonfinite_loss=stop_on_nonfinite_loss,
             ),
             data=DataConfig(
                 val_size=val_size, val_interval=val_interval, shuffle=shuffle, dataloader_kwargs=dataloader_kwargs

@@ -105,7 +105,8 @@ class ServerContext:
         region_of: ``region_of(client)``, the client's region (``0`` without regions).
         regions: the world's regions (``1`` without regions).
         network: the run's network ([`Network`][exogym.Network]).
-        nbytes: the bytes of ``params`` (what one transfer of the model carries).
+        nbytes: what one transfer of the model carries: the bytes of ``params``, or with a
+            [`Scale`][exogym.Scale] the target's (a part of the model carries its share of them).
     """
 
     num_clients: int

@@ -92,6 +92,9 @@ def select_indices(
     ``0 <= k <= n``.
     """
     device = torch.device(device)
+    if device.type == "meta":  # indices without values: their number is all there is
+        _check_select(n, k)
+        return torch.empty(k, dtype=torch.int64, device=device)
     if not _ops.use_kernel("select_indices", device):
         return select_indices_reference(n, k, seed, step, tensor_id, device)
     _check_select(n, k)

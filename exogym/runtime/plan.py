@@ -30,6 +30,7 @@ from exogym.core.comm.plan import TransportPlan, resolve_kind
 from exogym.core.server import ServerStrategy
 from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name
+from exogym.projection import Projection, param_bytes, probe
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster, pool, preflight
@@ -128,6 +129,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     config = _fit_config(
         args, layout, device=device, autocast=autocast, steps=steps, minibatch=minibatch,
         has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
+        projection=_projection(model, strategy, run, steps),
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
     placement = None if isinstance(strategy, ServerStrategy) else Placement(run.num_nodes, layout.workers)
@@ -269,6 +271,7 @@ def _fit_config(
     has_val: bool,
     resume_folder: str | None,
     fault_round: int,
+    projection: Projection | None,
 ) -> FitConfig:
     """The settings every node reads."""
     run, data, log, folder = args.run, args.data, args.logging, args.checkpoint.checkpoint_dir
@@ -303,7 +306,20 @@ def _fit_config(
         faults=args.faults,
         fault_round_steps=fault_round,
         dataloader_kwargs=data.loader_kwargs,
+        projection=projection,
     )
+
+
+def _projection(model: torch.nn.Module, strategy: Strategy, run: RunConfig, steps: int | None) -> Projection | None:
+    """With ``run.scale``, the target's payloads for the proxy's (``exogym.projection``): a
+    server algorithm's clients send whole models, in the ratio of parameter bytes; a lock-step
+    strategy is probed."""
+    if run.scale is None:
+        return None
+    if isinstance(strategy, ServerStrategy):
+        ratio = param_bytes(run.scale.target_model()) / max(1, param_bytes(model))
+        return Projection(ratio=ratio, scale=run.scale.describe())
+    return probe(strategy, model, run.scale, run.num_nodes, steps or 1, run.seed)
 
 
 def _checkpoint_meta(model: torch.nn.Module, strategy: Strategy, config: FitConfig) -> dict[str, Any] | None:

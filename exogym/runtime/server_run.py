@@ -85,14 +85,16 @@ def _quiet() -> Iterator[None]:
 
 
 def server_context(
-    network: Any, num_clients: int, seed: int, params: torch.Tensor, steps_per_epoch: int
+    network: Any, num_clients: int, seed: int, params: torch.Tensor, steps_per_epoch: int, projection: Any = None
 ) -> ServerContext:
     """What a server gets at setup in a run on ``network`` (its speeds drawn for the run) of
     ``num_clients`` clients from ``seed``, starting from the flat ``params``, whose clients take
-    ``steps_per_epoch`` steps per pass over their data. ``ValueError`` where the network's compute
-    is measured."""
+    ``steps_per_epoch`` steps per pass over their data; with a scale's ``projection``, a model
+    transfer carries the target's bytes. ``ValueError`` where the network's compute is measured."""
     base = _step_seconds(network)
     nbytes = params.numel() * params.element_size()
+    if projection is not None:
+        nbytes = int(round(nbytes * projection.ratio))
     world = network.world
     return ServerContext(
         num_clients=num_clients,
@@ -134,7 +136,9 @@ class ServerRun:
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
         self.server = copy.deepcopy(strategy.server)
-        ctx = server_context(cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch)
+        ctx = server_context(
+            cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch, cfg.projection
+        )
         self.validations: list[dict[str, Any]] = []
         self.val_loader = self._val_loader()
         self.evaluator = Evaluator(

@@ -132,6 +132,7 @@ def _run_node(
     built: _AfterBuilding | None = None,
 ) -> dict[str, Any] | None:
     comm = NodeComm(rank, job.config.num_nodes, transport)
+    comm.ledger.projection = job.config.projection
     set_current(comm)
     try:
         node = TrainNode(job, rank, comm, device)

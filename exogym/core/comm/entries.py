@@ -41,6 +41,18 @@ class Entries:
             offset += n
         return cls(list(tensors), indices)
 
+    @classmethod
+    def of_range(cls, tensors: Sequence[torch.Tensor], lo: int, hi: int) -> Entries:
+        """Entries ``lo`` to ``hi`` (excluded) of the concatenation of ``tensors``' flattened
+        entries (a slice of a flat buffer): for each tensor, the part of the range it holds."""
+        indices, offset = [], 0
+        for t in tensors:
+            n = t.numel()
+            a, b = min(max(lo - offset, 0), n), min(max(hi - offset, 0), n)
+            indices.append(torch.arange(a, b, device=t.device))
+            offset += n
+        return cls(list(tensors), indices)
+
     def numel(self) -> int:
         """Values in the payload."""
         return sum(int(i.numel()) for i in self.indices)

@@ -190,13 +190,18 @@ class LocalClock:
         return stall
 
     def _walk(self, compute: float) -> float:
-        """The running step's starts and waits in order from the end of its compute: fixes the
-        arrivals of its handles; returns the clock after its last wait."""
-        t, network = self.seconds + compute, self.network
+        """The running step's starts and waits in order: fixes the arrivals of its handles;
+        returns the clock after its last wait. A transfer starts as the step's backward pass
+        starts (``Network.backward_share`` of its compute before the end, as a blocking
+        collective does), or where a wait before it in the step left the clock."""
+        end, network = self.seconds + compute, self.network
+        t = end
+        begin = end - network.backward_share * compute if network is not None else end
         for handle, is_start in self._events:
             if is_start:
-                seconds = [network.record_seconds(r, t) for r in handle.records] if network is not None else []
-                handle.arrival = t + sum(seconds)
+                start = begin if t == end else t
+                seconds = [network.record_seconds(r, start) for r in handle.records] if network is not None else []
+                handle.arrival = start + sum(seconds)
             elif handle.arrival is not None and handle.arrival > t:
                 t = handle.arrival
         return t

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 
@@ -99,6 +100,11 @@ class Ledger:
     overlap_steps: int = 0
     #: Whether records made now block their step (see ``nonblocking``).
     blocking: bool = True
+    #: A scale's projection (``exogym.projection.Projection``): records carry the target's
+    #: payloads, not the proxy's; ``None``: the proxy's own.
+    projection: Any = None
+    #: ``(tag, kind, proxy payload)`` of the running step's records, with a projection.
+    _calls: list[tuple[str, str, int]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def overlapping(self, steps: int) -> Iterator[None]:
@@ -135,6 +141,9 @@ class Ledger:
         named) and return its record."""
         if members is not None and len(members) != group_size:
             raise ValueError(f"members names {len(members)} ranks for a group of {group_size}")
+        if self.projection is not None:
+            self._calls.extend([(tag, kind, int(payload))] * count)
+            payload = self.projection.payload(tag, kind, int(payload))
         sent, received = wire_bytes(kind, group_size, payload, is_root)
         rec = CollectiveRecord(
             kind, group_size, int(payload), sent, received, tag, self.overlap_steps, members, self.blocking
@@ -147,6 +156,18 @@ class Ledger:
         return rec
 
     def end_step(self) -> list[CollectiveRecord]:
-        """Return the records charged since the last call and start a new step."""
+        """Return the records charged since the last call and start a new step. With a
+        projection, a step whose collectives the target makes differently (in number or kind)
+        returns the target's (``Projection.step``)."""
         records, self.step_records = self.step_records, []
+        if self._calls:
+            calls, self._calls = tuple(self._calls), []
+            theirs = self.projection.step(calls, records)
+            if theirs is not None:
+                for sign, recs in ((-1, records), (1, theirs)):
+                    self.total_sent += sign * sum(r.sent for r in recs)
+                    self.total_received += sign * sum(r.received for r in recs)
+                    self.total_payload += sign * sum(r.payload for r in recs)
+                    self.total_collectives += sign * len(recs)
+                records = theirs
         return records

@@ -61,6 +61,9 @@ from exogym.core.comm.world import World, build_world
 from exogym.core.comm.world_file import is_world_file, load_world
 from exogym.core.comm.world_presets import WORLD_PRESETS
 
+#: The backward pass's share of a training step's compute by default (the forward pass is the rest).
+BACKWARD_SHARE = 2.0 / 3.0
+
 #: A stream of the run's seed for drawing node speeds (distinct from the faults' streams).
 _SPEED_STREAM = 0x5EED
 
@@ -89,6 +92,9 @@ class Network:
             or its trace: a CSV path or rows ``time,node,available``), turned into the rounds
             nodes drop out of at the start of a run ([`drop_plan`][exogym.Network.drop_plan]);
             ``None``: always present.
+        backward_share: the share of a training step's compute that is its backward pass
+            (default two thirds; the forward pass is the rest): the time a step's collectives
+            overlap its compute (see [`records_time`][exogym.Network.records_time]).
     """
 
     bandwidth: float
@@ -99,6 +105,7 @@ class Network:
     flops_per_second: float = 1e13
     world: World | None = None
     availability: Availability | None = None
+    backward_share: float = BACKWARD_SHARE
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -116,6 +123,10 @@ class Network:
             raise ValueError(f"compute must be 'measured', 'flops' or seconds per step (a number >= 0), got {c!r}")
         if not self.flops_per_second > 0:
             raise ValueError(f"flops_per_second must be > 0, got {self.flops_per_second}")
+        if not 0.0 <= self.backward_share <= 1.0:
+            raise ValueError(
+                f"backward_share must be in [0, 1] (the backward pass's share of a step), got {self.backward_share!r}"
+            )
         self._check_availability()
 
     def _check_availability(self) -> None:
@@ -295,15 +306,19 @@ class Network:
         return self.world.seconds(record.kind, record.payload, record.members, record.group_size, at)
 
     def records_time(self, records: Iterable[CollectiveRecord], compute: float = 0.0, at: float = 0.0) -> float:
-        """Seconds a node's step waits for its collectives, run one after the other. Transfers
-        the algorithm overlaps with its next ``k`` steps (``overlap_steps``) are hidden behind
-        ``k * compute`` (``compute``: this step's compute seconds, taken as the next steps' too);
-        only what exceeds it is waited for; a collective started with ``async_op=True``
-        (``blocking=False``) costs the step nothing: its handle's wait stalls the step that
-        waits (``exogym.core.comm.handles``). ``at``: the simulated second the step's
-        collectives start (a world's traces price them on the bandwidths then)."""
-        blocking = overlapped = 0.0
-        budget = 0.0
+        """Seconds a node's step waits for its collectives beyond its ``compute`` seconds.
+
+        A step's collectives stream through its backward pass, as DDP's gradient buckets and the
+        layer-by-layer schedules of the published simulations do: they start when the backward
+        pass starts (``backward_share * compute`` before the step's compute ends) and run one
+        after the other, so the step waits ``max(0, C - backward_share * compute)`` for ``C``
+        seconds of them. Transfers the algorithm overlaps with its next ``k`` steps
+        (``overlap_steps``, e.g. Eager DiLoCo's) follow them and may end ``k * compute`` later
+        (``compute`` taken as the next steps' too); a collective started with ``async_op=True``
+        (``blocking=False``) costs the step nothing: its handle's wait stalls the step that waits
+        (``exogym.core.comm.handles``). ``at``: the simulated second the step's collectives start
+        (a world's traces price them on the bandwidths then)."""
+        blocking = overlapped = budget = 0.0
         world = self.world.at(at) if self.world is not None else None
         for r in records:
             if not r.blocking:
@@ -317,7 +332,8 @@ class Network:
                 budget = max(budget, r.overlap_steps * compute)
             else:
                 blocking += t
-        return blocking + max(0.0, overlapped - budget)
+        window = self.backward_share * compute
+        return max(0.0, blocking - window, blocking + overlapped - window - budget)
 
     @property
     def trace_changes(self) -> tuple[float, ...]:
