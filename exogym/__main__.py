@@ -4,7 +4,12 @@ exogym compare trains several strategies on a built-in task from the same initia
 reports, for each, the final validation loss and accuracy, bytes sent per node, the simulated
 time on a chosen network and the wall time; it writes per-run CSVs, summary.csv and plots.
 With --target-loss X it also reports the simulated seconds, steps and MB per node at which
-each strategy's average model first reached validation loss X.
+each strategy's average model first reached validation loss X. With --scale 1B (and
+--step-seconds) the same training is priced as a model of that size: bytes and simulated time are
+the large model's, the learning the task's.
+
+exogym bandwidth prints the bandwidth each method needs for a compute utilisation at a scale, or
+the utilisation a bandwidth gives, without training.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from exogym.cli import (
 )
 from exogym.cli import int_at_least as _int_at_least
 from exogym.cli import positive_float as _positive_float
+from exogym.cli.bandwidth import add_parser as add_bandwidth_parser
+from exogym.cli.bandwidth import add_scale_options, scale_from_args
+from exogym.cli.bandwidth import run as run_bandwidth
 from exogym.cli.sweep_args import add_sweep_options, is_sweep, run_sweep
 from exogym.strategy.registry import PRESETS
 from exogym.tasks import TASKS
@@ -98,6 +106,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     add_run_options(p, out="exogym_runs/compare", data_help="where mnist, cifar10 and shakespeare are downloaded")
     add_sweep_options(p)
+    add_scale_options(p)
+    add_bandwidth_parser(sub)
     return parser, p
 
 
@@ -111,7 +121,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Under torchrun, rank 0 reports.
     logging.basicConfig(level=logging.INFO if cluster.reporting() else logging.WARNING, format="%(message)s")
+    if args.command == "bandwidth":
+        sub = args.subparser
+        run_bandwidth(sub, args, strategy_names(sub, args.strategies, "--strategies"))
+        return
     names = strategy_names(parser, args.strategies, "--strategies")
+    scale = scale_from_args(parser, args)
     if args.workers is not None and args.workers > args.nodes:
         parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
     from exogym.config import resolve_device
@@ -155,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         partition=split,
         target_loss=args.target_loss,
         flops_per_second=args.flops_per_second,
+        scale=scale,
     )
     report(result)
 

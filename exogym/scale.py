@@ -143,7 +143,8 @@ class Scale:
         tokens_per_step, accelerators, peak_flops, mfu: the step's compute as ``6 * params *
             tokens_per_step / (accelerators * peak_flops * mfu)`` seconds (``peak_flops`` per
             accelerator, FLOP/s; ``mfu`` the model FLOPs utilisation, default 0.4), where
-            ``step_seconds`` is not given.
+            ``step_seconds`` is not given. ``tokens_per_step`` alone turns a number of tokens
+            into steps (``exogym bandwidth --tokens``).
     """
 
     params: float | int | str | None = None
@@ -187,10 +188,9 @@ class Scale:
             raise ValueError(f"Scale: accelerators must be an int >= 1, got {self.accelerators!r}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"Scale: mfu must be in (0, 1], got {self.mfu!r}")
-        flops_given = self.tokens_per_step is not None or self.peak_flops is not None
-        if flops_given and (self.tokens_per_step is None or self.peak_flops is None):
-            raise ValueError("Scale: the step's compute from FLOPs needs both tokens_per_step and peak_flops")
-        if flops_given and self.step_seconds is not None:
+        if self.peak_flops is not None and self.tokens_per_step is None:
+            raise ValueError("Scale: the step's compute from FLOPs needs tokens_per_step with peak_flops")
+        if self.peak_flops is not None and self.step_seconds is not None:
             raise ValueError("Scale: give step_seconds or tokens_per_step and peak_flops, not both")
 
     @property

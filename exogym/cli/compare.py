@@ -25,6 +25,7 @@ from exogym.partition import Partition
 from exogym.runs import check_name
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
+from exogym.scale import Scale
 from exogym.strategy.registry import build
 from exogym.tasks import Task, load
 
@@ -141,6 +142,7 @@ def compare(
     raise_on_failure: bool = False,
     target_loss: float | None = None,
     flops_per_second: float | None = None,
+    scale: Scale | str | float | None = None,
 ) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<strategy>/metrics.csv``, ``summary.csv`` and the plots of
@@ -181,6 +183,10 @@ def compare(
             (``exogym.cli.target.time_to_target``; empty when never), and the loss plots
             mark it with a horizontal line.
         flops_per_second: a node's throughput for ``compute="flops"`` (``None``: the network's).
+        scale: the model and hardware whose time is simulated ([`Scale`][exogym.Scale], or a
+            parameter count such as ``"1B"``): each run's bytes and simulated time are the
+            target's (its step seconds replace ``compute`` where it gives them), the learning the
+            task's; the caption names it.
     """
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
@@ -193,6 +199,11 @@ def compare(
     net = resolve_network(network, compute, num_nodes=nodes, seed=seed)
     if flops_per_second is not None:
         net = dataclasses.replace(net, flops_per_second=flops_per_second)
+    if scale is not None and not isinstance(scale, Scale):
+        scale = Scale(scale)
+    seconds = scale.seconds_per_step() if scale is not None else None
+    if seconds is not None:  # (as fit applies it: the caption says the compute the runs have)
+        net = dataclasses.replace(net, compute=seconds)
     lr = spec.lr if lr is None else lr
     own = isinstance(strategies, Mapping)  # built by the caller, with their own lr and H
     if own:  # your own strategies, by label
@@ -203,8 +214,10 @@ def compare(
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(
         spec.name, nodes, steps, batch_size, None if own else lr, None if own else H, net, seed,
-        compute_source(network, compute),
+        compute_source(network, compute) if seconds is None else " (the scale's)",
     )  # fmt: skip
+    if scale is not None:
+        caption += f"; {scale.describe()}"
     if partition is not None:
         if partition.num_nodes != nodes:
             raise ValueError(f"partition was made for {partition.num_nodes} nodes, the comparison has nodes={nodes}")
@@ -223,7 +236,7 @@ def compare(
                     history, wall, clocks, summary = run_point(
                         spec, strategy, name=name, log_dir=out, nodes=nodes, steps=steps, batch_size=batch_size,
                         network=net, seed=seed, val_size=val_size, progress=progress, device=device,
-                        workers=workers, partition=partition,
+                        workers=workers, partition=partition, fit_args={"scale": scale},
                     )  # fmt: skip
                 except Exception as e:
                     result.failures[name] = e
