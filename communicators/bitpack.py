@@ -39,7 +39,7 @@ def pack(codes: Sequence[torch.Tensor], widths: Sequence[int]) -> torch.Tensor:
         raise ValueError(f"pack: {len(codes)} code tensors but {len(widths)} widths")
     parts = []
     for c, w in zip(codes, widths, strict=True):
-        if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 1 << w):
+        if c.numel() and not c.is_meta and (int(c.min()) < 0 or int(c.max()) >= 1 << w):  # (meta: no values)
             raise ValueError(f"pack: codes must lie in [0, 2**{w}) for width {w}")
         if w:
             parts.append(_bits(c, w))

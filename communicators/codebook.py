@@ -31,8 +31,7 @@ def quantize(values: torch.Tensor, bits: int, range_sigmas: float = RANGE_SIGMAS
     m = centered.numel()
     sigma = centered.norm() / math.sqrt(m - 1) if m > 1 else centered.new_zeros(())
     scale = range_sigmas * sigma / levels
-    if not bool(torch.isfinite(scale)) or float(scale) == 0.0:
-        scale = centered.new_ones(())
+    scale = torch.where(torch.isfinite(scale) & (scale != 0), scale, torch.ones_like(scale))
     codes = (centered / scale + levels // 2).round().clamp(0, levels - 1).to(torch.int64)
     sums = torch.zeros(levels, dtype=torch.float32, device=v.device).index_add_(0, codes, centered)
     counts = torch.zeros(levels, dtype=torch.float32, device=v.device).index_add_(0, codes, torch.ones_like(centered))

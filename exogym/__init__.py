@@ -27,6 +27,7 @@ __all__ = [
     "Network",
     "NodeFailedError",
     "Result",
+    "Scale",
     "Server",
     "ServerContext",
     "ServerStrategy",
@@ -48,6 +49,7 @@ __getattr__, __dir__ = lazy_exports(
         "LocalTrainer": "exogym.trainer",
         "NodeFailedError": "exogym.runtime.launch",
         "Result": "exogym.core.server",
+        "Scale": "exogym.scale",
         "Server": "exogym.core.server",
         "ServerContext": "exogym.core.server",
         "ServerStrategy": "exogym.core.server",
@@ -69,4 +71,5 @@ if TYPE_CHECKING:
     from exogym.runtime.forkserver import prestart
     from exogym.runtime.launch import NodeFailedError
     from exogym.runtime.pool import shutdown
+    from exogym.scale import Scale
     from exogym.trainer import LocalTrainer, Trainer
