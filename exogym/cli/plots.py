@@ -16,6 +16,17 @@ AXES = {
     "sim_time": ("sim_time", "simulated seconds", 1.0),
 }
 
+#: Units of the simulated-time axis, largest first: (seconds in one, name). A plot uses the
+#: largest unit its longest run spans twice (hours for a run priced at a scale).
+TIME_UNITS = ((86400.0, "days"), (3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
+
+
+def time_unit(longest: float) -> tuple[float, str]:
+    """``(seconds in the unit, its name)`` for a simulated-time axis whose longest run lasts
+    ``longest`` seconds."""
+    return next(((s, name) for s, name in TIME_UNITS if longest >= 2 * s), TIME_UNITS[-1])
+
+
 #: y-axis name -> (history column, axis label).
 METRICS = {
     "val_loss": ("val_loss_global", "validation loss (average model)"),
@@ -56,6 +67,10 @@ def plot_comparison(
         if not any(ycol in r for rows in histories.values() for r in rows):
             continue
         for axis, (xcol, xlabel, scale) in AXES.items():
+            if axis == "sim_time":  # in the unit the runs span: hours at a scale
+                longest = max((r.get(xcol) or 0.0 for rows in histories.values() for r in rows), default=0.0)
+                seconds, unit = time_unit(longest)
+                xlabel, scale = f"simulated {unit}", 1.0 / seconds
             fig, ax = plt.subplots(figsize=(7, 4.6), dpi=100)
             smallest = float("inf")
             for name, rows in histories.items():
