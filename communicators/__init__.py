@@ -12,8 +12,8 @@ the node's ledger through ``exogym.core.comm.comm.NodeComm``.
 * [`StreamingDiLoCoCommunicator`][communicators.StreamingDiLoCoCommunicator]: Streaming DiLoCo, the
   outer step on staggered fragments;
 * [`QuantizeCommunicator`][communicators.QuantizeCommunicator]: another module's payload in int8 /
-  fp8 / fp16 / bf16 (the wire transforms [`Int8`][communicators.Int8], [`FP8`][communicators.FP8],
-  [`FP16`][communicators.FP16], [`BF16`][communicators.BF16] do it for a whole pipeline:
+  fp8 / fp4 / fp16 / bf16 (the wire transforms [`Int8`][communicators.Int8], [`FP8`][communicators.FP8],
+  [`FP4`][communicators.FP4], [`FP16`][communicators.FP16], [`BF16`][communicators.BF16] do it for a whole pipeline:
   ``CommunicateOptimizeStrategy([...], wire=Int8())``);
 * [`DCTCompressCommunicator`][communicators.DCTCompressCommunicator]: DeMo's decoupled momentum with
   DCT top-k and sign-SGD ([`DCTTopKReducer`][communicators.DCTTopKReducer] compresses DiLoCo's
@@ -52,7 +52,7 @@ from communicators.islands import draw_islands, draw_participants
 from communicators.noloco import NoLoCoCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
 from communicators.powersgd import PowerSGDCommunicator
-from communicators.quantize import BF16, FP8, FP16, Int8, Quantize, QuantizeCommunicator
+from communicators.quantize import BF16, FP4, FP8, FP16, Int8, Quantize, QuantizeCommunicator
 from communicators.sparse import SparseCommunicator
 from communicators.sparseloco import SparseLoCoCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
@@ -62,6 +62,7 @@ from exogym.core.pipeline import Communicator, NodeContext, Pipeline, Wrapper
 
 __all__ = [
     "BF16",
+    "FP4",
     "FP8",
     "FP16",
     "AsyncDiLoCoServer",

@@ -16,8 +16,9 @@ adaptive grace window, weighting each learner by the steps (tokens) behind its f
   first contribution (at ``t_open``); when ``quorum`` learners have contributed (at ``t_q``) the
   merge is set for ``t_q + grace * max(0, tau * step_ref - (t_q - t_open) - sync)`` (the adaptive
   grace window: ``step_ref`` the step seconds of the ``quorum``-th fastest learner, ``sync`` one
-  fragment transfer), and takes every contribution received by then. With weights
-  ``w_m = c_m / sum c`` (tokens times tokens per step, equal batches: steps),
+  fragment transfer: the upload of the learner that completed the quorum), and takes every
+  contribution received by then. With weights ``w_m = c_m / sum c`` (tokens times tokens per
+  step, equal batches: steps),
   ``Delta = sum_m w_m (Theta_p - theta_mp)`` and Nesterov SGD:
   ``b = mu b + Delta``, ``Theta_p -= lr (Delta + mu b)``. The merged fragment goes to every
   learner present, one fragment transfer later.
@@ -167,8 +168,14 @@ class DecoupledDiLoCoServer(Server):
         self.down = absences(ctx.network, k)
         # A fragment's share of a model's bytes on the wire (``ctx.nbytes``: a scale's target's).
         self.fragment_bytes = [ctx.nbytes * (b - a) // n for a, b in self.bounds]
-        self.fragment_seconds = [[ctx.transfer_seconds(r, nb) for nb in self.fragment_bytes] for r in range(k)]
-        self.pull_seconds = [ctx.transfer_seconds(r) for r in range(k)]
+        # Per learner and fragment: its contribution's transfer (up) and a merged fragment's (down).
+        self.fragment_up = [
+            [ctx.transfer_seconds(r, nb, direction="up") for nb in self.fragment_bytes] for r in range(k)
+        ]
+        self.fragment_down = [
+            [ctx.transfer_seconds(r, nb, direction="down") for nb in self.fragment_bytes] for r in range(k)
+        ]
+        self.pull_seconds = [ctx.transfer_seconds(r, direction="down") for r in range(k)]
         self.step_seconds = [ctx.step_seconds(r) for r in range(k)]
         self.step_ref = sorted(self.step_seconds)[self._quorum - 1]
         self.momentum = torch.zeros_like(self.params) if self.outer != "cgad" else None
@@ -227,7 +234,7 @@ class DecoupledDiLoCoServer(Server):
             if s % self.sync_steps == offset:
                 sent = self._slice(self.learner[r], p).clone()
                 self.transfer(r, sent=self.fragment_bytes[p])  # it trains on meanwhile
-                self.schedule(self.fragment_seconds[r][p], "contribution", r, p, c[p], self.v[r][p], sent)
+                self.schedule(self.fragment_up[r][p], "contribution", r, p, c[p], self.v[r][p], sent)
                 self.sends[r] += 1
         self._step_or_leave(r, adopt=True)
 
@@ -238,7 +245,7 @@ class DecoupledDiLoCoServer(Server):
         contributions[r] = (c, v, self.now, sent)  # a later contribution replaces the learner's earlier
         if not self.merging[p] and len(contributions) >= self._quorum:
             self.merging[p] = True
-            slack = self.tau * self.step_ref - (self.now - self.opened[p]) - self.fragment_seconds[r][p]
+            slack = self.tau * self.step_ref - (self.now - self.opened[p]) - self.fragment_up[r][p]
             self.schedule(self.grace * max(0.0, slack), "merge", p)
 
     def on_merge(self, p: int) -> None:
@@ -266,9 +273,9 @@ class DecoupledDiLoCoServer(Server):
         self.record("merges", self.now, p, tuple(r for r, _ in contributions), weights)
         merged = theta.clone()  # (read only by the learners it reaches)
         for r in range(self.ctx.num_clients):
-            arrival = self.now + self.fragment_seconds[r][p]
+            arrival = self.now + self.fragment_down[r][p]
             if not any(a <= arrival < b for a, b in self.down[r]):  # a learner absent then drops it
-                self.schedule(self.fragment_seconds[r][p], "deliver", r, p, self.version[p], merged)
+                self.schedule(self.fragment_down[r][p], "deliver", r, p, self.version[p], merged)
 
     def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
         self.transfer(r, received=self.fragment_bytes[p])  # it trains on meanwhile

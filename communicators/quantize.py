@@ -1,13 +1,16 @@
-"""Quantize what goes on the wire to fp16, bf16, int8 or fp8, optionally with error feedback.
+"""Quantize what goes on the wire to fp16, bf16, int8, fp8 or fp4, optionally with error feedback.
 
-``CommunicateOptimizeStrategy([...], wire=Int8())`` (or [`FP8`][communicators.FP8],
+``CommunicateOptimizeStrategy([...], wire=Int8())`` (or [`FP8`][communicators.FP8], [`FP4`][communicators.FP4],
 [`FP16`][communicators.FP16], [`BF16`][communicators.BF16], [`Quantize`][communicators.Quantize])
 hands every module a communication object that quantizes every floating-point all-reduce and
 all-gather payload before it leaves the node; ``QuantizeCommunicator(inner, "int8")`` does the same
 for one module. The ledger charges the collective at the quantized size (for int8 and fp8: one byte
 per entry plus one fp32 scale per chunk of ``chunk`` entries), i.e. a quantized ring all-reduce. fp8
 is ``float8_e4m3fn`` (3 mantissa bits, largest value 448) scaled per chunk so that the chunk's
-largest magnitude maps to 448; its codes travel as bytes. An all-reduce's result is what a
+largest magnitude maps to 448; its codes travel as bytes. fp4 is OCP e2m1 (1 sign, 2 exponent, 1
+mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; ``communicators.fp4``) scaled per chunk so
+that the chunk's largest magnitude maps to 6 and rounded to the nearest code, ties to even; two
+codes travel in one byte (``ceil(n / 2)`` bytes plus one fp32 scale per chunk). An all-reduce's result is what a
 reduction of the quantized contributions gives (no re-quantization at intermediate hops): each
 node decodes its own payload and the simulator sums the decoded values in float32 (the ledger
 charges the quantized bytes); an all-gather moves the quantized payloads and every node decodes
@@ -35,46 +38,59 @@ from typing import Any
 
 import torch
 
+from communicators.fp4 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.entries import Entries
 from exogym.core.comm.handles import CollectiveHandle
 from exogym.core.communicator import Communicator, Wrapper
 from exogym.core.wire import Wire, WireComm
 
-FORMATS = ("int8", "fp16", "bf16", "fp8")
-#: Largest finite float8_e4m3fn value: the per-chunk absmax of an fp8 payload maps to it.
-_FP8_MAX = 448.0
+FORMATS = ("int8", "fp16", "bf16", "fp8", "fp4")
+#: The value each chunk's largest magnitude maps to: float8_e4m3fn's and e2m1's largest, int8's 127.
+_CHUNK_MAX = {"int8": 127.0, "fp8": 448.0, "fp4": E2M1_MAX}
 
 
 def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes, scales)`` of a 1-D float tensor. int8: symmetric per-chunk absmax, codes in
     ``[-127, 127]``; fp8: per-chunk absmax scaled to 448, cast to ``float8_e4m3fn`` and viewed as
-    ``uint8``; fp16/bf16: a cast and no scales."""
+    ``uint8``; fp4: per-chunk absmax scaled to 6, rounded to e2m1 (ties to even) and packed two
+    codes a byte (``ceil(n / 2)`` ``uint8``); fp16/bf16: a cast and no scales."""
     if fmt in ("fp16", "bf16"):
         return x.to(torch.float16 if fmt == "fp16" else torch.bfloat16), x.new_empty(0, dtype=torch.float32)
     n = x.numel()
     chunks = math.ceil(n / chunk)
     rows = torch.nn.functional.pad(x.reshape(-1).to(torch.float32), (0, chunks * chunk - n)).view(chunks, chunk)
-    scales = rows.abs().amax(dim=1) / (_FP8_MAX if fmt == "fp8" else 127.0)
+    scales = rows.abs().amax(dim=1) / _CHUNK_MAX[fmt]
     scaled = rows / scales.clamp_min(1e-30)[:, None]
     if fmt == "fp8":
         return scaled.to(torch.float8_e4m3fn).reshape(-1)[:n].contiguous().view(torch.uint8), scales
+    if fmt == "fp4":
+        return pack_nibbles(encode_e2m1(scaled.reshape(-1)[:n])), scales
     return torch.round(scaled).clamp_(-127, 127).to(torch.int8).reshape(-1)[:n], scales
 
 
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int = 256) -> torch.Tensor:
-    """Float32 values of ``quantize``'s output."""
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, fmt: str, chunk: int = 256, n: int | None = None
+) -> torch.Tensor:
+    """Float32 values of ``quantize``'s output; ``n``: the entries it had (fp4, whose bytes hold
+    two codes each; default ``2 * codes.numel()``; the other formats have one code per entry)."""
     if fmt in ("fp16", "bf16"):
         return codes.to(torch.float32)
+    if fmt == "fp4":
+        values = decode_e2m1(unpack_nibbles(codes, 2 * codes.numel() if n is None else n))
+        return values * scales.repeat_interleave(chunk)[: values.numel()]
     if fmt == "fp8":
         codes = codes.view(torch.float8_e4m3fn)
     return codes.to(torch.float32) * scales.repeat_interleave(chunk)[: codes.numel()]
 
 
 def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
-    """Bytes of one quantized payload of ``n`` entries."""
+    """Bytes of one quantized payload of ``n`` entries: int8 and fp8 one per entry, fp4 one per
+    two (``ceil(n / 2)``), each with one fp32 scale per chunk; fp16 and bf16 two per entry."""
     if fmt in ("int8", "fp8"):
         return n + 4 * math.ceil(n / chunk)
+    if fmt == "fp4":
+        return math.ceil(n / 2) + 4 * math.ceil(n / chunk)
     return 2 * n
 
 
@@ -123,7 +139,7 @@ class QuantizedComm(WireComm):
                 self.entry_residuals[entries.key(tag)] = res
             x = x + torch.cat([r[i] for r, i in zip(res, entries.indices, strict=True)])
         codes, scales = quantize(x, self.fmt, self.chunk)
-        error = x - dequantize(codes, scales, self.fmt, self.chunk)
+        error = x - dequantize(codes, scales, self.fmt, self.chunk, x.numel())
         if entries is None:
             self.residuals[site] = error
         else:
@@ -151,7 +167,7 @@ class QuantizedComm(WireComm):
         # it, summed in float32. The decoding is the same on every node, so each decodes its own
         # and the sum travels as one plain all-reduce (not an all-gather that every node decodes
         # whole: K^2 decodings a round).
-        decoded = dequantize(*self._encode_next(tensor, tag, entries), self.fmt, self.chunk)
+        decoded = dequantize(*self._encode_next(tensor, tag, entries), self.fmt, self.chunk, tensor.numel())
         self.base.all_reduce(decoded, op, groups, charge=False)
         tensor.copy_(decoded.view_as(tensor))
         if charge:
@@ -176,7 +192,7 @@ class QuantizedComm(WireComm):
         all_codes = self.base.all_gather(codes, groups=groups, charge=False)
         all_scales = self.base.all_gather(scales, groups=groups, charge=False)
         decoded = torch.stack(
-            [dequantize(c, s, self.fmt, self.chunk) for c, s in zip(all_codes, all_scales, strict=True)]
+            [dequantize(c, s, self.fmt, self.chunk, tensor.numel()) for c, s in zip(all_codes, all_scales, strict=True)]
         )
         if charge:
             self.base.charge("all_gather", decoded.shape[0], *self.wire_payload(tensor, tag))
@@ -202,7 +218,7 @@ class Quantize(Wire):
 
     Args:
         fmt: one of ``FORMATS``.
-        chunk: entries per int8/fp8 scale.
+        chunk: entries per int8/fp8/fp4 scale.
         error_feedback: carry the quantization error into later payloads: per payload site where
             the payloads hold the same entries every round (``payloads = "stable"``), per
             parameter entry where they say which entries they hold (``payloads = "located"``: SPARTA).
@@ -256,6 +272,14 @@ class FP8(Quantize):
         super().__init__("fp8", chunk, error_feedback)
 
 
+class FP4(Quantize):
+    """[`Quantize`][communicators.Quantize] to OCP e2m1 4-bit floats, two a byte (per-chunk
+    scales; ``communicators.fp4``)."""
+
+    def __init__(self, chunk: int = 256, error_feedback: bool = False) -> None:
+        super().__init__("fp4", chunk, error_feedback)
+
+
 class FP16(Quantize):
     """[`Quantize`][communicators.Quantize] to float16."""
 
@@ -271,8 +295,8 @@ class BF16(Quantize):
 
 
 class QuantizeCommunicator(Wrapper):
-    """Wrap ``inner`` so that its float payloads travel as ``fmt`` (``int8``, ``fp8``, ``fp16``,
-    ``bf16``): the [`Quantize`][communicators.Quantize] wire transform applied to one module.
+    """Wrap ``inner`` so that its float payloads travel as ``fmt`` (``int8``, ``fp8``, ``fp4``,
+    ``fp16``, ``bf16``): the [`Quantize`][communicators.Quantize] wire transform applied to one module.
 
     Runs exactly when ``inner`` runs (its space and schedule); state is
     ``inner``'s plus the error-feedback residuals.
@@ -280,7 +304,7 @@ class QuantizeCommunicator(Wrapper):
     Args:
         inner: the communicator whose payload is quantized.
         fmt: one of ``FORMATS``.
-        chunk: entries per int8/fp8 scale.
+        chunk: entries per int8/fp8/fp4 scale.
         error_feedback: carry each site's quantization error into its next payload.
     """
 
@@ -312,6 +336,7 @@ class QuantizeCommunicator(Wrapper):
 __all__ = [
     "BF16",
     "FORMATS",
+    "FP4",
     "FP8",
     "FP16",
     "Int8",

@@ -56,7 +56,7 @@ class Task:
     train: Train
     start: torch.Tensor
     info: Any
-    #: Seconds of one transfer between the client and the server it talks to.
+    #: Seconds of its result's transfer from the client to the server it talks to (the upload).
     seconds: float = 0.0
     #: Whether the result is sent to the server (a transfer of ``seconds``).
     upload: bool = True
@@ -276,10 +276,14 @@ class ServerLoop:
             )
         state = send.state() if callable(send.state) else send.state
         start = (self.server.params if state is None else state).detach().clone()
-        link = self.ctx.transfer_seconds(client) if send.seconds is None else send.seconds
-        delay = link if send.transfer else 0.0
+        if send.seconds is None:
+            down = self.ctx.transfer_seconds(client, direction="down")
+            up = self.ctx.transfer_seconds(client, direction="up")
+        else:
+            down = up = send.seconds
+        delay = down if send.transfer else 0.0
         info = send.info() if callable(send.info) else send.info
-        task = self.in_flight[client] = Task(client, send.train, start, info, link, send.upload, self.time, delay)
+        task = self.in_flight[client] = Task(client, send.train, start, info, up, send.upload, self.time, delay)
         self._clock(client)  # (a client a send names is in the table)
         self._push(self.time + delay, "start", client, task)
 

@@ -98,8 +98,10 @@ class ServerContext:
         seed: the run's seed: derive random draws from it (every rank draws the same).
         params: the model's initial trainable parameters, flattened.
         step_seconds: ``step_seconds(client)``, the simulated seconds of one training step.
-        transfer_seconds: ``transfer_seconds(client, nbytes=None)``, of one transfer between the
-            client and the server (``nbytes=None``: the parameters, ``nbytes`` bytes).
+        transfer_seconds: ``transfer_seconds(client, nbytes=None, *, direction)``, of one
+            transfer between the client and the server (``nbytes=None``: the parameters,
+            ``nbytes`` bytes), ``direction="up"`` from the client (at its upload) or ``"down"``
+            to it (at its download).
         steps_per_epoch: a client's full batches in one pass over its data (client 0's, as
             ``fit`` counts the epochs of a run): what a task of ``E`` epochs is in steps.
         region_of: ``region_of(client)``, the client's region (``0`` without regions).
@@ -217,7 +219,8 @@ class Server:
         back with the result; a function given as ``info`` is called when the state is read, so
         that it sees what the state has then (``info=lambda: self.version``: the version sent,
         after every result of this instant). ``seconds``: of one transfer each way, where the state
-        does not come from the server's own place (``None``: ``ctx.transfer_seconds(client)``;
+        does not come from the server's own place (``None``: ``ctx.transfer_seconds(client,
+        direction=...)``, down for the state and up for the result;
         HALoS's workers talk to a server in their own region). ``upload=False``: the result is not
         sent (the client keeps its parameters, and the server reads them where it has them:
         Decoupled DiLoCo's learners, whose every step is a task); it reaches ``on_result`` at the

@@ -37,10 +37,14 @@ from exogym.runtime.progress import Progress
 logger = logging.getLogger(__name__)
 
 
-def transfer_seconds(network: Any, client: int, nbytes: int) -> float:
-    """Simulated seconds to move ``nbytes`` between ``client`` and the server: on a world, over
-    the link between the client's region and the server's (the first region) and the client's
-    access link; otherwise ``latency + 8 * nbytes / bandwidth``."""
+def transfer_seconds(network: Any, client: int, nbytes: int, direction: str) -> float:
+    """Simulated seconds to move ``nbytes`` between ``client`` and the server, ``direction``
+    ``"up"`` (the client sends: its result, at its access link's upload) or ``"down"`` (the
+    server sends: a model, at the client's download): on a world, over the link between the
+    client's region and the server's (the first region) and the client's access link; otherwise
+    ``latency + 8 * nbytes / bandwidth``. ``ValueError`` for another direction."""
+    if direction not in ("up", "down"):
+        raise ValueError(f"transfer_seconds: direction must be 'up' (client to server) or 'down', got {direction!r}")
     world = network.world
     if world is None:
         return network.latency + 8.0 * nbytes / network.bandwidth
@@ -50,7 +54,8 @@ def transfer_seconds(network: Any, client: int, nbytes: int) -> float:
     else:
         a, bw = link.latency, link.bandwidth
     if world.access:
-        a, bw = a + world.access[client].latency, min(bw, world.access[client].bandwidth)
+        own = world.access[client]
+        a, bw = a + own.latency, min(bw, own.upload if direction == "up" else own.bandwidth)
     return a + 8.0 * nbytes / bw
 
 
@@ -101,7 +106,9 @@ def server_context(
         seed=seed,
         params=params,
         step_seconds=lambda c: base * network.slowdown(c),
-        transfer_seconds=lambda c, n=None: transfer_seconds(network, c, nbytes if n is None else n),
+        transfer_seconds=lambda c, n=None, *, direction: transfer_seconds(
+            network, c, nbytes if n is None else n, direction
+        ),
         steps_per_epoch=steps_per_epoch,
         region_of=(lambda c: world.region_of[c]) if world is not None else (lambda c: 0),
         regions=len(world.links) if world is not None else 1,

@@ -33,7 +33,8 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
         outer_optim, outer_lr, outer_momentum, nesterov: the outer optimizer, as for
             [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy] (``'sgd'``: Nesterov SGD, lr 0.7,
             momentum 0.9).
-        quantize: send the pseudo-gradients as ``'int8'``, ``'fp8'``, ``'fp16'`` or ``'bf16'`` (``None``: float32).
+        quantize: send the pseudo-gradients as ``'int8'``, ``'fp8'``, ``'fp4'``, ``'fp16'`` or ``'bf16'``
+            (``None``: float32).
         inner_lr: alias of ``lr``.
         **strategy_kwargs: ``optim_spec``, ``lr``, ``lr_scheduler``, ``warmup_steps``, ``max_norm``, ...
     """

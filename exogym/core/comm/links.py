@@ -5,6 +5,10 @@ unit: ``Link("1Gbit/s", "80ms")``, ``Link("100Mbit/s", "10us")``. Bandwidth unit
 (``k`` = 1e3, ``M`` = 1e6, ``G`` = 1e9, ``T`` = 1e12) over ``bit/s`` or ``bps``, or bytes with a
 capital ``B`` (``"1GB/s"`` = 8e9 bits/s); latency units are ``s``, ``ms``, ``us`` (or ``µs``)
 and ``ns``.
+
+A node's access link may send at another rate than it receives: ``Link("500Mbit/s", "20ms",
+upload="110Mbit/s")``. A link between two regions may be ``shared``: the transfers of one
+collective that cross it in the same direction at once divide its bandwidth.
 """
 
 from __future__ import annotations
@@ -71,17 +75,57 @@ class Link:
 
     Either may be given as a number or as a string with a unit (see the module docstring);
     the attributes hold bits/s and seconds.
+
+    Args:
+        bandwidth: bits/s. A link between regions carries it each way (full-duplex); a node's
+            access link receives at it (its download).
+        latency: seconds per message.
+        upload: a node's access link only: the bits/s it sends at (default ``bandwidth``, a
+            symmetric link), e.g. ``Link("500Mbit/s", "20ms", upload="110Mbit/s")`` for a home
+            connection.
+        shared: a link between two regions only: the transfers of one collective that cross it
+            in the same direction at once divide its bandwidth equally (each direction has the
+            whole bandwidth: two transfers each way take as long as one).
+
+    ``ValueError`` (or ``TypeError``) naming the argument when a value is not a positive
+    bandwidth, a latency >= 0 or a bool.
     """
 
     bandwidth: float
     latency: float
+    upload: float
+    shared: bool
 
-    def __init__(self, bandwidth: float | str, latency: float | str = 0.0) -> None:
-        object.__setattr__(self, "bandwidth", parse_bandwidth(bandwidth, "Link bandwidth"))
+    def __init__(
+        self,
+        bandwidth: float | str,
+        latency: float | str = 0.0,
+        *,
+        upload: float | str | None = None,
+        shared: bool = False,
+    ) -> None:
+        down = parse_bandwidth(bandwidth, "Link bandwidth")
+        if not isinstance(shared, bool):
+            raise TypeError(f"Link shared must be True or False, got {shared!r}")
+        object.__setattr__(self, "bandwidth", down)
         object.__setattr__(self, "latency", parse_latency(latency, "Link latency"))
+        object.__setattr__(self, "upload", down if upload is None else parse_bandwidth(upload, "Link upload"))
+        object.__setattr__(self, "shared", shared)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether it sends at the bandwidth it receives at."""
+        return self.upload == self.bandwidth
+
+    def scaled(self, bandwidth: float) -> Link:
+        """This link with download ``bandwidth`` bits/s, its upload in the same ratio to it (a
+        bandwidth trace's row), its latency and ``shared`` kept."""
+        upload = bandwidth if self.symmetric else self.upload * (bandwidth / self.bandwidth)
+        return Link(bandwidth, self.latency, upload=upload, shared=self.shared)
 
     def __repr__(self) -> str:
-        return f"Link({self.bandwidth:g} bit/s, {self.latency:g} s)"
+        up = "" if self.symmetric else f", upload {self.upload:g} bit/s"
+        return f"Link({self.bandwidth:g} bit/s, {self.latency:g} s{up}{', shared' if self.shared else ''})"
 
 
 __all__ = ["BANDWIDTH_UNITS", "LATENCY_UNITS", "Link", "parse_bandwidth", "parse_latency"]

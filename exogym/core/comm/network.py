@@ -166,11 +166,16 @@ class Network:
         ``links`` names the link of a pair of regions (either order; ``(r, r)`` for inside
         ``r``) and overrides them: a region-to-region matrix for more than two regions.
         ``access``: one [`Link`][exogym.Link] for every node, or one per node: a node's own
-        connection, which bounds every hop into or out of it whatever the backbone. ``traces``: a
+        connection, which bounds every hop out of it at its ``upload`` and every hop into it at
+        its ``bandwidth`` (download), whatever the backbone. A link between two regions given
+        ``shared=True`` is divided among the transfers of one collective that cross it in the
+        same direction at once (see ``exogym.core.comm.world``). ``traces``: a
         CSV file (or its rows) of bandwidths over simulated seconds, per node or per pair of regions
         (``exogym.core.comm.traces``). ``availability``: when each node is present
         ([`Availability`][exogym.Availability]). The other arguments are the
-        homogeneous network's. ``ValueError`` names a pair of regions without a link.
+        homogeneous network's. ``ValueError`` names a pair of regions without a link, and a link
+        with a property its place does not take (``upload`` off an access link, ``shared`` off a
+        link between two regions).
         """
         world = build_world(dict(regions), intra, inter, dict(links or {}), access, traces)
         latency, bandwidth = world.slowest_hop()

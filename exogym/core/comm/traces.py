@@ -2,7 +2,8 @@
 
 A trace is a CSV file (or the same rows as a list of dicts) in one of two forms:
 
-* ``time,node,bandwidth``: node ``node``'s access link (the world needs access links);
+* ``time,node,bandwidth``: node ``node``'s access link (the world needs access links): its
+  download, its upload keeping its ratio to the download;
 * ``time,region_a,region_b,bandwidth``: the link between two regions (either order; the same
   name twice for the link inside a region).
 

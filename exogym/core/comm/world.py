@@ -5,7 +5,15 @@ itself) by a [`Link`][exogym.Link], and may give every node an access link (a
 home connection). A message from node ``i`` to node ``j`` crosses a *hop*:
 
 * latency: ``a(i, j) = link(R_i, R_j).latency (+ access_i.latency + access_j.latency)``;
-* bandwidth: ``B(i, j) = min(link(R_i, R_j).bandwidth (, access_i.bandwidth, access_j.bandwidth))``.
+* bandwidth: ``B(i, j) = min(link(R_i, R_j).bandwidth / m (, access_i.upload, access_j.bandwidth))``:
+  ``i`` sends at its upload and ``j`` receives at its download (an access link's ``bandwidth``).
+
+``m`` is 1 unless the link between the two regions is ``shared``: then ``m`` is the number of
+the transfers at once (one ring step or one tree round) that cross it from ``R_i`` to ``R_j``.
+A shared link is full-duplex: each direction has the whole bandwidth, and the transfers of one
+direction divide it equally (a transfer slowed elsewhere leaves its share unused; the step waits
+for its slowest transfer either way). A ring crosses from one region to another once at most,
+so only a broadcast's rounds divide a shared link.
 
 A collective among some participants runs on a ring over them, ordered region by region (ranks
 ascending inside a region), so that the ring crosses between regions once per region it touches;
@@ -28,13 +36,14 @@ barrier          the broadcast's rounds with no bytes
 On a world of one region without access links every hop is the same link and these are the
 homogeneous formulas of ``exogym.core.comm.network``. A charge whose participants are not
 known (a communicator that charges by group size alone) is priced as ``n`` nodes whose every
-hop is the world's slowest one. With bandwidth traces, a collective is priced on the bandwidths
-in force at the simulated second it starts.
+hop is the world's slowest one (alone on a shared link). With bandwidth traces, a collective is
+priced on the bandwidths in force at the simulated second it starts.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import math
 import os
@@ -87,7 +96,7 @@ class World:
         region_of: node ``r``'s region, an index into ``region_names``, for every node.
         links: ``links[p][q]``: the link between regions ``p`` and ``q`` (symmetric; ``[p][p]``
             joins two nodes of region ``p``, ``None`` for a region of one node).
-        access: every node's access link, or ``()`` for none.
+        access: every node's access link (download ``bandwidth``, ``upload``), or ``()`` for none.
         traces: bandwidths over simulated time (``exogym.core.comm.traces``), or ``()``.
     """
 
@@ -107,6 +116,10 @@ class World:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_changes", change_times(self.traces))
         object.__setattr__(self, "_epochs", {})  # index into _changes -> the world from then on
+        shared = {
+            (p, q) for p, row in enumerate(self.links) for q, link in enumerate(row) if link is not None and link.shared
+        }
+        object.__setattr__(self, "_shared", frozenset(shared))  # ordered pairs of regions on a shared link
 
     def __getstate__(self) -> dict:
         return {k: getattr(self, k) for k in ("region_names", "region_of", "links", "access", "traces")}
@@ -131,12 +144,12 @@ class World:
             if bw is None:
                 continue
             if kind == "node":
-                access[key[0]] = Link(bw, access[key[0]].latency)
+                access[key[0]] = access[key[0]].scaled(bw)
             else:
                 p, q = key
                 link = links[p][q]
                 if link is not None:
-                    links[p][q] = links[q][p] = Link(bw, link.latency)
+                    links[p][q] = links[q][p] = link.scaled(bw)
         return World(self.region_names, self.region_of, tuple(tuple(row) for row in links), tuple(access))
 
     def __setstate__(self, state: dict) -> None:
@@ -153,15 +166,17 @@ class World:
     def num_nodes(self) -> int:
         return len(self.region_of)
 
-    def hop(self, i: int, j: int) -> tuple[float, float]:
-        """``(latency seconds, bandwidth bits/s)`` of a message from node ``i`` to node ``j``."""
+    def hop(self, i: int, j: int, share: int = 1) -> tuple[float, float]:
+        """``(latency seconds, bandwidth bits/s)`` of a message from node ``i`` to node ``j``
+        (at ``i``'s upload and ``j``'s download), on ``1 / share`` of the link between their
+        regions."""
         link = self.links[self.region_of[i]][self.region_of[j]]
         assert link is not None  # (only a region of one node lacks its inner link)
-        a, bw = link.latency, link.bandwidth
+        a, bw = link.latency, link.bandwidth / share
         if self.access:
             src, dst = self.access[i], self.access[j]
             a += src.latency + dst.latency
-            bw = min(bw, src.bandwidth, dst.bandwidth)
+            bw = min(bw, src.upload, dst.bandwidth)
         return a, bw
 
     def ring(self, members: Sequence[int]) -> list[int]:
@@ -185,22 +200,31 @@ class World:
         first, rest = regions[0], regions[1:]
         return min(((first, *perm) for perm in itertools.permutations(rest)), key=slowest)
 
-    def _cost(self, i: int, j: int) -> tuple[float, float]:
-        a, bw = self.hop(i, j)
-        return a, 8.0 / bw
+    def _costs(self, edges: Sequence[tuple[int, int]]) -> Front:
+        """The front of ``(latency, seconds per byte)`` of transfers at once from node to node:
+        those that cross a shared link in one direction divide it."""
+        region = self.region_of
+        crossings = [(region[i], region[j]) for i, j in edges]
+        share = collections.Counter(c for c in crossings if c in self._shared) if self._shared else {}
+        costs = []
+        for (i, j), c in zip(edges, crossings, strict=True):
+            a, bw = self.hop(i, j, share.get(c, 1))
+            costs.append((a, 8.0 / bw))
+        return _front(costs)
 
     def _shape_of(self, members: tuple[int, ...]) -> _Shape:
         order = self.ring(members)
         n = len(order)
-        ring = _front([self._cost(order[k], order[(k + 1) % n]) for k in range(n)])
+        ring = self._costs([(order[k], order[(k + 1) % n]) for k in range(n)])
         rounds = []
         for d in range(math.ceil(math.log2(n))):
             step = 1 << d
-            rounds.append(_front([self._cost(order[i], order[i + step]) for i in range(min(step, n - step))]))
+            rounds.append(self._costs([(order[i], order[i + step]) for i in range(min(step, n - step))]))
         return _Shape(n, ring, tuple(rounds))
 
     def _worst_shape(self, n: int) -> _Shape:
-        """``n`` nodes whose every hop is the world's slowest (participants unknown)."""
+        """``n`` nodes whose every hop is the world's slowest (participants unknown; a hop
+        alone on its link, at the slower of each node's upload and download)."""
         nodes: dict[int, list[int]] = {}
         for r, p in enumerate(self.region_of):
             nodes.setdefault(p, []).append(r)
@@ -213,7 +237,7 @@ class World:
             a, bw = link.latency, link.bandwidth
             if self.access:
                 a += max(self.access[r].latency for r in nodes[p]) + max(self.access[r].latency for r in nodes[q])
-                bw = min([bw] + [self.access[r].bandwidth for r in nodes[p] + nodes[q]])
+                bw = min([bw] + [min(self.access[r].bandwidth, self.access[r].upload) for r in nodes[p] + nodes[q]])
             hops.append((a, 8.0 / bw))
         if not hops:  # a world of one node: no hop at all
             hops.append((0.0, 0.0))
@@ -288,6 +312,7 @@ def build_world(
 ) -> World:
     """A ``World`` from region members and links (see ``Network.regions``); ``ValueError``
     naming what is missing or inconsistent."""
+    _check_roles(intra, inter, links, access)
     if not regions:
         raise ValueError("regions must name at least one region and its nodes")
     names = tuple(str(k) for k in regions)
@@ -335,6 +360,35 @@ def build_world(
             raise ValueError(f"access must be a Link or one Link per node ({k}), got {len(acc)} entries")
     parsed = parse_traces(read_rows(traces), names, k, bool(acc)) if traces is not None else ()
     return World(names, tuple(owner[r] for r in range(k)), tuple(matrix), acc, parsed)
+
+
+def _check_roles(
+    intra: Link | None,
+    inter: Link | None,
+    links: dict[tuple[str, str], Link] | None,
+    access: Link | Sequence[Link] | None,
+) -> None:
+    """``ValueError`` where a link has a property its place does not take: ``upload`` belongs to
+    a node's access link, ``shared`` to a link between two regions."""
+    pairs = list((links or {}).items())
+    backbone = [("intra", intra), ("inter", inter), *((f"links[{pair!r}]", link) for pair, link in pairs)]
+    for where, link in backbone:
+        if isinstance(link, Link) and not link.symmetric:
+            raise ValueError(
+                f"{where}: a link of the backbone (intra, inter, links) carries one bandwidth each way; upload= is for "
+                f"a node's access link (access=Link(download, latency, upload=...)): leave upload out of {where}"
+            )
+    inside = [("intra", intra), *((f"links[{(p, q)!r}]", link) for (p, q), link in pairs if p == q)]
+    if isinstance(access, Link):
+        nodes = [("access", access)]
+    else:
+        nodes = [(f"access[{r}]", link) for r, link in enumerate(access or ())]
+    for where, link in inside + nodes:
+        if isinstance(link, Link) and link.shared:
+            raise ValueError(
+                f"{where}: shared=True divides a link between two regions among the transfers that cross it; give it "
+                f"to inter= or links[(region_a, region_b)] with two different regions, and leave it out of {where}"
+            )
 
 
 __all__ = ["World", "build_world"]

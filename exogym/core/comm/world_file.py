@@ -1,15 +1,16 @@
 """World files: a [`Network`][exogym.Network] of regions described in JSON or TOML.
 
 The schema (every key but ``regions`` optional; a link is ``{"bandwidth": ..., "latency": ...}``
-with numbers in bits/s and seconds or strings with units, see ``exogym.core.comm.links``)::
+with numbers in bits/s and seconds or strings with units, see ``exogym.core.comm.links``; an
+access link may add ``"upload"``, a link between two regions ``"shared": true``)::
 
     {
       "name": "two-datacenters",
       "regions": {"dc1": [0, 1, 2, 3], "dc2": [4, 5, 6, 7]},
       "intra": {"bandwidth": "100Gbit/s", "latency": "10us"},
-      "inter": {"bandwidth": "1Gbit/s", "latency": "80ms"},
+      "inter": {"bandwidth": "1Gbit/s", "latency": "80ms", "shared": true},
       "links": [{"between": ["dc1", "dc2"], "bandwidth": "1Gbit/s", "latency": "80ms"}],
-      "access": {"bandwidth": "100Mbit/s", "latency": "20ms"},
+      "access": {"bandwidth": "500Mbit/s", "upload": "110Mbit/s", "latency": "20ms"},
       "traces": "crossing.csv",
       "availability": {"trace": "online.csv", "step_seconds": 0.5},
       "compute_slowdown": [1.0, 1.0, 2.0],
@@ -51,11 +52,22 @@ _KEYS = {
 }
 
 
-def _link(spec: Any, where: str) -> Link:
-    if not isinstance(spec, dict) or set(spec) - {"bandwidth", "latency", "between"} or "bandwidth" not in spec:
+_LINK_KEYS = ("bandwidth", "latency", "upload", "shared")
+
+
+def _link(spec: Any, where: str, between: bool = False) -> Link:
+    if not isinstance(spec, dict) or "bandwidth" not in spec:
         raise ValueError(f"{where} must be {{'bandwidth': ..., 'latency': ...}}, got {spec!r}")
+    unknown = set(spec) - set(_LINK_KEYS) - ({"between"} if between else set())
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) {sorted(unknown)}; a link has {list(_LINK_KEYS)} (upload for an access "
+            "link, shared for a link between two regions)"
+        )
     try:
-        return Link(spec["bandwidth"], spec.get("latency", 0.0))
+        return Link(
+            spec["bandwidth"], spec.get("latency", 0.0), upload=spec.get("upload"), shared=spec.get("shared", False)
+        )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -107,7 +119,7 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
         between = entry.get("between") if isinstance(entry, dict) else None
         if not (isinstance(between, list) and len(between) == 2):
             raise ValueError(f"{source}: links[{i}] needs 'between': [region, region]")
-        links[(str(between[0]), str(between[1]))] = _link(entry, f"{source}: links[{i}]")
+        links[(str(between[0]), str(between[1]))] = _link(entry, f"{source}: links[{i}]", between=True)
     access = spec.get("access")
     if isinstance(access, list):
         access = [_link(a, f"{source}: access[{r}]") for r, a in enumerate(access)]
