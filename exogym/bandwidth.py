@@ -119,19 +119,33 @@ def _step_seconds(network: Network) -> float:
     return float(c)
 
 
+#: Steps a schedule skips by default: a long run's steady state, after warm-ups such as PowerSGD's
+#: dense steps.
+START = 1000
+
+
 def schedule(
-    strategy: Any, scale: Scale, num_nodes: int = 2, steps: int | None = None, seed: int = 0, label: str = ""
+    strategy: Any,
+    scale: Scale,
+    num_nodes: int = 2,
+    steps: int | None = None,
+    seed: int = 0,
+    label: str = "",
+    start: int = START,
 ) -> Schedule:
     """The schedule of ``strategy`` (not bound; a copy is) at ``scale`` on ``num_nodes`` nodes
-    over ``steps`` steps (default: two of its longest communication periods plus two, at least
-    8). ``ValueError`` for a server strategy (its schedule is its clock's: train it)."""
+    over ``steps`` steps from step ``start`` (a long run's steady state; ``start=0``: its first
+    steps). ``steps`` defaults to six of its longest communication periods (at least 8: slower
+    schedules such as DES-LOC's moments repeat within it). ``ValueError`` for a server
+    strategy (its schedule is its clock's: train it)."""
     if getattr(strategy, "pipeline", None) is None and hasattr(strategy, "server"):
         raise ValueError(f"{type(strategy.server).__name__} is a server algorithm: its timeline needs training")
     if steps is None:
         pipeline = strategy.pipeline
         period = max((int(m.H) for m in pipeline.leaves()), default=1) if pipeline is not None else 1
-        steps = max(8, 2 * period + 2)
-    probe = _Probe(strategy, scale.target_model(), num_nodes, steps, seed)
+        steps = max(8, 6 * period)
+    probe = _Probe(strategy, scale.target_model(), num_nodes, start + steps, seed)
+    probe.strategy.skip_steps(start)
     recorder = probe.comm.clock = _Recorder()
     index: dict[int, int] = {}
     handles: list[list[CollectiveRecord]] = []
@@ -170,4 +184,4 @@ def bandwidth_for(schedule: Schedule, network: Network, utilisation: float, tole
     return hi
 
 
-__all__ = ["SEARCH_RANGE", "Schedule", "Step", "bandwidth_for", "schedule"]
+__all__ = ["SEARCH_RANGE", "START", "Schedule", "Step", "bandwidth_for", "schedule"]

@@ -89,8 +89,8 @@ def transformer_shapes(params: int, layers: int) -> list[tuple[str, tuple[int, .
     if rest < 0:
         least = per_block_sq * d * d + per_block_lin * d
         raise ValueError(
-            f"a transformer of {layers} layer(s) has at least {least} parameters, more than the {params} asked for: "
-            "give more params (or fewer layers)"
+            f"Scale: layers={layers} makes a transformer of at least {least} parameters, more than the {params} asked "
+            "for: give more params or fewer layers"
         )
     shapes: list[tuple[str, tuple[int, ...]]] = []
     rows, remainder = divmod(rest, d)
@@ -174,10 +174,13 @@ class Scale:
                 raise ValueError("Scale: layers shapes a synthesized target; a given model has its own")
         else:
             count = parse_count(self.params)  # type: ignore[arg-type]
+            object.__setattr__(self, "params", count)  # one spelling per size: Scale("10B") == Scale(10e9)
         object.__setattr__(self, "_count", count)
         layers = self.layers
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
             raise ValueError(f"Scale: layers must be an int >= 1, got {self.layers!r}")
+        if self.model is None:
+            transformer_shapes(count, layers if layers is not None else default_layers(count))  # (fits, or says so)
         if self.wire not in WIRE_DTYPES:
             raise ValueError(f"Scale: wire must be one of {sorted(WIRE_DTYPES)}, got {self.wire!r}")
         for name in ("step_seconds", "tokens_per_step", "peak_flops"):
@@ -186,8 +189,9 @@ class Scale:
                 raise ValueError(f"Scale: {name} must be a number > 0, got {v!r}")
         if isinstance(self.accelerators, bool) or not isinstance(self.accelerators, int) or self.accelerators < 1:
             raise ValueError(f"Scale: accelerators must be an int >= 1, got {self.accelerators!r}")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"Scale: mfu must be in (0, 1], got {self.mfu!r}")
+        mfu = self.mfu
+        if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+            raise ValueError(f"Scale: mfu must be a number in (0, 1], got {mfu!r}")
         if self.peak_flops is not None and self.tokens_per_step is None:
             raise ValueError("Scale: the step's compute from FLOPs needs tokens_per_step with peak_flops")
         if self.peak_flops is not None and self.step_seconds is not None:

@@ -167,11 +167,6 @@ def test_scale_of_a_meta_model_counts_its_trainable_parameters_in_the_wire_dtype
     assert next(model.parameters()).dtype == torch.float32  # the given model is not converted
 
 
-@pytest.mark.xfail(
-    reason="Scale checks mfu only as 0 < mfu <= 1: a string raises a bare TypeError ('<' not supported) that does "
-    "not name mfu, and True passes as 1 where every other numeric field refuses a bool",
-    strict=True,
-)
 @pytest.mark.parametrize("mfu", ["0.5", True])
 def test_scale_refuses_an_mfu_that_is_not_a_number_naming_it(mfu) -> None:
     with pytest.raises(ValueError, match="mfu"):

@@ -58,8 +58,20 @@ def scale_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             mfu=args.mfu,
         )  # fmt: skip
     except (TypeError, ValueError) as e:
-        flag = "--scale" if "params" in str(e) or "count" in str(e) else "--scale (or its companions)"
-        parser.error(f"argument {flag}: {e}")
+        parser.error(f"argument {_flag_of(str(e))}: {e}")
+
+
+#: A Scale field named in an error -> the flag that sets it (the first named wins).
+_FLAGS = {
+    "layers": "--layers", "wire": "--wire", "step_seconds": "--step-seconds", "tokens_per_step": "--tokens-per-step",
+    "peak_flops": "--peak-flops", "accelerators": "--accelerators", "mfu": "--mfu",
+}  # fmt: skip
+
+
+def _flag_of(message: str) -> str:
+    """The flag whose field ``message`` names first (``--scale`` where it names none)."""
+    named = [(message.find(field), flag) for field, flag in _FLAGS.items() if field in message]
+    return min(named)[1] if named else "--scale"
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -11,8 +11,9 @@
   (overwriting whatever the node wrote there since) and returns it (for ``all_gather``, the gathered
   tensor). Unlike ``torch.distributed``, the node may go on reading and changing ``t`` in between.
 * **bytes**: charged once, when it starts, to the step it starts in (as the blocking call).
-* **time**: the transfer starts on the node's clock when its step's compute ends and lasts the
-  collective's modelled seconds
+* **time**: the transfer starts on the node's clock when its step's backward pass starts
+  (``Network.backward_share`` of the step's compute before its end, as a blocking collective's
+  does) and lasts the collective's modelled seconds
   ([`exogym.core.comm.network.Network.record_seconds`][exogym.Network.record_seconds]: the formula
   that prices a blocking one, on the links its members use, at that simulated second for a world's
   traces). [`CollectiveHandle.is_completed`][exogym.strategy.CollectiveHandle.is_completed] is true
