@@ -21,9 +21,10 @@ number of workers, the server sees the same results in the same order.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +34,8 @@ from exogym.core.server import Result, Server, ServerContext, Train, _Services, 
 #: Simulated times are kept to the nanosecond: instants meant to coincide (segments of 8 x
 #: 0.0025 s and 2 x 0.01 s) do, where float sums would leave them a few 1e-18 s apart.
 TIME_DIGITS = 9
+#: The event kinds whose payload is a client's task in flight.
+_TASK_KINDS = ("start", "receive")
 
 
 class DeadlockError(RuntimeError):
@@ -73,24 +76,15 @@ class Task:
     losses: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        """The task as plain data (checkpoints)."""
-        return {
-            "client": self.client, "steps": self.train.steps, "fresh": self.train.fresh_optimizer,
-            "start": self.start, "info": self.info, "seconds": self.seconds, "upload": self.upload,
-            "sent_at": self.sent_at, "download": self.download, "ticks": list(self.ticks),
-            "ready": self.ready, "local": self.local, "losses": list(self.losses),
-        }  # fmt: skip
+        """The task as plain data (checkpoints): its fields by name, ``train`` as ``(steps,
+        fresh_optimizer)``."""
+        train = (self.train.steps, self.train.fresh_optimizer)
+        return {**vars(self), "train": train, "ticks": list(self.ticks), "losses": list(self.losses)}
 
     @classmethod
-    def from_state(cls, s: dict[str, Any]) -> Task:
+    def from_state(cls, state: dict[str, Any]) -> Task:
         """The task ``state_dict`` gave."""
-        train = Train(int(s["steps"]), bool(s["fresh"]))
-        task = cls(
-            int(s["client"]), train, s["start"], s["info"], float(s["seconds"]), bool(s["upload"]),
-            float(s["sent_at"]), float(s["download"]), list(s["ticks"]),
-        )  # fmt: skip
-        task.ready, task.local, task.losses = s["ready"], s["local"], list(s["losses"])
-        return task
+        return cls(**{**state, "train": Train(*state["train"])})
 
 
 @dataclass(frozen=True)
@@ -187,17 +181,11 @@ class ServerLoop:
 
     def _transfer(self, client: int, sent: int, received: int, seconds: float, at: float | None = None) -> None:
         """Count a transfer of ``client`` that starts at ``at`` (default: now)."""
-        c = self._clock(client)
+        c = self.clients.setdefault(client, ClientClock())
         c.comm += seconds
         c.sent += sent
         c.received += received
         self.transfers.append((self.time if at is None else at, sent, received))
-
-    def _clock(self, client: int) -> ClientClock:
-        c = self.clients.get(client)
-        if c is None:
-            c = self.clients[client] = ClientClock()
-        return c
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -214,9 +202,8 @@ class ServerLoop:
             heapq.heappop(self._heap)
             self.time = time
             if kind == "start":
-                if not self._tick(time, key):
-                    continue
-                self._on_start(payload)
+                if self._tick(time):
+                    self._on_start(payload)
                 continue
             if self.draining and kind not in self._drain:
                 continue
@@ -247,7 +234,7 @@ class ServerLoop:
             self._between = done
             self.between_ticks(done)
 
-    def _tick(self, time: float, client: int) -> bool:
+    def _tick(self, time: float) -> bool:
         """Whether a step starting at ``time`` runs (it may open a tick, or begin the drain)."""
         if self.draining:
             return False
@@ -284,13 +271,13 @@ class ServerLoop:
         delay = down if send.transfer else 0.0
         info = send.info() if callable(send.info) else send.info
         task = self.in_flight[client] = Task(client, send.train, start, info, up, send.upload, self.time, delay)
-        self._clock(client)  # (a client a send names is in the table)
+        self.clients.setdefault(client, ClientClock())  # (a client a send names is in the table)
         self._push(self.time + delay, "start", client, task)
 
     def _on_start(self, task: Task) -> None:
         if not task.ticks and task.download > 0:  # its download, charged as its first step runs
             self._transfer(task.client, 0, self.nbytes, task.download, at=task.sent_at)
-        c = self._clock(task.client)
+        c = self.clients.setdefault(task.client, ClientClock())
         seconds = self.ctx.step_seconds(task.client)
         c.steps += 1
         c.compute += seconds
@@ -327,71 +314,55 @@ class ServerLoop:
         self._ready = [t for t in self._ready if t.local is None]
 
     # -- checkpoints ---------------------------------------------------------------------------
+    #: The loop's own counters, ticks and transfers, which a checkpoint holds as they are.
+    _SAVED = ("_seq", "time", "end_time", "received", "ticks", "tick_steps", "tick_loss", "transfers", "_between")
+
     def state_dict(self) -> dict[str, Any]:
         """The clock between two ticks (``between_ticks``), as plain data: its events, the tasks
-        in flight with what was sent and computed, the ticks, the clients' clocks, the server."""
-        tasks: list[Task] = []
-        index: dict[int, int] = {}
+        in flight with what was sent and computed, the ticks, the clients' clocks, the server.
 
-        def ref(task: Task) -> int:
-            if id(task) not in index:
-                index[id(task)] = len(tasks)
-                tasks.append(task)
-            return index[id(task)]
-
-        events = []
-        for time, order, key, seq, kind, payload in self._heap:
-            data = ref(payload) if kind in ("start", "receive") else payload
-            events.append((time, order, key, seq, kind, data))
-        in_flight = {c: ref(t) for c, t in self.in_flight.items()}
-        ready = [ref(t) for t in self._ready]
-        clocks = {c: (k.steps, k.compute, k.comm, k.sent, k.received) for c, k in self.clients.items()}
+        Every task an event or the ready list names is its client's task in flight, so they name
+        it by the client (an event's ``key``)."""
+        server = self.server
         return {
-            "events": events, "seq": self._seq, "time": self.time, "tasks": [t.state_dict() for t in tasks],
-            "in_flight": in_flight, "ready": ready, "ticks": list(self.ticks), "tick_steps": list(self.tick_steps),
-            "tick_loss": list(self.tick_loss), "end_time": self.end_time, "received": self.received, "clients": clocks,
-            "transfers": list(self.transfers), "between": self._between, "params": self.server.params,
-            "server": self.server.state_dict(), "updates": list(self.server.updates),
-            "records": {k: list(v) for k, v in self.server.records.items()},
-        }  # fmt: skip
+            **{name: copy.copy(getattr(self, name)) for name in self._SAVED},
+            "events": [e if e[4] not in _TASK_KINDS else (*e[:5], None) for e in self._heap],
+            "tasks": {c: t.state_dict() for c, t in self.in_flight.items()},
+            "ready": [t.client for t in self._ready],
+            "clients": {c: astuple(k) for c, k in self.clients.items()},
+            "params": server.params,
+            "server": server.state_dict(),
+            "updates": list(server.updates),
+            "records": {k: list(v) for k, v in server.records.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict`` (after ``setup``; the server does not start again)."""
-        tasks = [Task.from_state(t) for t in state["tasks"]]
-        self._heap = [
-            (time, order, key, seq, kind, tasks[data] if kind in ("start", "receive") else tuple(data))
-            for time, order, key, seq, kind, data in state["events"]
-        ]
+        for name in self._SAVED:
+            setattr(self, name, state[name])
+        self.in_flight = {c: Task.from_state(t) for c, t in state["tasks"].items()}
+        self._heap = [e if e[4] not in _TASK_KINDS else (*e[:5], self.in_flight[e[2]]) for e in state["events"]]
         heapq.heapify(self._heap)
-        self._seq, self.time, self.end_time = int(state["seq"]), float(state["time"]), float(state["end_time"])
-        self.received = int(state["received"])
-        self.in_flight = {int(c): tasks[i] for c, i in state["in_flight"].items()}
-        self._ready = [tasks[i] for i in state["ready"]]
-        self.ticks, self.tick_steps = list(state["ticks"]), list(state["tick_steps"])
-        self.tick_loss = list(state["tick_loss"])
-        self.clients = {int(c): ClientClock(*v) for c, v in state["clients"].items()}
-        self.transfers = [tuple(t) for t in state["transfers"]]
-        self._between = int(state["between"])
+        self._ready = [self.in_flight[c] for c in state["ready"]]
+        self.clients = {c: ClientClock(*v) for c, v in state["clients"].items()}
         self.server.params.copy_(state["params"])
         self.server.load_state_dict(state["server"])
-        self.server.updates = [tuple(u) for u in state["updates"]]
-        self.server.records = {k: [tuple(v) for v in vs] for k, vs in state["records"].items()}
+        self.server.updates, self.server.records = state["updates"], state["records"]
         self._started = True
 
     # -- what the run reports ------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Every client's steps and utilisation (compute over the run's simulated seconds), the
         staleness of the updates the server recorded, the simulated end, and the server's own."""
-        k, end = self.ctx.num_clients, self.end_time
+        k = self.ctx.num_clients
         steps, util = [0] * k, [0.0] * k
         for r, c in self.clients.items():
-            steps[r] = c.steps
-            util[r] = c.compute / end if end > 0 else 0.0
+            steps[r], util[r] = c.steps, self._utilisation(c)
         return {
             "steps": steps,
             "utilisation": util,
             **staleness_summary(self.server.updates),
-            "end_time": end,
+            "end_time": self.end_time,
             **self.server.summary(),
         }
 
@@ -399,20 +370,21 @@ class ServerLoop:
         """Per client that took part, its clock: ``rank``, ``clock`` (the run's end), ``compute``,
         ``comm`` (its transfers), ``wait`` (the rest) and ``utilisation`` (compute / clock)."""
         end = self.end_time
-        rows = []
-        for r in sorted(self.clients):
-            c = self.clients[r]
-            rows.append(
-                {
-                    "rank": r,
-                    "clock": end,
-                    "compute": c.compute,
-                    "comm": c.comm,
-                    "wait": max(0.0, end - c.compute - c.comm),
-                    "utilisation": c.compute / end if end > 0 else 0.0,
-                }
-            )
-        return rows
+        return [
+            {
+                "rank": r,
+                "clock": end,
+                "compute": c.compute,
+                "comm": c.comm,
+                "wait": max(0.0, end - c.compute - c.comm),
+                "utilisation": self._utilisation(c),
+            }
+            for r, c in sorted(self.clients.items())
+        ]
+
+    def _utilisation(self, c: ClientClock) -> float:
+        """A client's compute over the run's simulated seconds."""
+        return c.compute / self.end_time if self.end_time > 0 else 0.0
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

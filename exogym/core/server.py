@@ -40,6 +40,7 @@ Example, FedAsync with a constant mixing weight (one client at a time per slot):
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -275,9 +276,7 @@ def setup_server(server: Server, ctx: ServerContext) -> None:
 def staleness_summary(updates: list[tuple[float, int, int]]) -> dict[str, Any]:
     """Of ``updates`` (``(time, client, staleness)``): their number, the staleness histogram
     (``{staleness: count}``), its mean and maximum."""
-    hist: dict[int, int] = {}
-    for _, _, s in updates:
-        hist[s] = hist.get(s, 0) + 1
+    hist = Counter(s for _, _, s in updates)
     n = len(updates)
     return {
         "updates": n,

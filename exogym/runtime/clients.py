@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,15 +20,6 @@ from exogym import data as D
 from exogym.core.events import Task, flat_params, load_flat
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.forward import backward, forward_loss
-
-
-@dataclass
-class ClientState:
-    """What a client keeps between its tasks."""
-
-    strategy: dict[str, Any]
-    rng: dict[str, Any]
-    data: dict[str, Any]
 
 
 class Clients:
@@ -50,27 +40,23 @@ class Clients:
         self.strategy._attach(None, max_steps, cfg.seed, steps_per_epoch, cfg.network)
         self.strategy._init_node(self.model, 0, cfg.num_nodes)
         self._initial = self.strategy.state_dict()
-        self.states: dict[int, ClientState] = {}
-
-    def _forward(self, batch: Any) -> torch.Tensor:
-        return self.forward_with(batch, self.model)
+        #: Per client that ran a task, what it keeps between its tasks: ``{"strategy": ..., "rng": ...,
+        #: "data": ...}`` (its strategy's state, random state and position in its data).
+        self.states: dict[int, dict[str, Any]] = {}
 
     def forward_with(self, batch: Any, model: torch.nn.Module) -> torch.Tensor:
         """``model``'s scalar loss on ``batch``, under the run's autocast."""
-        if self.cfg.autocast is None:
-            ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
-        else:
-            ctx = torch.autocast(self.device.type, dtype=self.cfg.autocast)
-        with ctx:
+        autocast = self.cfg.autocast
+        with contextlib.nullcontext() if autocast is None else torch.autocast(self.device.type, dtype=autocast):
             return forward_loss(model, batch)
 
     def state_dict(self) -> dict[int, dict[str, Any]]:
         """Every client's stored state, by client (checkpoints)."""
-        return {c: {"strategy": s.strategy, "rng": s.rng, "data": s.data} for c, s in self.states.items()}
+        return dict(self.states)
 
     def load_state_dict(self, states: dict[int, dict[str, Any]]) -> None:
         """The clients' states ``state_dict`` gave (those this rank runs tasks for)."""
-        self.states = {int(c): ClientState(s["strategy"], s["rng"], s["data"]) for c, s in states.items()}
+        self.states = dict(states)
 
     def lr_at(self, tick: int) -> float:
         """The inner learning rate of a step at ``tick`` (the same for every client)."""
@@ -78,7 +64,7 @@ class Clients:
         self.strategy.skip_steps(tick)
         return self.strategy.lr
 
-    def _batches(self, client: int, state: ClientState | None) -> D.BatchStream:
+    def _batches(self, client: int, state: dict[str, Any] | None) -> D.BatchStream:
         cfg = self.cfg
         ds = D.node_dataset(self.job.train_dataset, client, cfg.num_nodes, train=True)
         shared = not D.is_factory(self.job.train_dataset)
@@ -87,7 +73,7 @@ class Clients:
         )
         stream = D.BatchStream(loader, sampler, cfg.dataloader_kwargs)
         if state is not None:
-            stream.load_state_dict(state.data)
+            stream.load_state_dict(state["data"])
         return stream
 
     def run(self, task: Task) -> None:
@@ -97,18 +83,18 @@ class Clients:
         client, strategy, cfg = task.client, self.strategy, self.cfg
         state = self.states.get(client)
         load_flat(self.model, task.start.to(self.device))
-        strategy.load_state_dict(state.strategy if state is not None else self._initial)
+        strategy.load_state_dict(state["strategy"] if state is not None else self._initial)
         if task.train.fresh_optimizer:
             strategy.optim.state.clear()
         if state is not None:
-            ckpt.set_rng_state(state.rng, self.device)
+            ckpt.set_rng_state(state["rng"], self.device)
         else:
             torch.manual_seed(cfg.seed + client)
         batches = self._batches(client, state)
         for tick in task.ticks:
             strategy.skip_steps(tick - strategy.local_step)
             strategy.zero_grad()
-            loss, _ = backward(self._forward, next(batches), cfg.accumulation, self.device)
+            loss, _ = backward(lambda b: self.forward_with(b, self.model), next(batches), cfg.accumulation, self.device)
             if not math.isfinite(loss) and cfg.stop_on_nonfinite_loss:
                 raise FloatingPointError(
                     f"client {client}: the training loss is {loss / cfg.accumulation} at step {tick} (lower the "
@@ -120,7 +106,11 @@ class Clients:
         task.local = flat_params(self.model).cpu()
         if task.train.fresh_optimizer:  # its next task starts afresh too: keep no state of it
             strategy.optim.state.clear()
-        self.states[client] = ClientState(strategy.state_dict(), ckpt.rng_state(self.device), batches.state_dict())
+        self.states[client] = {
+            "strategy": strategy.state_dict(),
+            "rng": ckpt.rng_state(self.device),
+            "data": batches.state_dict(),
+        }
 
 
-__all__ = ["ClientState", "Clients"]
+__all__ = ["Clients"]

@@ -168,22 +168,12 @@ class FaultPlan:
         """``(nodes, source)`` when ``step`` ends a round some nodes missed and they rejoin now,
         loading the state of ``source`` (the lowest-ranked survivor); else ``None``. Nodes
         dropped from the next round too rejoin only after it (at the run's end, all rejoin)."""
-        if not self.drops:
-            return None
         r, last = step // self.round_steps, step == self.max_steps - 1
-        if (step + 1) % self.round_steps and not last:
+        if not self.drops or ((step + 1) % self.round_steps and not last):
             return None
         gone = self.dropped(r)
-        if not gone:
-            return None
         back = sorted(gone if last else gone - self.dropped(r + 1))
-        if not back:
-            return None
-        return back, next(r for r in range(self.num_nodes) if r not in gone)
-
-    def alive(self, step: int) -> int:
-        """How many nodes take part at ``step``."""
-        return self.num_nodes - len(self.dropped_at(step))
+        return (back, next(r for r in range(self.num_nodes) if r not in gone)) if back else None
 
     def min_alive(self, first: int, last: int) -> int:
         """The fewest nodes taking part at any step in ``[first, last]``."""

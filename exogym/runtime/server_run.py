@@ -18,7 +18,6 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,11 +47,8 @@ def transfer_seconds(network: Any, client: int, nbytes: int, direction: str) -> 
     world = network.world
     if world is None:
         return network.latency + 8.0 * nbytes / network.bandwidth
-    link = world.links[world.region_of[client]][0]
-    if link is None:  # a region of one node, the server's: only the access link
-        a, bw = 0.0, float("inf")
-    else:
-        a, bw = link.latency, link.bandwidth
+    link = world.links[world.region_of[client]][0]  # None: a region of one node, the server's
+    a, bw = (0.0, float("inf")) if link is None else (link.latency, link.bandwidth)
     if world.access:
         own = world.access[client]
         a, bw = a + own.latency, min(bw, own.upload if direction == "up" else own.bandwidth)
@@ -77,16 +73,6 @@ def _step_seconds(network: Any) -> float:
             "flops_per_second"
         )
     return float(c)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """No log record below ERROR within the block (this process)."""
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 def server_context(
@@ -148,11 +134,16 @@ class ServerRun:
         )
         self.validations: list[dict[str, Any]] = []
         self.val_loader = self._val_loader()
+        # no autocast around a validation forward: the clients' forward applies the run's
         self.evaluator = Evaluator(
-            None, self.model, device, self.val_loader, self.clients.forward_with, _plain, rank, world
+            None, self.model, device, self.val_loader, self.clients.forward_with, contextlib.nullcontext, rank, world
         )  # type: ignore[arg-type]
-        with _quiet():  # what a server logs at setup, fit's checks logged before the workers started
+        # quiet below ERROR: what a server logs at setup, fit's checks logged before the workers started
+        logging.disable(logging.WARNING)
+        try:
             self.loop = ServerLoop(self.server, ctx, self.max_steps, self._execute, self._between_ticks)
+        finally:
+            logging.disable(logging.NOTSET)
         self.progress = Progress(self.max_steps, enabled=cfg.progress and rank == 0)
         self._progressed = 0
         self._t0 = time.perf_counter()
@@ -182,10 +173,10 @@ class ServerRun:
         if self.world > 1:
             for task in tasks:
                 self._share(task)
-        done = self.loop.ticks and len(self.loop.ticks)
-        if done and done > self._progressed:
-            self.progress.advance(self._progressed, min(done, self.max_steps))
-            self._progressed = min(done, self.max_steps)
+        done = len(self.loop.ticks)
+        if done > self._progressed:
+            self.progress.advance(self._progressed, done)
+            self._progressed = done
 
     def _share(self, task: Task) -> None:
         """Broadcast ``task``'s result from the rank that ran it (float64: exact for float32)."""
@@ -261,19 +252,14 @@ class ServerRun:
         """Continue from the checkpoint in ``folder``: the clock and the server from rank 0's
         file, this rank's clients from every file (they may have run on other ranks)."""
         meta = ckpt.load_meta(folder)
-        files = int(meta.get("workers", 1))
         mine: dict[int, Any] = {}
-        loop_state = None
-        for r in range(files):
+        for r in range(int(meta.get("workers", 1))):
             state = ckpt.load_safe(ckpt.node_file(folder, r), map_location="cpu")
-            for client, saved in state["clients"].items():
-                if int(client) % self.world == self.rank:
-                    mine[int(client)] = saved
+            mine.update((c, saved) for c, saved in state["clients"].items() if c % self.world == self.rank)
             if r == 0:
-                loop_state, self.validations = state["loop"], list(state["validations"])
+                self.loop.load_state_dict(state["loop"])
+                self.validations = list(state["validations"])
         self.clients.load_state_dict(mine)
-        assert loop_state is not None
-        self.loop.load_state_dict(loop_state)
         self._progressed = int(meta["step"])
 
     # -- the run -------------------------------------------------------------------------------
@@ -361,11 +347,6 @@ class ServerRun:
             loss = steps = 0
             last_sent = sent
         return rows
-
-
-def _plain() -> contextlib.AbstractContextManager:
-    """No autocast around a validation forward (the clients' forward applies the run's)."""
-    return contextlib.nullcontext()
 
 
 def server_worker(worker: int, job: Any, plan: Any) -> dict[str, Any] | None:

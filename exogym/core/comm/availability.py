@@ -23,12 +23,13 @@ move the rounds (give ``step_seconds`` including the communication you expect wh
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from exogym.core.comm.traces import read_rows
 
 #: ``((node, ((time, available), ...)), ...)``: per node with rows, its changes, times ascending.
 Series = tuple[tuple[int, tuple[tuple[float, bool], ...]], ...]
@@ -37,9 +38,7 @@ _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
 
 def _available(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):  # True and False too
         return bool(value)
     text = str(value).strip().lower()
     if text in _TRUE or text in _FALSE:
@@ -78,7 +77,7 @@ def absent_between(points: tuple[tuple[float, bool], ...], start: float, end: fl
     return not state
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Availability:
     """An availability trace (``Network(availability=...)``, ``Network.regions(availability=...)``,
     a world file's ``"availability"``): when each node is present, over simulated seconds.
@@ -98,7 +97,10 @@ class Availability:
         net = Network(1e9, 1e-3, availability=avail)   # node 2 is away from 1 s to 3 s
     """
 
-    trace: str | os.PathLike[str] | tuple[Mapping[str, Any], ...]
+    #: Per node with rows, its ``(time, available)`` changes, times ascending: with
+    #: ``step_seconds``, what two traces are equal by (whatever the form of ``trace``).
+    series: Series = field(init=False, repr=False)
+    trace: str | os.PathLike[str] | tuple[Mapping[str, Any], ...] = field(compare=False)
     step_seconds: float | None = None
 
     def __post_init__(self) -> None:
@@ -108,8 +110,7 @@ class Availability:
         ):
             raise ValueError(f"Availability(step_seconds=...) must be seconds > 0, got {s!r}")
         if isinstance(self.trace, (str, os.PathLike)):
-            with open(self.trace, newline="") as f:
-                rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(f))
+            rows: Iterable[Mapping[str, Any]] = read_rows(self.trace)
         elif isinstance(self.trace, Iterable) and not isinstance(self.trace, (bytes, Mapping)):
             rows = tuple(dict(r) for r in self.trace)
             object.__setattr__(self, "trace", rows)
@@ -118,12 +119,7 @@ class Availability:
                 f"Availability(trace=...) must be a CSV path or a list of rows (dicts with time, node, available), "
                 f"got {type(self.trace).__name__}"
             )
-        object.__setattr__(self, "_series", parse_availability(rows))
-
-    @property
-    def series(self) -> Series:
-        """Per node with rows, its ``(time, available)`` changes, times ascending."""
-        return self._series  # type: ignore[attr-defined,no-any-return]
+        object.__setattr__(self, "series", parse_availability(rows))
 
     @property
     def drops(self) -> bool:
@@ -158,21 +154,6 @@ class Availability:
             if gone:
                 plan[r] = gone
         return plan
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Availability):
-            return NotImplemented
-        return (self.series, self.step_seconds) == (other.series, other.step_seconds)
-
-    def __hash__(self) -> int:
-        return hash((self.series, self.step_seconds))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"trace": self.trace, "step_seconds": self.step_seconds, "_series": self.series}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            object.__setattr__(self, k, v)
 
 
 __all__ = ["Availability", "Series", "absent_between", "parse_availability"]

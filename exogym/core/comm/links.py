@@ -18,35 +18,34 @@ import re
 from dataclasses import dataclass
 
 _BANDWIDTH_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-_BANDWIDTH_UNIT = {"bit/s": 1.0, "bps": 1.0, "b/s": 1.0, "B/s": 8.0, "Bps": 8.0}
+_BANDWIDTH_BASE = {"bit/s": 1.0, "bps": 1.0, "b/s": 1.0, "B/s": 8.0, "Bps": 8.0}
+#: Bits/s per unit: every prefix over every base (``"Mbit/s"``, ``"GB/s"``, ``"bps"``).
+_BANDWIDTH_UNIT = {p + b: ps * bs for p, ps in _BANDWIDTH_PREFIX.items() for b, bs in _BANDWIDTH_BASE.items()}
 _LATENCY_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 BANDWIDTH_UNITS = "bit/s, kbit/s, Mbit/s, Gbit/s, Tbit/s (or bps, Mbps, ...; bytes: MB/s, GB/s)"
 LATENCY_UNITS = "s, ms, us (or µs), ns"
 _NUMBER = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(\S*)\s*$")
 
 
-def _split(value: str, what: str, units: str) -> tuple[float, str]:
-    m = _NUMBER.match(value)
-    if m is None:
-        raise ValueError(f"{what} must be a number or a number with a unit ({units}), got {value!r}")
-    return float(m.group(1)), m.group(2)
+def _quantity(value: float | str, what: str, unit: dict[str, float], units: str, base: str) -> float:
+    """``value`` in ``base`` units: a number as it is, a string's number times its ``unit`` factor;
+    ``ValueError`` or ``TypeError`` naming ``what`` and the accepted ``units`` otherwise."""
+    if isinstance(value, str):
+        m = _NUMBER.match(value)
+        if m is None:
+            raise ValueError(f"{what} must be a number or a number with a unit ({units}), got {value!r}")
+        if m.group(2) not in unit:
+            raise ValueError(f"{what}: unknown unit {m.group(2)!r} in {value!r}; use one of {units}")
+        return float(m.group(1)) * unit[m.group(2)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{what} must be {base} (a number) or a string with a unit ({units}), got {value!r}")
 
 
 def parse_bandwidth(value: float | str, what: str = "bandwidth") -> float:
     """Bits per second from a number (bits/s) or a string such as ``"1Gbit/s"``. ``ValueError``
     naming ``what`` and the accepted units when it is not a positive bandwidth."""
-    if isinstance(value, str):
-        number, unit = _split(value, what, BANDWIDTH_UNITS)
-        prefix, base = ("", unit)
-        if unit[:1] in _BANDWIDTH_PREFIX and unit[1:] in _BANDWIDTH_UNIT:
-            prefix, base = unit[:1], unit[1:]
-        if base not in _BANDWIDTH_UNIT:
-            raise ValueError(f"{what}: unknown unit {unit!r} in {value!r}; use one of {BANDWIDTH_UNITS}")
-        bits = number * _BANDWIDTH_PREFIX[prefix] * _BANDWIDTH_UNIT[base]
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        bits = float(value)
-    else:
-        raise TypeError(f"{what} must be bits/s (a number) or a string with a unit ({BANDWIDTH_UNITS}), got {value!r}")
+    bits = _quantity(value, what, _BANDWIDTH_UNIT, BANDWIDTH_UNITS, "bits/s")
     if not (bits > 0 and math.isfinite(bits)):
         raise ValueError(f"{what} must be > 0 bits/s, got {value!r}")
     return bits
@@ -55,15 +54,7 @@ def parse_bandwidth(value: float | str, what: str = "bandwidth") -> float:
 def parse_latency(value: float | str, what: str = "latency") -> float:
     """Seconds from a number (seconds) or a string such as ``"80ms"``. ``ValueError`` naming
     ``what`` and the accepted units when it is not a latency >= 0."""
-    if isinstance(value, str):
-        number, unit = _split(value, what, LATENCY_UNITS)
-        if unit not in _LATENCY_UNIT:
-            raise ValueError(f"{what}: unknown unit {unit!r} in {value!r}; use one of {LATENCY_UNITS}")
-        seconds = number * _LATENCY_UNIT[unit]
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise TypeError(f"{what} must be seconds (a number) or a string with a unit ({LATENCY_UNITS}), got {value!r}")
+    seconds = _quantity(value, what, _LATENCY_UNIT, LATENCY_UNITS, "seconds")
     if not (seconds >= 0 and math.isfinite(seconds)):
         raise ValueError(f"{what} must be >= 0 s, got {value!r}")
     return seconds

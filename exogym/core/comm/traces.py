@@ -14,6 +14,7 @@ row, the world's own bandwidth holds. Latencies do not change.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 import os
@@ -75,12 +76,8 @@ def change_times(traces: Traces) -> tuple[float, ...]:
 
 def value_at(points: tuple[tuple[float, float], ...], t: float) -> float | None:
     """The bandwidth a trace gives at time ``t`` (``None`` before its first row)."""
-    value = None
-    for time, bw in points:
-        if time > t:
-            break
-        value = bw
-    return value
+    i = bisect.bisect_right(points, t, key=lambda point: point[0])  # the points at or before t
+    return points[i - 1][1] if i else None
 
 
 __all__ = ["Traces", "change_times", "parse_traces", "read_rows", "value_at"]

@@ -163,10 +163,8 @@ def read_world_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             import tomllib
         except ImportError:  # Python 3.10
             raise ValueError(f"{path}: TOML world files need Python 3.11 or later (tomllib); use JSON") from None
-        spec = tomllib.loads(data.decode())
-    else:
-        spec = json.loads(data)
-    return spec
+        return tomllib.loads(data.decode())
+    return json.loads(data)
 
 
 def is_world_file(name: str) -> bool:
