@@ -118,6 +118,29 @@ def test_the_main_command_repeats_the_readme_table_within_its_stated_tolerance(t
         assert abs(float(got[name][1]) - float(accuracy)) <= ACCURACY_TOLERANCE, (name, got[name][1], accuracy)
 
 
+@pytest.mark.procs
+@pytest.mark.timeout(400)
+def test_the_scaled_command_repeats_the_readme_table_and_learns_as_the_unscaled_one(tmp_path) -> None:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    blocks = re.findall(r"```text\n(.*?)```", readme, re.DOTALL)
+    plain, promised = _table(blocks[0]), _table(blocks[1])
+    command = "exogym compare --scale 1B --step-seconds 1 --network two-datacenters"
+    assert command in " ".join(readme.split())
+    out = subprocess.run(
+        [sys.executable, "-m", *command.split(), "--no-progress", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=380,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = _table(out.stdout)
+    assert list(got) == list(promised) == list(plain)
+    for name, cells in promised.items():
+        assert got[name][2:5] == cells[2:5], name  # bytes, simulated time, utilisation at the scale: exact
+        assert cells[:2] == plain[name][:2], name  # the scale prices the run; the learning is the same
+        assert abs(float(got[name][0]) - float(cells[0])) <= LOSS_TOLERANCE, (name, got[name][0], cells[0])
+        assert abs(float(got[name][1]) - float(cells[1])) <= ACCURACY_TOLERANCE, (name, got[name][1], cells[1])
+
+
 def _tests_table_count(readme: str) -> int:
     """The number of tests the README's Tests table gives for the full suite."""
     row = next(line for line in readme.splitlines() if line.startswith("| full |"))
