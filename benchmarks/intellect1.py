@@ -22,10 +22,12 @@ across the United States. It states no latencies and no node count per region se
 Assumed here (``NODES``, ``LATENCY``): 8 nodes in the USA, 4 in Europe, 2 in Asia, and one-way
 latencies of public internet routes.
 
-Nothing is trained. ``exogym.bandwidth.schedule`` records DiLoCo's collectives on the target's
-meta tensors (exact shapes: 10,211,381,248 parameters) and ``Schedule.utilisation`` prices them
-on a world of regions (``Network.regions``) with the clock every run uses, a step lasting
-38 min / 100 = 22.8 s. PRIME starts the all-reduce after the 100th inner step, so no part of it
+Nothing is trained. ``exogym.bandwidth.schedule`` records each method's collectives on the
+target's meta tensors (exact shapes: 10,211,381,248 parameters) over six of its longest periods
+from step 1000, a long run's steady state (600 steps at H = 100), and ``Schedule.utilisation``
+prices them on a world of regions (``Network.regions``) with the clock every run uses, a step
+lasting 38 min / 100 = 22.8 s. Seconds per 100 steps are the schedule's over its length, scaled
+to 100 steps. PRIME starts the all-reduce after the 100th inner step, so no part of it
 hides behind a backward pass: the worlds here have ``backward_share=0``.
 
 The script prints three tables and writes ``DIR/intellect1.csv``:
@@ -35,8 +37,9 @@ The script prints three tables and writes ``DIR/intellect1.csv``:
    median time (``implied``).
 2. The implied links as one world (USA inside, USA-Europe, and the crossings to Asia).
 3. On that world: DiLoCo as run, Streaming DiLoCo (14 fragments of equal size, as many as
-   3-layer fragments of 42 layers; int8; each update applied 1 or 5 steps late) and SparseLoCo
-   (the top 64 of each 64x64 block, 2-bit values).
+   3-layer fragments of 42 layers; int8 as INTELLECT-1 sent, or FP4 as Streaming DiLoCo's paper
+   sends; each update applied 1 or 5 steps late) and SparseLoCo (the top 64 of each 64x64 block,
+   2-bit values).
 
     python benchmarks/intellect1.py --out intellect1
 
@@ -52,19 +55,19 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from communicators.diloco import DiLoCoCommunicator
-from communicators.quantize import FORMATS, Int8
-from communicators.sparseloco import ChunkPlan, SparseLoCoCommunicator
+from communicators.quantize import Int8
 from exogym import Link, Network
-from exogym.bandwidth import Schedule, Step, schedule
-from exogym.core.comm.ledger import CollectiveRecord, wire_bytes
+from exogym.bandwidth import START, Schedule, schedule
 from exogym.core.pipeline import CommunicateOptimizeStrategy
+from exogym.core.strategy import Strategy
 from exogym.scale import Scale
-from exogym.strategy import StreamingDiLoCoStrategy
+from exogym.strategy import SparseLoCoStrategy, StreamingDiLoCoStrategy
 
 logger = logging.getLogger("intellect1")
 
@@ -157,33 +160,39 @@ def diloco_int8() -> CommunicateOptimizeStrategy:
     return CommunicateOptimizeStrategy([DiLoCoCommunicator(H)], wire=Int8())
 
 
-def sparseloco_schedule(like: Schedule, scale: Scale, module: SparseLoCoCommunicator) -> Schedule:
-    """SparseLoCo at ``scale``: one all-gather of its coded payload at each step where ``like``
-    (DiLoCo at the same H) synchronises. Its coding reads the values (a codebook per tensor),
-    so it cannot be recorded on meta tensors; its payload is the module's byte count from the
-    shapes: ``ceil(sum_t chunks_t * k_t * (index_bits_t + bits) / 8) + T * 4 * 2**bits``."""
-    bits, tensors = 0, 0
-    for p in scale.target_model().parameters():
-        plan = ChunkPlan.of(tuple(p.shape), module.chunk, module.k, module.chunking)
-        bits += plan.sent * (plan.index_bits + module.bits)
-        tensors += 1
-    payload = math.ceil(bits / 8) + tensors * 4 * 2**module.bits
-    steps = []
-    for step in like.steps:
-        records = []
-        for r in step.records:
-            sent, received = wire_bytes("all_gather", r.group_size, payload)
-            records.append(
-                CollectiveRecord("all_gather", r.group_size, payload, sent, received, "sparseloco", members=r.members)
-            )
-        steps.append(Step(records))
-    return Schedule("SparseLoCo", scale, steps, [])
+def streaming(wire: str, tau: int) -> Callable[[], Strategy]:
+    """Streaming DiLoCo, H = 100, in 14 fragments (as many as 3-layer fragments of 42 layers),
+    each all-reduced in ``wire`` and applied ``tau`` steps late."""
+    return lambda: StreamingDiLoCoStrategy(H=H, num_fragments=42 // 3, overlap_steps=tau, quantize=wire)
+
+
+def sparseloco() -> Strategy:
+    """SparseLoCo, H = 100, at its defaults: the top 64 of each 64x64 block, 2-bit values."""
+    return SparseLoCoStrategy(H=H, chunk=64, k=64, bits=2)
+
+
+#: The methods priced on the implied links beside DiLoCo as run.
+METHODS: dict[str, Callable[[], Strategy]] = {
+    "Streaming DiLoCo int8, tau=1": streaming("int8", 1),
+    "Streaming DiLoCo int8, tau=5": streaming("int8", 5),
+    "Streaming DiLoCo fp4, tau=1": streaming("fp4", 1),
+    "Streaming DiLoCo fp4, tau=5": streaming("fp4", 5),
+    "SparseLoCo 64x64 top-64, 2 bits": sparseloco,
+}
+
+
+def payload(sched: Schedule) -> int:
+    """The largest payload (bytes of one node's input) of a collective in ``sched``, blocking or
+    started by a handle."""
+    records = [r for s in sched.steps for r in s.records] + [r for h in sched.handles for r in h]
+    return max(r.payload for r in records)
 
 
 def wait_per_sync(sched: Schedule, network: Network) -> float:
-    """Seconds of communication not hidden by compute, per H steps."""
+    """Seconds of communication not hidden by compute, per H steps: the schedule's over its
+    ``len(sched.steps)`` steps, scaled to H."""
     compute, total = sched.seconds(network)
-    return (total - compute) * H / len(sched.steps)
+    return max(0.0, total - compute) * H / len(sched.steps)  # (rounding leaves -0.0 where all is hidden)
 
 
 def implied_bandwidth(sched: Schedule, nodes: dict[str, int], known: dict, pairs: list, seconds: float) -> float:
@@ -239,8 +248,11 @@ def main() -> None:
 
     # 1. Table 2 beside ExoGym at the stated bandwidths, and the bandwidth that matches it.
     schedules = {rs: schedule(diloco_int8(), scale, sum(n.values()), label="DiLoCo int8") for rs, n in NODES.items()}
-    payload = next(r.payload for s in schedules["USA"].steps for r in s.records)
-    logger.info("DiLoCo H=%d, int8 wire: %.2f GB all-reduced per node every %d steps\n", H, payload / 1e9, H)
+    steps = len(schedules["USA"].steps)
+    logger.info(
+        "DiLoCo H=%d, int8 wire: %.2f GB all-reduced per node every %d steps (schedules of %d steps from step %d)\n",
+        H, payload(schedules["USA"]) / 1e9, H, steps, START,
+    )  # fmt: skip
     logger.info("Table 2 (all-reduce per 100 steps, compute utilisation):")
     header = f"{'region set':<14} {'nodes':>5}   {'report':>16}   " + "   ".join(f"{'ExoGym ' + k:>16}" for k in STATED)
     logger.info("%s   %s", header, "implied bottleneck")
@@ -280,46 +292,32 @@ def main() -> None:
         logger.info("  %-4s - %-4s  %6.0f Mbit/s  %s", a, b, implied[(a, b)] / 1e6, lat)
 
     # 3. What other methods would have given on those links.
-    fragments = 42 // 3
-    methods = {
-        "DiLoCo H=100 int8": diloco_int8,
-        "Streaming DiLoCo int8, tau=1": lambda: StreamingDiLoCoStrategy(
-            H=H, num_fragments=fragments, overlap_steps=1, quantize="int8"
-        ),
-        "Streaming DiLoCo int8, tau=5": lambda: StreamingDiLoCoStrategy(
-            H=H, num_fragments=fragments, overlap_steps=5, quantize="int8"
-        ),
-    }
-    if "fp4" not in FORMATS:
-        logger.info(
-            "\n(Streaming DiLoCo's paper sends FP4; ExoGym's wire formats are %s, so int8 stands in: "
-            "FP4 would send about half its bytes.)",
-            ", ".join(FORMATS),
-        )
     logger.info("\nOn the implied links (communication not hidden per 100 steps, compute utilisation):")
-    logger.info("%-30s %s", "method", "".join(f"{rs:>22}" for rs in NODES))
+    logger.info("%-32s %s", "method", "".join(f"{rs:>22}" for rs in NODES))
     results: dict[str, list[str]] = {}
+    recorded: dict[str, Schedule] = {}
     for rs, nodes in NODES.items():
         net = world(nodes, implied)
         n = sum(nodes.values())
-        for method, make in methods.items():
-            sched = schedules[rs] if method.startswith("DiLoCo") else schedule(make(), scale, n, label=method)
+        method = "DiLoCo H=100 int8"
+        sched = schedules[rs]
+        results.setdefault(method, []).append(
+            row(rs, method, "implied", wait_per_sync(sched, net), sched.utilisation(net))
+        )
+        for method, make in METHODS.items():
+            recorded[method] = sched = schedule(make(), scale, n, label=method)
             results.setdefault(method, []).append(
                 row(rs, method, "implied", wait_per_sync(sched, net), sched.utilisation(net))
             )
-        sparse = sparseloco_schedule(schedules[rs], scale, SparseLoCoCommunicator(H))
-        sparse_bytes = next(r.payload for s in sparse.steps for r in s.records)
-        method = "SparseLoCo 64x64 top-64, 2 bits"
-        results.setdefault(method, []).append(
-            row(rs, method, "implied", wait_per_sync(sparse, net), sparse.utilisation(net))
-        )
     for method, cells in results.items():
-        logger.info("%-30s %s", method, "".join(f"{c:>22}" for c in cells))
+        logger.info("%-32s %s", method, "".join(f"{c:>22}" for c in cells))
     logger.info(
-        "(Per node and round: a Streaming DiLoCo fragment all-reduces %.2f GB; SparseLoCo all-gathers %.0f MB, "
-        "of which every node receives the other nodes'.)",
-        payload / fragments / 1e9, sparse_bytes / 1e6,
-    )  # fmt: skip
+        "(Per node and round: a Streaming DiLoCo fragment all-reduces %.2f GB in int8, %.2f GB in fp4; "
+        "SparseLoCo all-gathers %s bytes, of which every node receives the other nodes'.)",
+        payload(recorded["Streaming DiLoCo int8, tau=1"]) / 1e9,
+        payload(recorded["Streaming DiLoCo fp4, tau=1"]) / 1e9,
+        f"{payload(recorded['SparseLoCo 64x64 top-64, 2 bits']):,}",
+    )
 
     path = os.path.join(args.out, "intellect1.csv")
     with open(path, "w", newline="") as f:
