@@ -120,9 +120,15 @@ def test_the_all_reduce_is_hidden_behind_the_next_inner_phase_where_diloco_waits
         return rows[-1]["sim_comm_time"]
 
     diloco = lambda: DiLoCoStrategy(H=H, outer_lr=OUTER_LR, outer_momentum=MOMENTUM, optim_spec=SGD)  # noqa: E731
-    assert sim_comm(diloco, 0.1) > 0.05  # 4 all-reduces of 2 x 30 ms latency each, waited for
-    assert sim_comm(_make, 0.1) == 0.0  # each hidden behind the next H steps' 0.3 s of compute
-    assert 0 < sim_comm(_make, 0.001) < sim_comm(diloco, 0.001)  # partly hidden
+    # 4 all-reduces of TinyNet's 644 bytes between 2 nodes: 2 * 0.03 + 8 * 644 / 1e8 = 0.06005152 s
+    # each, starting with their step's backward pass (2/3 of its compute)
+    t = 0.06 + 8 * 644 / 1e8
+    # compute 0.05 s, backward 0.0333 s: DiLoCo waits t - 0.0333 s for each
+    assert sim_comm(diloco, 0.05) == pytest.approx(4 * (t - 0.1 / 3), abs=1e-12)
+    assert sim_comm(_make, 0.05) == 0.0  # each hidden behind 0.0333 s + the next H steps' 0.15 s
+    # compute 0.001 s: DiLoCo waits t - 0.000667 s, eager DiLoCo t - 0.000667 - 3 * 0.001 s
+    assert sim_comm(diloco, 0.001) == pytest.approx(4 * (t - 0.002 / 3), abs=1e-12)
+    assert sim_comm(_make, 0.001) == pytest.approx(4 * (t - 0.002 / 3 - 0.003), abs=1e-12)  # partly hidden
 
 
 def test_virtual_nodes_end_as_nodes_on_their_own_threads() -> None:

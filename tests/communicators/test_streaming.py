@@ -97,7 +97,7 @@ def test_peak_bytes_per_step_are_one_fragment_and_the_total_is_diloco_s() -> Non
     assert sum(1 for b in per_step[0] if b) == 2 * sum(1 for b in per_step[1] if b)  # twice as often, half each
 
 
-def test_an_overlapped_fragment_is_hidden_behind_the_next_steps_compute() -> None:
+def test_an_overlapped_fragment_is_hidden_behind_the_backward_pass_and_the_next_steps_compute() -> None:
     from exogym.core.comm.network import Network
 
     def sim_comm(tau: int, compute: float) -> float:
@@ -106,9 +106,18 @@ def test_an_overlapped_fragment_is_hidden_behind_the_next_steps_compute() -> Non
         rows = [r for r in train_ranks(2, make, STEPS, network=net)[0]["node"].history if "train_loss" in r]
         return rows[-1]["sim_comm_time"]
 
-    assert sim_comm(0, 0.5) > 0.05  # 6 fragment all-reduces of 2 x 30 ms latency each, waited for
-    assert sim_comm(1, 0.5) == 0.0  # each hidden behind the next step's 0.5 s of compute
-    assert 0 < sim_comm(1, 0.01) < sim_comm(0, 0.01)  # partly hidden
+    # A fragment's all-reduce between 2 nodes: 2 * 0.03 + 32 * n / 1e8 s, n = 80 or 81 floats
+    # (0.0600256, 0.06002592 s), started with its step's backward pass (2/3 of the compute);
+    # fragment 0 is sent after steps 1, 5, 9 and fragment 1 after steps 3, 7, 11.
+    t80, t81 = 0.06 + 32 * 80 / 1e8, 0.06 + 32 * 81 / 1e8
+    # tau=0, waited in its own step: compute 0.05 s, backward 0.0333 s: each waits t - 0.0333 s
+    assert sim_comm(0, 0.05) == pytest.approx(3 * (t80 + t81) - 6 * 0.1 / 3, abs=1e-12)
+    assert sim_comm(0, 0.5) == 0.0  # backward 0.333 s: each hidden behind its own step's backward pass
+    assert sim_comm(1, 0.05) == 0.0  # 0.0333 s + the next step's 0.05 s: hidden
+    # compute 0.01 s: tau=0 waits t - 0.00667 s for each of the 6; tau=1 t - 0.00667 - 0.01 s for
+    # the 5 waited for (the one sent after the last step is still in flight)
+    assert sim_comm(0, 0.01) == pytest.approx(3 * (t80 + t81) - 6 * 0.02 / 3, abs=1e-12)
+    assert sim_comm(1, 0.01) == pytest.approx(3 * t80 + 2 * t81 - 5 * (0.02 / 3 + 0.01), abs=1e-12)
 
 
 def test_quantized_fragments_are_charged_as_int8() -> None:
@@ -144,15 +153,20 @@ def _rows(out) -> list[dict]:
 
 
 def _fragment_steps(bandwidth: float, latency: float, compute: float, k: int, floats: int) -> int:
-    """Steps of ``compute`` seconds until a fragment's ring all-reduce of ``floats`` float32
-    among ``k`` nodes has arrived: ceil((2(k-1) a + 2(k-1)/k * 32 floats / B) / compute)."""
-    return math.ceil((2 * (k - 1) * latency + 2 * (k - 1) / k * 32 * floats / bandwidth) / compute)
+    """Steps of ``compute`` seconds after its own until a fragment's ring all-reduce of ``floats``
+    float32 among ``k`` nodes, started with its step's backward pass (2/3 of the compute before
+    the end), has arrived: max(0, ceil((2(k-1) a + 2(k-1)/k * 32 floats / B - 2/3 compute) / compute))."""
+    seconds = 2 * (k - 1) * latency + 2 * (k - 1) / k * 32 * floats / bandwidth
+    return max(0, math.ceil((seconds - 2 / 3 * compute) / compute))
 
 
 @pytest.mark.parametrize(("bandwidth", "latency"), [(1e9, 1e-4), (1e5, 0.01)])
 def test_auto_lands_each_fragment_at_the_step_its_transfer_arrives(bandwidth: float, latency: float) -> None:
     """With overlap_steps="auto" an update lands after as many steps as its transfer takes on the
-    link: the same parameters and rows as overlap_steps=<those steps>, which hides it whole."""
+    link past its step's backward pass: the same parameters and rows as overlap_steps=<those
+    steps>, which hides it whole. On the fast link (0.0002 s, under the 0.00667 s backward pass)
+    it lands in the step it is sent; on the slow one (0.0456 s) 4 steps later: 0.0456 - 0.00667
+    = 0.0389 s = 3.9 steps."""
     k, h, compute = 2, 8, 0.01
     # TinyNet's 161 parameters in two fragments of 80 and 81 floats
     tau = {_fragment_steps(bandwidth, latency, compute, k, n) for n in (80, 81)}
@@ -165,7 +179,7 @@ def test_auto_lands_each_fragment_at_the_step_its_transfer_arrives(bandwidth: fl
         for p, q in zip(a["params"], b["params"], strict=True):
             assert torch.equal(p, q)
     assert _rows(auto) == _rows(fixed)
-    assert tau == (1 if bandwidth == 1e9 else 5)
+    assert tau == (0 if bandwidth == 1e9 else 4)
     trained = [r for r in fixed[0]["node"].history if "train_loss" in r]
     assert [r["sim_comm_time"] for r in trained] == [0.0] * len(trained)  # hidden whole: the node never waits
     assert [r["sim_time"] for r in trained] == [
@@ -178,11 +192,14 @@ def test_a_step_count_that_the_transfer_does_not_fit_stalls_at_the_wait() -> Non
     node waiting there for the rest of the transfer (auto lands it later, without the stall)."""
     net = Network(1e5, 0.01, compute=0.01)
     fixed = train_ranks(2, lambda: StreamingDiLoCoStrategy(H=8, overlap_steps=1, optim_spec=SGD), 8, network=net)
-    t = 2 * 0.01 + 32 * 80 / 1e5  # fragment 0 (80 floats), sent after step 3, waited for after step 4
+    t = 2 * 0.01 + 32 * 80 / 1e5  # fragment 0 (80 floats, 0.0456 s), sent after step 3, waited for after step 4
+    # it starts with step 3's backward pass, 0.04 - 2/3 * 0.01 = 0.03333 s, and arrives at 0.07893 s;
+    # step 4's compute ends at 0.05 s: it waits 0.0456 - 0.00667 - 0.01 = 0.02893 s
+    arrival = 4 * 0.01 - 0.02 / 3 + t
     rows = [r for r in fixed[0]["node"].history if "train_loss" in r]
     assert [r["sim_comm_time"] for r in rows[:4]] == [0.0] * 4
-    assert rows[4]["sim_comm_time"] == pytest.approx(t - 0.01, abs=1e-12)
-    assert rows[4]["sim_time"] == pytest.approx(4 * 0.01 + t, abs=1e-12)
+    assert rows[4]["sim_comm_time"] == pytest.approx(t - 0.02 / 3 - 0.01, abs=1e-12)
+    assert rows[4]["sim_time"] == pytest.approx(arrival, abs=1e-12)
 
 
 def test_auto_refuses_measured_compute_naming_the_fix() -> None:

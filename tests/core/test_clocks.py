@@ -162,7 +162,8 @@ def _fit(strategy, network: Network, nodes: int = 4, steps: int = 6, **kw) -> Tr
 @pytest.mark.procs
 @pytest.mark.timeout(120)
 def test_islands_of_unequal_speed_finish_at_their_own_times_in_a_real_run() -> None:
-    net = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1, 1, 2, 2))
+    # backward_share=0: each step waits for its whole all-reduce after its compute
+    net = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1, 1, 2, 2), backward_share=0.0)
     islands = [[0, 1], [2, 3]]
     trainer = _fit(CommunicateOptimizeStrategy([FixedIslands(islands)], optim_spec="sgd"), net, **FIT_DEFAULTS)
     payload = sum(p.numel() * 4 for p in TinyNet().parameters())
@@ -180,7 +181,8 @@ def test_islands_of_unequal_speed_finish_at_their_own_times_in_a_real_run() -> N
 @pytest.mark.procs
 @pytest.mark.timeout(120)
 def test_ddp_on_nodes_of_unequal_speed_waits_for_the_slowest_every_step() -> None:
-    net = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1, 3))
+    # backward_share=0: each step waits for its whole all-reduce after the slowest compute
+    net = Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1, 3), backward_share=0.0)
     trainer = _fit(SimpleReduceStrategy(optim_spec="sgd"), net, nodes=2, **FIT_DEFAULTS)
     payload = sum(p.numel() * 4 for p in TinyNet().parameters())
     step = 0.03 + net.collective_time("all_reduce", 2, payload)

@@ -1,6 +1,7 @@
 """Non-blocking collectives (``async_op=True``): what a handle delivers and when, on the node's
 own simulated clock. Expected times are worked out here from the ring all-reduce formula
-``2(n-1) a + 2(n-1)/n * 8b / B``."""
+``2(n-1) a + 2(n-1)/n * 8b / B``; a transfer starts when its step's backward pass starts
+(``Network.backward_share``, 2/3 of the step's compute by default, before the compute ends)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from exogym.strategy import OptimSpec
 from tests.fake_world import run_ranks, train_ranks
 
 SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+BACKWARD = 2 / 3  # Network's default backward_share: the backward pass's share of a step's compute
 
 
 def ring_seconds(n: int, latency: float, bandwidth: float, payload: int) -> float:
@@ -68,13 +70,75 @@ def test_a_handle_waits_until_the_transfer_arrives_on_the_clock_and_stalls_only_
 
     handle = run_ranks(2, body)[0]
     assert isinstance(handle, CollectiveHandle) and not handle.is_completed()
-    assert clock.close_step(0.02, 0.0) == 0.0  # step 0: it starts after 0.02 s of compute
-    assert handle.arrival == pytest.approx(0.02 + t, abs=1e-12)
+    assert clock.close_step(0.02, 0.0) == 0.0  # step 0: it starts as the backward pass starts
+    # compute 0.02 s, backward 2/3 * 0.02 = 0.01333 s: it starts at 0.00667 s, arrives 0.05867 s
+    arrival = 0.02 - BACKWARD * 0.02 + t
+    assert handle.arrival == pytest.approx(arrival, abs=1e-12)
     assert not handle.is_completed()  # step 1 at 0.04 s
     handle.wait()
-    assert clock.close_step(0.02, 0.0) == pytest.approx(0.02 + t - 0.04, abs=1e-12)  # stalled to its arrival
-    assert clock.seconds == pytest.approx(0.02 + t, abs=1e-12)
+    assert clock.close_step(0.02, 0.0) == pytest.approx(arrival - 0.04, abs=1e-12)  # stalled to its arrival
+    assert clock.seconds == pytest.approx(arrival, abs=1e-12)
     assert handle.is_completed()
+
+
+def _stall_of_a_wait(net: Network, tau: int) -> tuple[float, float, float]:
+    """A 4000-byte all-reduce of 2 nodes started in step 0 of 0.02 s steps on ``net`` and waited
+    for in step ``tau``: (its arrival, the stall of step ``tau``, the clock after it)."""
+    clock = LocalClock()
+    clock.attach(net, lambda: 0.02)
+
+    def body(rank, comm):
+        comm.clock = clock if rank == 0 else LocalClock()
+        return comm.all_reduce(torch.ones(1000), async_op=True)
+
+    handle = run_ranks(2, body)[0]
+    for _ in range(tau):
+        assert clock.close_step(0.02, 0.0) == 0.0
+    handle.wait()
+    stall = clock.close_step(0.02, 0.0)
+    assert handle.arrival is not None
+    return handle.arrival, stall, clock.seconds
+
+
+@pytest.mark.parametrize(
+    ("tau", "stall"),
+    [
+        (0, 0.05867 - 0.02),  # waited in its own step, which ends at 0.02 s: 0.03867 s left
+        (1, 0.05867 - 0.04),  # step 1 ends at 0.04 s: 0.01867 s left
+        (2, 0.0),  # step 2 ends at 0.06 s, after the arrival
+        (3, 0.0),
+    ],
+)
+def test_a_handle_waited_for_tau_steps_later_stalls_only_past_the_start_of_the_backward_pass_plus_its_transfer(
+    tau: int, stall: float
+) -> None:
+    # compute 0.02 s, backward 2/3 * 0.02 = 0.01333 s: the transfer (0.052 s) starts at 0.00667 s
+    # and arrives at 0.05867 s; step tau's compute ends at (tau + 1) * 0.02 s
+    t = ring_seconds(2, 0.01, 1e6, 4000)
+    assert t == pytest.approx(0.052, abs=1e-12)
+    arrival, stalled, seconds = _stall_of_a_wait(Network(1e6, 0.01, compute=0.02), tau)
+    assert arrival == pytest.approx(0.02 - BACKWARD * 0.02 + t, abs=1e-12)
+    assert stalled == pytest.approx(stall, abs=1e-5)
+    assert stalled == pytest.approx(max(0.0, arrival - (tau + 1) * 0.02), abs=1e-12)
+    assert seconds == pytest.approx((tau + 1) * 0.02 + stalled, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("tau", "stall"),
+    [
+        (0, 0.052),  # the whole transfer, started when step 0's compute ends
+        (1, 0.072 - 0.04),
+        (2, 0.072 - 0.06),
+        (3, 0.0),  # step 3 ends at 0.08 s, after the arrival
+    ],
+)
+def test_without_a_backward_pass_a_handle_starts_when_its_step_s_compute_ends(tau: int, stall: float) -> None:
+    # backward_share=0: the previous rule, arrival = end of step 0's compute + transfer = 0.02 + 0.052 s
+    net = Network(1e6, 0.01, compute=0.02, backward_share=0.0)
+    arrival, stalled, seconds = _stall_of_a_wait(net, tau)
+    assert arrival == pytest.approx(0.02 + ring_seconds(2, 0.01, 1e6, 4000), abs=1e-12)
+    assert stalled == pytest.approx(stall, abs=1e-12)
+    assert seconds == pytest.approx((tau + 1) * 0.02 + stall, abs=1e-12)
 
 
 def test_is_completed_needs_modelled_compute() -> None:
@@ -126,9 +190,11 @@ def _probe(wait_at: int, steps: int = 6) -> tuple[Probe, list[dict]]:
 def test_is_completed_turns_true_at_the_step_the_formula_gives() -> None:
     probe, rows = _probe(wait_at=5)
     t = ring_seconds(2, 0.01, 1e6, 4000)
-    # after step j the node's clock reads (j + 1) * 0.02 s; the transfer arrives at 0.02 + t
-    first = math.ceil(t / 0.02)
-    assert first == 3
+    # after step j the node's clock reads (j + 1) * 0.02 s; the transfer starts with step 0's
+    # backward pass, 0.02 - 2/3 * 0.02 = 0.00667 s, and arrives at 0.00667 + 0.052 = 0.05867 s:
+    # (j + 1) * 0.02 >= 0.05867 from j = 2 (2.93 - 1 rounded up)
+    first = math.ceil((0.02 - BACKWARD * 0.02 + t) / 0.02) - 1
+    assert first == 2
     assert probe.completed == [j >= first for j in range(6)]
     assert torch.equal(probe.result, torch.full((1000,), 2.0))
     assert [r["sim_comm_time"] for r in rows] == [0.0] * 6  # waited for after it arrived: no stall
@@ -137,10 +203,11 @@ def test_is_completed_turns_true_at_the_step_the_formula_gives() -> None:
 def test_a_wait_before_the_arrival_stalls_the_clock_by_what_is_left() -> None:
     probe, rows = _probe(wait_at=1)
     t = ring_seconds(2, 0.01, 1e6, 4000)
-    stall = 0.02 + t - 2 * 0.02  # arrival less the clock after step 1's compute
+    arrival = 0.02 - BACKWARD * 0.02 + t  # started with step 0's backward pass: 0.00667 + 0.052 s
+    stall = arrival - 2 * 0.02  # arrival less the clock after step 1's compute: 0.01867 s
     assert probe.completed == [False, False]
     assert [r["sim_comm_time"] for r in rows][:3] == [0.0, pytest.approx(stall, abs=1e-12), pytest.approx(stall)]
-    assert rows[1]["sim_time"] == pytest.approx(0.02 + t, abs=1e-12)
+    assert rows[1]["sim_time"] == pytest.approx(arrival, abs=1e-12)
     assert rows[-1]["sim_time"] == pytest.approx(6 * 0.02 + stall, abs=1e-12)
 
 
@@ -182,9 +249,11 @@ def test_a_saved_handle_resumes_with_its_result_and_arrival() -> None:
 
 def test_the_non_blocking_example_of_the_docs_applies_the_average_when_it_arrives() -> None:
     """The LateAverage block of docs/user-guide/asynchrony.md on 2 nodes, 5 steps of 0.1 s, an
-    average sent after step 3: on a 1 Mbit/s link (a tensor of at most 128 floats takes 0.02 +
-    8 * 512 / 1e6 s, under a step) it lands after step 4, the last, so the nodes end equal; on a
-    1 kbit/s link (over 0.5 s) it is still in flight when the run ends."""
+    average sent after step 3: its transfers start with step 3's backward pass, at 0.4 - 2/3 *
+    0.1 = 0.3333 s, the largest (fc1's 128 floats) taking 0.02 + 8 * 512 / B s. At 1 Mbit/s
+    (0.0241 s) it arrives at 0.3574 s, within step 3: applied there, and step 4 trains the nodes
+    apart again. At 50 kbit/s (0.1019 s) it arrives at 0.4353 s, within step 4, the last: the
+    nodes end equal. At 1 kbit/s (4.1 s) it is still in flight when the run ends."""
     import os
     import re
 
@@ -194,11 +263,11 @@ def test_the_non_blocking_example_of_the_docs_applies_the_average_when_it_arrive
     namespace: dict = {}
     exec(compile(code, path, "exec"), namespace)  # noqa: S102 - the docs' own code
     make = lambda: CommunicateOptimizeStrategy([namespace["LateAverage"](H=4)], optim_spec=SGD)  # noqa: E731
-    for bandwidth, landed in [(1e6, True), (1e3, False)]:
+    for bandwidth, in_flight, equal in [(1e6, 0, False), (5e4, 0, True), (1e3, 1, False)]:
         out = train_ranks(2, make, 5, network=Network(bandwidth, 0.01, compute=0.1))
-        assert [len(o["strategy"].pipeline.modules[0].in_flight) for o in out] == [0 if landed else 1] * 2
+        assert [len(o["strategy"].pipeline.modules[0].in_flight) for o in out] == [in_flight] * 2
         same = all(torch.equal(p, q) for p, q in zip(out[0]["params"], out[1]["params"], strict=True))
-        assert same == landed
+        assert same == equal
         started = [sum(not r.blocking for r in recs) for recs in out[0]["records"]]
         assert started == [0, 0, 0, len(out[0]["params"]), 0]
 

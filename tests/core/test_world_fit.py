@@ -1,6 +1,8 @@
 """Worlds in whole runs (``Trainer.fit`` on node processes): islands inside regions pay the
 links inside them, and a world's simulated times depend only on its description and the seeds."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,8 +47,9 @@ def test_fedavg_islands_that_each_lie_inside_a_region_pay_only_the_link_inside_i
 def _traced_world() -> Network:
     # Two regions whose crossing drops to 20 Mbit/s from simulated second 0.5 on (a DiLoCo round's
     # all-reduce over the 50 ms crossing takes about 0.3 s: the last two rounds' start later);
-    # node 3 is away during the second round of 3 steps (steps of 1e-5 s for the trace).
-    return Network.regions(
+    # node 3 is away during the second round of 3 steps (steps of 1e-5 s for the trace). No
+    # backward pass to overlap (backward_share=0): a round waits for its whole all-reduce.
+    net = Network.regions(
         {"us": [0, 1], "eu": [2, 3]},
         INTRA,
         INTER,
@@ -57,6 +60,7 @@ def _traced_world() -> Network:
         compute="flops",
         flops_per_second=1e9,
     )
+    return dataclasses.replace(net, backward_share=0.0)
 
 
 SIMULATED = ("step", "sim_time", "sim_comm_time", "compute_time", "bytes_sent", "nodes_alive")
