@@ -96,7 +96,8 @@ class Schedule:
         for step in self.steps:
             for is_start, i in step.events:
                 (clock.started if is_start else clock.waiting)(handles[i])  # type: ignore[arg-type]
-            clock.close_step(compute, network.records_time(step.records, compute, clock.seconds + compute))
+            at = clock.seconds + compute * (1 - network.backward_share)  # where its backward pass starts
+            clock.close_step(compute, network.records_time(step.records, compute, at))
         return compute * len(self.steps), clock.seconds
 
     def utilisation(self, network: Network) -> float:

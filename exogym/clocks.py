@@ -1,14 +1,15 @@
 """A simulated clock per node.
 
-Every node keeps its own simulated time. Its compute advances it; a step's collectives make the
-node wait for the last of their participants to arrive (its clock after its compute), then
-advance every participant by the step's modelled communication time (the longest of theirs:
-where a meeting joins several collectives, e.g. a FedAvg round's all-reduce among the
-participants and the broadcast to the others, everyone leaves when the last transfer ends; a
-node's own transfers count as communication, the rest of the meeting as waiting). A node's collectives in
-one step are taken as one meeting of everyone they join; nodes that take part in
-no collective of a step do not wait for anyone: islands that average inside themselves run on
-their own clocks, and a client that sits a round out is not held up by it. The run's simulated
+Every node keeps its own simulated time. Its compute advances it; a step's collectives start when
+the last of their participants' backward passes starts (``Network.backward_share`` of its compute
+before the end) and last the step's modelled communication time (the longest of theirs, from
+``Network.records_span``: where a meeting joins several collectives, e.g. a FedAvg round's
+all-reduce among the participants and the broadcast to the others, everyone leaves when the last
+transfer ends); every participant leaves when they end, or when its own compute ends if that is
+later. What of a node's own transfers its backward pass does not hide counts as its
+communication, the rest of the meeting as waiting. A node's collectives in one step are taken as
+one meeting of everyone they join; nodes that take part in no collective of a step do not wait
+for anyone: islands that average inside themselves run on their own clocks. The run's simulated
 time is the latest node's clock.
 
 How it is computed: each node turns its pending step samples into *events* (the steps where it
@@ -136,10 +137,15 @@ class NodeClocks:
         changes: the simulated seconds at which the world's traces change (the event tables
             then carry one communication column per epoch: a meeting pays the one of the epoch
             it starts in).
+        backward_share: the backward pass's share of a step's compute
+            ([`Network.backward_share`][exogym.Network]): an event's communication is the span of
+            its collectives from the start of its backward pass, and a meeting's collectives start
+            when the last of its participants' backward passes starts.
     """
 
-    def __init__(self, num_nodes: int, changes: Sequence[float] = ()) -> None:
+    def __init__(self, num_nodes: int, changes: Sequence[float] = (), backward_share: float = 0.0) -> None:
         self.changes = np.asarray(changes, dtype=np.float64)
+        self.backward_share = backward_share
         self.clock = np.zeros(num_nodes)
         self.compute = np.zeros(num_nodes)
         self.comm = np.zeros(num_nodes)
@@ -168,11 +174,11 @@ class NodeClocks:
             if one_epoch and not several and not key.any():
                 # No one meets (an asynchronous run's ticks): each clock moves by its own
                 # compute and communication, as _advance works out for groups of one.
-                m = m[:, 0]
                 arrive = clock[r] + c
+                own = np.maximum(0.0, m[:, 0] - self.backward_share * c)
                 compute[r] += c
-                comm[r] += m
-                clock[r] = arrive + m
+                comm[r] += own
+                clock[r] = arrive + own
             else:
                 self._advance(r, c, key, m, several)
             last = int(np.argmax(clock))
@@ -192,19 +198,23 @@ class NodeClocks:
         else:
             label = np.where(key != 0, np.unique(key, return_inverse=True)[1] + len(r), np.arange(len(r)))
         arrive = clock[r] + c
+        start = arrive - self.backward_share * c  # where each node's collectives may start
         _, group = np.unique(label, return_inverse=True)
         latest = np.full(group.max() + 1, -np.inf)
         np.maximum.at(latest, group, arrive)
-        # Each meeting is priced in the epoch it starts in.
-        epoch = np.searchsorted(self.changes, latest[group], side="right") if m.shape[1] > 1 else 0
+        begin = np.full(group.max() + 1, -np.inf)
+        np.maximum.at(begin, group, start)
+        # Each meeting starts when its last participant's backward pass starts, priced in that epoch.
+        epoch = np.searchsorted(self.changes, begin[group], side="right") if m.shape[1] > 1 else 0
         m = m[np.arange(len(r)), epoch]
         longest = np.zeros(group.max() + 1)
         np.maximum.at(longest, group, m)
-        end = latest[group] + longest[group]
+        beyond = np.maximum(0.0, (begin - latest) + longest)  # the meeting past its latest compute end
+        own = np.maximum(0.0, m - (arrive - start))  # its own collectives beyond its backward pass
         compute[r] += c
-        wait[r] += (latest[group] - arrive) + (longest[group] - m)
-        comm[r] += m
-        clock[r] = end
+        wait[r] += (latest[group] - arrive) + (beyond[group] - own)
+        comm[r] += own
+        clock[r] = latest[group] + beyond[group]
 
     def table(self) -> list[dict[str, float]]:
         """Per node: ``rank``, ``compute``, ``comm`` and ``wait`` seconds, its ``clock`` and

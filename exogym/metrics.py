@@ -171,7 +171,7 @@ class MetricsBuffer:
         self.peak_memory = 0.0
         #: Every node's simulated clock, on rank 0, which replays them at each flush (see
         #: ``exogym.clocks``); ``None`` on the other ranks, which only send their events.
-        self.clocks = NodeClocks(comm.world_size, changes) if comm.rank == 0 else None
+        self.clocks = NodeClocks(comm.world_size, changes, network.backward_share) if comm.rank == 0 else None
         self._slowdown = network.slowdown(comm.rank)
         self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
         self._partial: list[float] | None = None

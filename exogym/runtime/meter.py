@@ -108,15 +108,17 @@ class StepMeter:
                 compute *= self.faults.slowdown(self.rank, step)
         metrics = self.metrics
         slowed = compute * network.slowdown(self.rank)
-        # With traces, priced in every epoch: the replay of the clocks knows when it starts.
-        comms = network.records_times(records, slowed) if metrics.epochs > 1 else None
-        comm_sim = comms[0] if comms is not None else network.records_time(records, slowed)
+        # The span of the step's collectives from its backward pass's start; with traces, priced
+        # in every epoch (the replay of the clocks knows when a meeting starts).
+        window = network.backward_share * slowed
+        spans = network.records_spans(records, slowed) if metrics.epochs > 1 else None
+        span = spans[0] if spans is not None else network.records_span(records, slowed)
         clock = self.comm.clock
-        own = comm_sim if comms is None else network.records_time(records, slowed, clock.seconds + slowed)
-        stall = clock.close_step(slowed, own)
-        if stall:  # waiting for handles is communication
-            comm_sim += stall
-            comms = [c + stall for c in comms] if comms is not None else None
+        here = span if spans is None else network.records_span(records, slowed, clock.seconds + slowed - window)
+        stall = clock.close_step(slowed, max(0.0, here - window))
+        if stall:  # waiting for handles is communication: the step ends that much later
+            span = max(span, window) + stall
+            spans = [max(s, window) + stall for s in spans] if spans is not None else None
         keys = meeting_keys(records)
         # The peak memory, a high-water mark, is read where a row ends: each row gets the value a
         # read per step would, without a getrusage per step (slow with hundreds of node threads).
@@ -129,7 +131,7 @@ class StepMeter:
                 sum(r.sent for r in records),
                 sum(r.received for r in records),
                 compute,
-                comm_sim,
+                span,
                 comm_wall,
                 t1 - self.start,
                 float(peak_memory(self.device)) if count and ends_row else 0.0,
@@ -137,7 +139,7 @@ class StepMeter:
                 keys[0] if keys else 0.0,
             ),
             keys[1:],
-            comms,
+            spans,
         )
 
     def flush(self) -> list[dict[str, Any]]:

@@ -139,7 +139,7 @@ def test_quantized_fragments_are_charged_as_int8() -> None:
         ({"overlap_steps": 4}, r"overlap_steps must be an int in \[0, H=4\)"),
         ({"overlap_steps": "later"}, r"overlap_steps must be an int in \[0, H=4\) .* or 'auto'"),
         ({"alpha": 1.5}, r"alpha must be a number in \[0, 1\]"),
-        ({"quantize": "fp4"}, "quantize must be one of"),
+        ({"quantize": "fp2"}, "quantize must be one of"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:

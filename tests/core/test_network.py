@@ -168,12 +168,6 @@ def test_deterministic_compute_models_price_every_trained_step_alike(compute: st
     assert [r["compute_time"] for r in rows] == pytest.approx([per_step * r["step"] for r in rows], rel=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="possible bug: with unequal speeds a meeting ends at the slowest node's compute end plus the longest "
-    "node's own max(0, C - b*c) (the fast node's, whose backward pass is shorter), not when the collective "
-    "started with the members' backward passes ends",
-)
 def test_ddp_on_nodes_of_unequal_speed_starts_the_all_reduce_when_the_slowest_backward_pass_starts() -> None:
     # 2 nodes, 0.01 s of compute at speeds 1 and 3: node 0 computes 0.01 s (backward from 0.00333 s),
     # node 1 0.03 s (backward from 0.01 s). The all-reduce of 644 bytes, 0.02 + 8 * 644 / 1e6 =

@@ -67,12 +67,6 @@ def test_halving_the_crossing_at_simulated_second_t_doubles_later_ddp_transfers(
     assert per_step == pytest.approx([c, c, 2 * c, 2 * c, 2 * c], rel=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="possible bug: a step's blocking collectives are priced in the trace epoch of its compute's end "
-    "(meter: at=clock.seconds + compute; NodeClocks.replay: the epoch of the latest compute end), not of the "
-    "start of its backward pass, where Network.records_time says they start (handles read it there)",
-)
 def test_a_ddp_step_s_all_reduce_is_priced_where_its_backward_pass_starts() -> None:
     from exogym.strategy import SimpleReduceStrategy
     from tests.fake_world import train_ranks

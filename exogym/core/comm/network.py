@@ -310,18 +310,16 @@ class Network:
             return self.collective_time(record.kind, record.group_size, record.payload)
         return self.world.seconds(record.kind, record.payload, record.members, record.group_size, at)
 
-    def records_time(self, records: Iterable[CollectiveRecord], compute: float = 0.0, at: float = 0.0) -> float:
-        """Seconds a node's step waits for its collectives beyond its ``compute`` seconds.
-
-        A step's collectives stream through its backward pass, as DDP's gradient buckets and the
-        layer-by-layer schedules of the published simulations do: they start when the backward
-        pass starts (``backward_share * compute`` before the step's compute ends) and run one
-        after the other, so the step waits ``max(0, C - backward_share * compute)`` for ``C``
-        seconds of them. Transfers the algorithm overlaps with its next ``k`` steps
-        (``overlap_steps``, e.g. Eager DiLoCo's) follow them and may end ``k * compute`` later
-        (``compute`` taken as the next steps' too); a collective started with ``async_op=True``
-        (``blocking=False``) costs the step nothing: its handle's wait stalls the step that waits
-        (``exogym.core.comm.handles``). ``at``: the simulated second the step's collectives start
+    def records_span(self, records: Iterable[CollectiveRecord], compute: float = 0.0, at: float = 0.0) -> float:
+        """Seconds from the start of a step's backward pass until its collectives let the step
+        end. A step's collectives stream through its backward pass, as DDP's gradient buckets and
+        the layer-by-layer schedules of the published simulations do: they start when the backward
+        pass starts and run one after the other (``C`` seconds of blocking ones). Transfers the
+        algorithm overlaps with its next ``k`` steps (``overlap_steps``, e.g. Eager DiLoCo's)
+        follow them and may end ``k * compute`` later (``compute`` taken as the next steps' too):
+        the span is ``max(C, C + C_overlapped - k * compute)``. A collective started with
+        ``async_op=True`` (``blocking=False``) is not in it: its handle's wait stalls the step that
+        waits (``exogym.core.comm.handles``). ``at``: the simulated second the collectives start
         (a world's traces price them on the bandwidths then)."""
         blocking = overlapped = budget = 0.0
         world = self.world.at(at) if self.world is not None else None
@@ -337,8 +335,13 @@ class Network:
                 budget = max(budget, r.overlap_steps * compute)
             else:
                 blocking += t
-        window = self.backward_share * compute
-        return max(0.0, blocking - window, blocking + overlapped - window - budget)
+        return max(blocking, blocking + overlapped - budget)
+
+    def records_time(self, records: Iterable[CollectiveRecord], compute: float = 0.0, at: float = 0.0) -> float:
+        """Seconds a node's step of ``compute`` seconds waits for its collectives beyond its
+        compute: what of their [`records_span`][exogym.Network.records_span] exceeds its backward
+        pass, ``max(0, span - backward_share * compute)``."""
+        return max(0.0, self.records_span(records, compute, at) - self.backward_share * compute)
 
     @property
     def trace_changes(self) -> tuple[float, ...]:
@@ -347,11 +350,11 @@ class Network:
         ``e``-th."""
         return self.world.changes if self.world is not None else ()
 
-    def records_times(self, records: Sequence[CollectiveRecord], compute: float = 0.0) -> list[float]:
-        """[`records_time`][exogym.Network.records_time] of ``records`` starting in each epoch of
+    def records_spans(self, records: Sequence[CollectiveRecord], compute: float = 0.0) -> list[float]:
+        """[`records_span`][exogym.Network.records_span] of ``records`` starting in each epoch of
         the traces ([`trace_changes`][exogym.Network.trace_changes]; one value without traces)."""
         starts = (-math.inf, *self.trace_changes)
-        return [self.records_time(records, compute, at) for at in starts]
+        return [self.records_span(records, compute, at) for at in starts]
 
     def slowdown(self, rank: int) -> float:
         """The compute factor of node ``rank``. ``RuntimeError`` while the speeds are a
