@@ -67,6 +67,7 @@ FIT_PARAMETERS = [
     ("save_dir", None, K),
     ("correlation_interval", None, K),
     ("wandb_project", None, K),
+    ("scale", None, K),
 ]
 SECTIONS = (RunConfig, DataConfig, TransportConfig, CheckpointConfig, LoggingConfig)
 

@@ -11,11 +11,12 @@ import argparse
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exogym.cli import int_at_least, positive_float
-from exogym.core.comm.links import parse_bandwidth, parse_latency
-from exogym.scale import WIRE_DTYPES, Scale
+
+if TYPE_CHECKING:
+    from exogym.scale import Scale
 
 DEFAULT_UTILISATION = "50,80,90,95,99"
 
@@ -33,7 +34,7 @@ def add_scale_options(p: argparse.ArgumentParser, required: bool = False) -> Non
         "its step time (see --step-seconds); the learning stays the trained model's",
     )
     p.add_argument("--layers", type=int_at_least(1), default=None, help="blocks of the --scale model")
-    p.add_argument("--wire", default="bf16", choices=sorted(WIRE_DTYPES), help="float payloads' format (default bf16)")
+    p.add_argument("--wire", default="bf16", help="float payloads' format: bf16 (default), fp16 or fp32")
     p.add_argument("--step-seconds", type=positive_float, default=None, help="compute seconds of one step at --scale")
     p.add_argument(
         "--tokens-per-step", type=positive_float, default=None, help="tokens of one step (with --peak-flops)"
@@ -46,6 +47,8 @@ def add_scale_options(p: argparse.ArgumentParser, required: bool = False) -> Non
 def scale_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Scale | None:
     """The [`Scale`][exogym.Scale] ``add_scale_options``' flags ask for (``None`` without
     ``--scale``); a bad value is a ``parser.error`` naming its flag."""
+    from exogym.scale import Scale
+
     if args.scale is None:
         given = [f for f in ("layers", "step_seconds", "tokens_per_step", "peak_flops") if getattr(args, f) is not None]
         if given:
@@ -132,6 +135,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequen
     import dataclasses
 
     from exogym.bandwidth import bandwidth_for, schedule
+    from exogym.core.comm.links import parse_bandwidth, parse_latency
     from exogym.core.comm.network import Network
     from exogym.strategy.registry import build
 
