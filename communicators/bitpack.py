@@ -41,10 +41,8 @@ def pack(codes: Sequence[torch.Tensor], widths: Sequence[int]) -> torch.Tensor:
     for c, w in zip(codes, widths, strict=True):
         if c.numel() and not c.is_meta and (int(c.min()) < 0 or int(c.max()) >= 1 << w):  # (meta: no values)
             raise ValueError(f"pack: codes must lie in [0, 2**{w}) for width {w}")
-        if w:
-            parts.append(_bits(c, w))
-    device = codes[0].device if codes else torch.device("cpu")
-    stream = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
+        parts.append(_bits(c, w))
+    stream = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
     pad = packed_bytes(stream.numel()) * 8 - stream.numel()
     stream = torch.cat([stream, stream.new_zeros(pad)]).view(-1, 8).to(torch.int64)
     weights = 1 << torch.arange(8, device=stream.device, dtype=torch.int64)
@@ -57,9 +55,6 @@ def unpack(data: torch.Tensor, counts: Sequence[int], widths: Sequence[int]) -> 
     stream = _bits(data, 8)
     out, offset = [], 0
     for m, w in zip(counts, widths, strict=True):
-        if w == 0:
-            out.append(torch.zeros(m, dtype=torch.int64, device=data.device))
-            continue
         bits = stream[offset : offset + m * w].view(m, w)
         out.append((bits << torch.arange(w, device=data.device, dtype=torch.int64)).sum(dim=1))
         offset += m * w

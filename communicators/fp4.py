@@ -37,18 +37,13 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """Float32 values of e2m1 ``codes`` (``uint8`` in ``[0, 15]``)."""
-    table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=codes.device)
-    c = codes.long()
-    value = table[c & 7]
-    return torch.where(c >= 8, -value, value)
+    signed = E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES)  # codes 8-15: the sign set (8: -0)
+    return torch.tensor(signed, dtype=torch.float32, device=codes.device)[codes.long()]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """``ceil(n / 2)`` bytes holding the ``n`` 4-bit ``codes`` (``uint8``), two per byte."""
-    c = codes.reshape(-1)
-    if c.numel() % 2:
-        c = torch.cat([c, c.new_zeros(1)])
-    pairs = c.view(-1, 2)
+    pairs = torch.nn.functional.pad(codes.reshape(-1), (0, codes.numel() % 2)).view(-1, 2)
     return pairs[:, 0] | (pairs[:, 1] << 4)
 
 

@@ -7,14 +7,13 @@ all-gather payload before it leaves the node; ``QuantizeCommunicator(inner, "int
 for one module. The ledger charges the collective at the quantized size (for int8 and fp8: one byte
 per entry plus one fp32 scale per chunk of ``chunk`` entries), i.e. a quantized ring all-reduce. fp8
 is ``float8_e4m3fn`` (3 mantissa bits, largest value 448) scaled per chunk so that the chunk's
-largest magnitude maps to 448; its codes travel as bytes. fp4 is OCP e2m1 (1 sign, 2 exponent, 1
-mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; ``communicators.fp4``) scaled per chunk so
-that the chunk's largest magnitude maps to 6 and rounded to the nearest code, ties to even; two
-codes travel in one byte (``ceil(n / 2)`` bytes plus one fp32 scale per chunk). An all-reduce's result is what a
-reduction of the quantized contributions gives (no re-quantization at intermediate hops): each
-node decodes its own payload and the simulator sums the decoded values in float32 (the ledger
-charges the quantized bytes); an all-gather moves the quantized payloads and every node decodes
-them.
+largest magnitude maps to 448; its codes travel as bytes. fp4 is OCP e2m1 (``communicators.fp4``:
+magnitudes up to 6, rounded to the nearest code) scaled per chunk so that the chunk's largest
+magnitude maps to 6; two codes travel in one byte (``ceil(n / 2)`` bytes plus one fp32 scale per
+chunk). An all-reduce's result is what a reduction of the quantized contributions gives (no
+re-quantization at intermediate hops): each node decodes its own payload and the simulator sums
+the decoded values in float32 (the ledger charges the quantized bytes); an all-gather moves the
+quantized payloads and every node decodes them.
 
 With ``error_feedback=True`` the quantization error is added to a later payload (Seide et al.
 2014; Karimireddy et al. 2019, EF-SGD): per payload site (the n-th payload of a communication
@@ -61,12 +60,12 @@ def quantize(x: torch.Tensor, fmt: str, chunk: int = 256) -> tuple[torch.Tensor,
     chunks = math.ceil(n / chunk)
     rows = torch.nn.functional.pad(x.reshape(-1).to(torch.float32), (0, chunks * chunk - n)).view(chunks, chunk)
     scales = rows.abs().amax(dim=1) / _CHUNK_MAX[fmt]
-    scaled = rows / scales.clamp_min(1e-30)[:, None]
+    scaled = (rows / scales.clamp_min(1e-30)[:, None]).reshape(-1)[:n]
     if fmt == "fp8":
-        return scaled.to(torch.float8_e4m3fn).reshape(-1)[:n].contiguous().view(torch.uint8), scales
+        return scaled.to(torch.float8_e4m3fn).view(torch.uint8), scales
     if fmt == "fp4":
-        return pack_nibbles(encode_e2m1(scaled.reshape(-1)[:n])), scales
-    return torch.round(scaled).clamp_(-127, 127).to(torch.int8).reshape(-1)[:n], scales
+        return pack_nibbles(encode_e2m1(scaled)), scales
+    return torch.round(scaled).clamp_(-127, 127).to(torch.int8), scales
 
 
 def dequantize(
@@ -78,20 +77,17 @@ def dequantize(
         return codes.to(torch.float32)
     if fmt == "fp4":
         values = decode_e2m1(unpack_nibbles(codes, 2 * codes.numel() if n is None else n))
-        return values * scales.repeat_interleave(chunk)[: values.numel()]
-    if fmt == "fp8":
-        codes = codes.view(torch.float8_e4m3fn)
-    return codes.to(torch.float32) * scales.repeat_interleave(chunk)[: codes.numel()]
+    else:
+        values = (codes.view(torch.float8_e4m3fn) if fmt == "fp8" else codes).to(torch.float32)
+    return values * scales.repeat_interleave(chunk)[: values.numel()]
 
 
 def quantized_bytes(n: int, fmt: str, chunk: int = 256) -> int:
     """Bytes of one quantized payload of ``n`` entries: int8 and fp8 one per entry, fp4 one per
     two (``ceil(n / 2)``), each with one fp32 scale per chunk; fp16 and bf16 two per entry."""
-    if fmt in ("int8", "fp8"):
-        return n + 4 * math.ceil(n / chunk)
-    if fmt == "fp4":
-        return math.ceil(n / 2) + 4 * math.ceil(n / chunk)
-    return 2 * n
+    if fmt not in _CHUNK_MAX:
+        return 2 * n
+    return (math.ceil(n / 2) if fmt == "fp4" else n) + 4 * math.ceil(n / chunk)
 
 
 class QuantizedComm(WireComm):

@@ -109,16 +109,15 @@ class Availability:
             isinstance(s, bool) or not isinstance(s, (int, float)) or not (s > 0 and math.isfinite(s))
         ):
             raise ValueError(f"Availability(step_seconds=...) must be seconds > 0, got {s!r}")
-        if isinstance(self.trace, (str, os.PathLike)):
-            rows: Iterable[Mapping[str, Any]] = read_rows(self.trace)
-        elif isinstance(self.trace, Iterable) and not isinstance(self.trace, (bytes, Mapping)):
-            rows = tuple(dict(r) for r in self.trace)
-            object.__setattr__(self, "trace", rows)
-        else:
+        path = isinstance(self.trace, (str, os.PathLike))
+        if not path and (isinstance(self.trace, (bytes, Mapping)) or not isinstance(self.trace, Iterable)):
             raise TypeError(
                 f"Availability(trace=...) must be a CSV path or a list of rows (dicts with time, node, available), "
                 f"got {type(self.trace).__name__}"
             )
+        rows = read_rows(self.trace)
+        if not path:
+            object.__setattr__(self, "trace", tuple(rows))
         object.__setattr__(self, "series", parse_availability(rows))
 
     @property

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
+#: The ring collectives: ``(steps, split)``: a node takes ``steps * (n - 1)`` ring steps, each
+#: moving ``1/n`` of its payload (``split``) or the whole of it.
+RING = {"all_reduce": (2, True), "all_gather": (1, False), "reduce_scatter": (1, True)}
 
 
 def wire_bytes(kind: str, group_size: int, payload: int, is_root: bool = False) -> tuple[float, float]:
@@ -37,14 +40,9 @@ def wire_bytes(kind: str, group_size: int, payload: int, is_root: bool = False) 
         raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
     if n <= 1 or kind == "barrier":
         return 0.0, 0.0
-    if kind == "all_reduce":
-        v = 2.0 * (n - 1) / n * payload
-        return v, v
-    if kind == "all_gather":
-        v = float((n - 1) * payload)
-        return v, v
-    if kind == "reduce_scatter":
-        v = (n - 1) / n * payload
+    if kind in RING:
+        steps, split = RING[kind]
+        v = steps * (n - 1) / n * payload if split else float(steps * (n - 1) * payload)
         return v, v
     return (float(payload), 0.0) if is_root else (0.0, float(payload))
 

@@ -29,15 +29,9 @@ A node's compute time per training step comes from the network's ``compute`` mod
   machine you run on, but it varies with host load from run to run.
 
 A network may describe a whole world instead of one link
-([`Network.regions`][exogym.Network.regions], [`Network.preset`][exogym.Network.preset]): regions
-joined by links of their own, per-node access links, per-node compute speeds. Its collectives are
-then priced on the links their participants use (see ``exogym.core.comm.world``);
-[`Network.collective_seconds`][exogym.Network.collective_seconds] prices one collective for given
-participants.
-
-Node speed is one concept, ``compute_slowdown``: the factor a node's compute time is multiplied
-by. It is a list (node ``r`` takes entry ``r % len``) or a ``torch.distributions.Distribution``
-drawn once per node from the run's seed ([`Network.for_run`][exogym.Network.for_run]);
+([`Network.regions`][exogym.Network.regions], [`Network.preset`][exogym.Network.preset]): its
+collectives are then priced on the links their participants use (``exogym.core.comm.world``).
+Node speed is one concept, [`Network`][exogym.Network]'s ``compute_slowdown``;
 ``Faults(slowdown=...)`` draws a further factor per node and step (``exogym.runtime.faults``).
 """
 
@@ -55,7 +49,7 @@ import torch
 from torch.distributions import Distribution
 
 from exogym.core.comm.availability import Availability
-from exogym.core.comm.ledger import CollectiveRecord
+from exogym.core.comm.ledger import RING, CollectiveRecord
 from exogym.core.comm.links import Link
 from exogym.core.comm.world import World, build_world
 from exogym.core.comm.world_file import is_world_file, load_world
@@ -127,16 +121,11 @@ class Network:
             raise ValueError(
                 f"backward_share must be in [0, 1] (the backward pass's share of a step), got {self.backward_share!r}"
             )
-        self._check_availability()
-
-    def _check_availability(self) -> None:
         a = self.availability
-        if a is None:
-            return
-        if not isinstance(a, Availability):
+        if a is not None and not isinstance(a, Availability):
             a = Availability(a)  # type: ignore[arg-type]
             object.__setattr__(self, "availability", a)
-        if a.step_seconds is None and not isinstance(self.compute, (int, float)):
+        if a is not None and a.step_seconds is None and not isinstance(self.compute, (int, float)):
             raise ValueError(
                 f"availability maps simulated seconds to rounds at the seconds a step lasts, but compute="
                 f"{self.compute!r} gives none before the run: give Availability(trace, step_seconds=...) (a world "
@@ -167,15 +156,14 @@ class Network:
         ``r``) and overrides them: a region-to-region matrix for more than two regions.
         ``access``: one [`Link`][exogym.Link] for every node, or one per node: a node's own
         connection, which bounds every hop out of it at its ``upload`` and every hop into it at
-        its ``bandwidth`` (download), whatever the backbone. A link between two regions given
-        ``shared=True`` is divided among the transfers of one collective that cross it in the
-        same direction at once (see ``exogym.core.comm.world``). ``traces``: a
-        CSV file (or its rows) of bandwidths over simulated seconds, per node or per pair of regions
-        (``exogym.core.comm.traces``). ``availability``: when each node is present
-        ([`Availability`][exogym.Availability]). The other arguments are the
-        homogeneous network's. ``ValueError`` names a pair of regions without a link, and a link
-        with a property its place does not take (``upload`` off an access link, ``shared`` off a
-        link between two regions).
+        its ``bandwidth`` (download), whatever the backbone. A ``shared`` link between two regions
+        is divided among the transfers that cross it at once (see [`Link`][exogym.Link]).
+        ``traces``: a CSV file (or its rows) of bandwidths over simulated seconds, per node or per
+        pair of regions (``exogym.core.comm.traces``). ``availability``: when each node is present
+        ([`Availability`][exogym.Availability]). The other arguments are the homogeneous
+        network's. ``ValueError`` names a pair of regions without a link, and a link with a
+        property its place does not take (``upload`` off an access link, ``shared`` off a link
+        between two regions).
         """
         world = build_world(dict(regions), intra, inter, dict(links or {}), access, traces)
         latency, bandwidth = world.slowest_hop()
@@ -232,13 +220,10 @@ class Network:
 
     def describe(self) -> str:
         """The network in words, for captions and logs."""
-        if self.world is None:
-            return f"network {self.name} ({self.bandwidth / 1e6:g} Mbit/s, {self.latency * 1e3:g} ms)"
-        w = self.world
-        return (
-            f"network {self.name} ({len(w.region_names)} region(s), {w.num_nodes} nodes; slowest hop "
-            f"{self.bandwidth / 1e6:g} Mbit/s, {self.latency * 1e3:g} ms)"
-        )
+        speed, w = f"{self.bandwidth / 1e6:g} Mbit/s, {self.latency * 1e3:g} ms", self.world
+        if w is None:
+            return f"network {self.name} ({speed})"
+        return f"network {self.name} ({len(w.region_names)} region(s), {w.num_nodes} nodes; slowest hop {speed})"
 
     @property
     def counts_flops(self) -> bool:
@@ -270,12 +255,9 @@ class Network:
         n, a, bits = group_size, self.latency, 8.0 * payload
         if n <= 1:
             return 0.0
-        if kind == "all_reduce":
-            return 2 * (n - 1) * a + 2 * (n - 1) / n * bits / self.bandwidth
-        if kind == "all_gather":
-            return (n - 1) * a + (n - 1) / n * (n * bits) / self.bandwidth
-        if kind == "reduce_scatter":
-            return (n - 1) * a + (n - 1) / n * bits / self.bandwidth
+        if kind in RING:
+            steps, split = RING[kind]
+            return steps * (n - 1) * a + steps * (n - 1) / n * (bits if split else n * bits) / self.bandwidth
         if kind == "broadcast":
             return math.ceil(math.log2(n)) * (a + bits / self.bandwidth)
         if kind == "barrier":
@@ -297,18 +279,19 @@ class Network:
         n = len(members) if members is not None else group_size
         if n is None:
             raise ValueError("collective_seconds needs members or group_size")
-        if self.world is None:
-            return self.collective_time(kind, n, int(payload))
         if members is not None and not isinstance(members, tuple):
             members = tuple(members)
-        return self.world.seconds(kind, payload, members, n, at)
+        return self._seconds(kind, payload, members, n, at)
 
     def record_seconds(self, record: CollectiveRecord, at: float = 0.0) -> float:
         """Seconds the collective of one ledger record takes, starting at simulated second ``at``
         (by its participants on a world)."""
+        return self._seconds(record.kind, record.payload, record.members, record.group_size, at)
+
+    def _seconds(self, kind: str, payload: float, members: tuple[int, ...] | None, n: int, at: float) -> float:
         if self.world is None:
-            return self.collective_time(record.kind, record.group_size, record.payload)
-        return self.world.seconds(record.kind, record.payload, record.members, record.group_size, at)
+            return self.collective_time(kind, n, int(payload))
+        return self.world.seconds(kind, payload, members, n, at)
 
     def records_span(self, records: Iterable[CollectiveRecord], compute: float = 0.0, at: float = 0.0) -> float:
         """Seconds from the start of a step's backward pass until its collectives let the step
@@ -322,14 +305,10 @@ class Network:
         waits (``exogym.core.comm.handles``). ``at``: the simulated second the collectives start
         (a world's traces price them on the bandwidths then)."""
         blocking = overlapped = budget = 0.0
-        world = self.world.at(at) if self.world is not None else None
         for r in records:
             if not r.blocking:
                 continue
-            if world is None:
-                t = self.collective_time(r.kind, r.group_size, r.payload)
-            else:
-                t = world.seconds(r.kind, r.payload, r.members, r.group_size)
+            t = self.record_seconds(r, at)
             if r.overlap_steps:
                 overlapped += t
                 budget = max(budget, r.overlap_steps * compute)
@@ -393,9 +372,7 @@ def resolve_network(
         net = PRESETS["ethernet"]
     elif isinstance(network, Network):
         net = network
-    elif isinstance(network, str) and network in PRESETS:
-        net = PRESETS[network]
-    elif isinstance(network, str) and network in WORLD_PRESETS:
+    elif isinstance(network, str) and (network in PRESETS or network in WORLD_PRESETS):
         net = Network.preset(network, num_nodes, seed)
     elif isinstance(network, str) and is_world_file(network):
         net = load_world(network)

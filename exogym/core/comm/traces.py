@@ -57,12 +57,11 @@ def parse_traces(rows: list[dict[str, Any]], region_names: tuple[str, ...], num_
                 raise ValueError(f"{where}: node must be a rank in [0, {num_nodes})")
             key: tuple[str, tuple[int, ...]] = ("node", (node,))
         elif keys == {"time", "region_a", "region_b", "bandwidth"}:
-            a, b = str(row["region_a"]), str(row["region_b"])
-            for r in (a, b):
+            names = (str(row["region_a"]), str(row["region_b"]))
+            for r in names:
                 if r not in region_names:
                     raise ValueError(f"{where}: unknown region {r!r}; the world has {list(region_names)}")
-            p, q = sorted((region_names.index(a), region_names.index(b)))
-            key = ("pair", (p, q))
+            key = ("pair", tuple(sorted(region_names.index(r) for r in names)))
         else:
             raise ValueError(f"{where}: columns must be time,node,bandwidth or time,region_a,region_b,bandwidth")
         series.setdefault(key, {})[t] = bw

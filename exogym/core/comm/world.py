@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exogym.core.comm.ledger import RING
 from exogym.core.comm.links import Link
 from exogym.core.comm.traces import Traces, change_times, parse_traces, read_rows, value_at
 
@@ -82,7 +83,6 @@ def _slowest(front: Front, nbytes: float) -> float:
 class _Shape:
     """What pricing needs of one group: its ring's hops and its broadcast tree's rounds."""
 
-    n: int
     ring: Front
     rounds: tuple[Front, ...]
 
@@ -107,22 +107,17 @@ class World:
     traces: Traces = ()
 
     def __post_init__(self) -> None:
-        self._caches()
-
-    def _caches(self) -> None:
         # Not fields: caches are no part of the description (equality, pickles, configs).
         object.__setattr__(self, "_shapes", {})  # id(members) or ("size", n) -> (members, _Shape)
         object.__setattr__(self, "_prices", {})  # (kind, payload, id(members)) -> (members, seconds)
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_changes", change_times(self.traces))
         object.__setattr__(self, "_epochs", {})  # index into _changes -> the world from then on
-        shared = {
-            (p, q) for p, row in enumerate(self.links) for q, link in enumerate(row) if link is not None and link.shared
-        }
+        shared = [(p, q) for p, row in enumerate(self.links) for q, link in enumerate(row) if link and link.shared]
         object.__setattr__(self, "_shared", frozenset(shared))  # ordered pairs of regions on a shared link
 
-    def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in ("region_names", "region_of", "links", "access", "traces")}
+    def __reduce__(self) -> tuple:
+        return World, (self.region_names, self.region_of, self.links, self.access, self.traces)
 
     def at(self, t: float) -> World:
         """The world (without traces) as its traces make it at simulated second ``t``; itself
@@ -152,11 +147,6 @@ class World:
                     links[p][q] = links[q][p] = link.scaled(bw)
         return World(self.region_names, self.region_of, tuple(tuple(row) for row in links), tuple(access))
 
-    def __setstate__(self, state: dict) -> None:
-        for k, v in state.items():
-            object.__setattr__(self, k, v)
-        self._caches()
-
     @property
     def changes(self) -> tuple[float, ...]:
         """The simulated seconds at which the traces change a link, ascending (``()``: none)."""
@@ -166,26 +156,23 @@ class World:
     def num_nodes(self) -> int:
         return len(self.region_of)
 
-    def hop(self, i: int, j: int, share: int = 1) -> tuple[float, float]:
-        """``(latency seconds, bandwidth bits/s)`` of a message from node ``i`` to node ``j``
-        (at ``i``'s upload and ``j``'s download), on ``1 / share`` of the link between their
-        regions."""
-        link = self.links[self.region_of[i]][self.region_of[j]]
+    def _hop(self, p: int, q: int, src: Link | None, dst: Link | None, share: int = 1) -> tuple[float, float]:
+        """``(latency seconds, seconds per byte)`` of a message from region ``p`` to region ``q`` on
+        ``1 / share`` of their link, sent at access link ``src``'s upload and received at ``dst``'s
+        download (``None``: a world without access links)."""
+        link = self.links[p][q]
         assert link is not None  # (only a region of one node lacks its inner link)
         a, bw = link.latency, link.bandwidth / share
-        if self.access:
-            src, dst = self.access[i], self.access[j]
+        if src is not None and dst is not None:
             a += src.latency + dst.latency
             bw = min(bw, src.upload, dst.bandwidth)
-        return a, bw
+        return a, 8.0 / bw
 
     def ring(self, members: Sequence[int]) -> list[int]:
         """``members`` in ring order: region by region, ranks ascending inside a region."""
-        by_region: dict[int, list[int]] = {}
-        for r in members:
-            by_region.setdefault(self.region_of[r], []).append(r)
-        order = self._region_order(sorted(by_region))
-        return [r for p in order for r in sorted(by_region[p])]
+        regions = self._region_order(sorted({self.region_of[r] for r in members}))
+        place = {p: i for i, p in enumerate(regions)}
+        return sorted(members, key=lambda r: (place[self.region_of[r]], r))
 
     def _region_order(self, regions: list[int]) -> Sequence[int]:
         """The cyclic order of ``regions`` whose slowest crossing is fastest."""
@@ -193,56 +180,42 @@ class World:
             return regions  # every cyclic order of 3 regions uses the same 3 crossings
 
         def slowest(order: tuple[int, ...]) -> tuple[float, float]:
-            pairs = zip(order, order[1:] + order[:1], strict=True)
-            links = [self.links[p][q] for p, q in pairs]
+            links = [self.links[p][q] for p, q in zip(order, order[1:] + order[:1], strict=True)]
             return max((1 / link.bandwidth, link.latency) for link in links if link is not None)
 
-        first, rest = regions[0], regions[1:]
-        return min(((first, *perm) for perm in itertools.permutations(rest)), key=slowest)
+        return min(((regions[0], *perm) for perm in itertools.permutations(regions[1:])), key=slowest)
 
     def _costs(self, edges: Sequence[tuple[int, int]]) -> Front:
         """The front of ``(latency, seconds per byte)`` of transfers at once from node to node:
         those that cross a shared link in one direction divide it."""
-        region = self.region_of
+        region, access = self.region_of, self.access or (None,) * self.num_nodes
         crossings = [(region[i], region[j]) for i, j in edges]
         share = collections.Counter(c for c in crossings if c in self._shared) if self._shared else {}
-        costs = []
-        for (i, j), c in zip(edges, crossings, strict=True):
-            a, bw = self.hop(i, j, share.get(c, 1))
-            costs.append((a, 8.0 / bw))
-        return _front(costs)
+        pairs = zip(edges, crossings, strict=True)
+        return _front([self._hop(*c, access[i], access[j], share.get(c, 1)) for (i, j), c in pairs])
 
     def _shape_of(self, members: tuple[int, ...]) -> _Shape:
         order = self.ring(members)
         n = len(order)
-        ring = self._costs([(order[k], order[(k + 1) % n]) for k in range(n)])
-        rounds = []
-        for d in range(math.ceil(math.log2(n))):
-            step = 1 << d
-            rounds.append(self._costs([(order[i], order[i + step]) for i in range(min(step, n - step))]))
-        return _Shape(n, ring, tuple(rounds))
+        steps = [1 << d for d in range(math.ceil(math.log2(n)))]  # round d: i sends to i + 2^d
+        rounds = tuple(self._costs([(order[i], order[i + s]) for i in range(min(s, n - s))]) for s in steps)
+        return _Shape(self._costs(list(zip(order, order[1:] + order[:1], strict=True))), rounds)
 
     def _worst_shape(self, n: int) -> _Shape:
-        """``n`` nodes whose every hop is the world's slowest (participants unknown; a hop
-        alone on its link, at the slower of each node's upload and download)."""
+        """``n`` nodes whose every hop is the world's slowest (participants unknown; a hop alone
+        on its link, between the slowest access links of its regions: their largest latency and
+        the smallest of their uploads and downloads)."""
         nodes: dict[int, list[int]] = {}
         for r, p in enumerate(self.region_of):
             nodes.setdefault(p, []).append(r)
-        hops = []
-        for p, q in itertools.combinations_with_replacement(sorted(nodes), 2):
-            if p == q and len(nodes[p]) < 2:
-                continue
-            link = self.links[p][q]
-            assert link is not None
-            a, bw = link.latency, link.bandwidth
-            if self.access:
-                a += max(self.access[r].latency for r in nodes[p]) + max(self.access[r].latency for r in nodes[q])
-                bw = min([bw] + [min(self.access[r].bandwidth, self.access[r].upload) for r in nodes[p] + nodes[q]])
-            hops.append((a, 8.0 / bw))
-        if not hops:  # a world of one node: no hop at all
-            hops.append((0.0, 0.0))
-        worst = _front(hops)
-        return _Shape(n, worst, (worst,) * math.ceil(math.log2(n)))
+        slowest: dict[int, Link] = {}
+        for p, ranks in nodes.items() if self.access else ():
+            acc = [self.access[r] for r in ranks]
+            slowest[p] = Link(min(min(x.bandwidth, x.upload) for x in acc), max(x.latency for x in acc))
+        pairs = itertools.combinations_with_replacement(sorted(nodes), 2)
+        hops = [self._hop(p, q, slowest.get(p), slowest.get(q)) for p, q in pairs if p != q or len(nodes[p]) > 1]
+        worst = _front(hops or [(0.0, 0.0)])  # a world of one node: no hop at all
+        return _Shape(worst, (worst,) * math.ceil(math.log2(n)))
 
     def shape(self, members: tuple[int, ...] | None, group_size: int) -> _Shape:
         """The pricing shape of a group (cached by the tuple's identity: records of a world or
@@ -283,16 +256,12 @@ class World:
         if n <= 1:
             return 0.0
         shape = self.shape(members, n)
-        if kind == "all_reduce":
-            return 2 * (n - 1) * _slowest(shape.ring, payload / n)
-        if kind == "all_gather":
-            return (n - 1) * _slowest(shape.ring, payload)
-        if kind == "reduce_scatter":
-            return (n - 1) * _slowest(shape.ring, payload / n)
-        if kind == "broadcast":
-            return sum(_slowest(front, payload) for front in shape.rounds)
-        if kind == "barrier":
-            return sum(_slowest(front, 0.0) for front in shape.rounds)
+        if kind in RING:
+            steps, split = RING[kind]
+            return steps * (n - 1) * _slowest(shape.ring, payload / n if split else payload)
+        if kind in ("broadcast", "barrier"):
+            nbytes = payload if kind == "broadcast" else 0.0
+            return sum(_slowest(front, nbytes) for front in shape.rounds)
         raise ValueError(f"unknown collective kind {kind!r}")
 
     def slowest_hop(self) -> tuple[float, float]:
@@ -342,22 +311,14 @@ def build_world(
         row: list[Link | None] = []
         for q in names:
             link = pairs.get((p, q), intra if p == q else inter)
-            if link is None and p == q and len(regions[p]) == 1:
-                row.append(None)  # a region of one node has no hop inside it
-                continue
-            if link is None:
+            if link is None and not (p == q and len(regions[p]) == 1):  # (None: a region of one node, no hop inside)
                 what = f"intra (or links[({p!r}, {p!r})])" if p == q else f"inter (or links[({p!r}, {q!r})])"
                 raise ValueError(f"no link between regions {p!r} and {q!r}: give {what}")
             row.append(link)
         matrix.append(tuple(row))
-    if access is None:
-        acc: tuple[Link, ...] = ()
-    elif isinstance(access, Link):
-        acc = (access,) * k
-    else:
-        acc = tuple(access)
-        if len(acc) != k or not all(isinstance(x, Link) for x in acc):
-            raise ValueError(f"access must be a Link or one Link per node ({k}), got {len(acc)} entries")
+    acc = (access,) * k if isinstance(access, Link) else tuple(access or ())
+    if access is not None and (len(acc) != k or not all(isinstance(x, Link) for x in acc)):
+        raise ValueError(f"access must be a Link or one Link per node ({k}), got {len(acc)} entries")
     parsed = parse_traces(read_rows(traces), names, k, bool(acc)) if traces is not None else ()
     return World(names, tuple(owner[r] for r in range(k)), tuple(matrix), acc, parsed)
 
@@ -379,10 +340,9 @@ def _check_roles(
                 f"a node's access link (access=Link(download, latency, upload=...)): leave upload out of {where}"
             )
     inside = [("intra", intra), *((f"links[{(p, q)!r}]", link) for (p, q), link in pairs if p == q)]
-    if isinstance(access, Link):
-        nodes = [("access", access)]
-    else:
-        nodes = [(f"access[{r}]", link) for r, link in enumerate(access or ())]
+    nodes = (
+        [("access", access)] if isinstance(access, Link) else [(f"access[{r}]", x) for r, x in enumerate(access or ())]
+    )
     for where, link in inside + nodes:
         if isinstance(link, Link) and link.shared:
             raise ValueError(

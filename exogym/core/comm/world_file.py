@@ -28,6 +28,7 @@ factors or ``{"distribution": "LogNormal", "args": [0.0, 0.5]}`` (any class of
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from typing import Any
@@ -36,21 +37,6 @@ import torch
 
 from exogym.core.comm.availability import Availability
 from exogym.core.comm.links import Link
-
-_KEYS = {
-    "name",
-    "regions",
-    "intra",
-    "inter",
-    "links",
-    "access",
-    "traces",
-    "availability",
-    "compute_slowdown",
-    "compute",
-    "flops_per_second",
-}
-
 
 _LINK_KEYS = ("bandwidth", "latency", "upload", "shared")
 
@@ -65,9 +51,7 @@ def _link(spec: Any, where: str, between: bool = False) -> Link:
             "link, shared for a link between two regions)"
         )
     try:
-        return Link(
-            spec["bandwidth"], spec.get("latency", 0.0), upload=spec.get("upload"), shared=spec.get("shared", False)
-        )
+        return Link(**{k: v for k, v in spec.items() if k != "between"})
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -111,9 +95,10 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
 
     if not isinstance(spec, dict) or "regions" not in spec:
         raise ValueError(f"{source}: a world needs 'regions' (region name -> list of ranks)")
-    unknown = set(spec) - _KEYS
+    keys = set(inspect.signature(Network.regions).parameters)  # a world file's keys are its arguments
+    unknown = set(spec) - keys
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a world has {sorted(_KEYS)}")
+        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a world has {sorted(keys)}")
     links = {}
     for i, entry in enumerate(spec.get("links", [])):
         between = entry.get("between") if isinstance(entry, dict) else None
