@@ -14,10 +14,9 @@ entries, else 4; value bytes the tensor's element size), plus an all-reduce of t
 tensors' bytes when there are any.
 
 [`DCTCompressCommunicator`][communicators.DCTCompressCommunicator] is DeMo (Peng, Quesnelle, Kingma
-2024, arXiv 2411.19870, Algorithm 1) as a gradient-space module: per parameter,
-``delta = decay * delta + lr * grad``; the top-k of ``delta`` is sent and subtracted from ``delta``;
-the gradient becomes ``sign(mean of the received top-k)``, which the inner SGD applies as
-``p -= lr * sign(...)`` (with SGD's weight decay, ``p *= 1 - lr * wd`` first, up to float rounding).
+2024, arXiv 2411.19870, Algorithm 1) as a gradient-space module (its docstring gives the update):
+the inner SGD applies its signs as ``p -= lr * sign(...)`` (with SGD's weight decay,
+``p *= 1 - lr * wd`` first, up to float rounding).
 """
 
 from __future__ import annotations

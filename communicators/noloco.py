@@ -102,9 +102,8 @@ class NoLoCoCommunicator(Communicator):
         return {"outer": list(self.outer), "momentum": list(self.momentum)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for mine, saved in ((self.outer, state["outer"]), (self.momentum, state["momentum"])):
-            for t, s in zip(mine, saved, strict=True):
-                t.copy_(s)
+        for t, s in zip(self.outer + self.momentum, state["outer"] + state["momentum"], strict=True):
+            t.copy_(s)
 
     def describe(self) -> str:
         return f"NoLoCo(H={self.H}, outer_lr={self.outer_lr}, momentum={self.outer_momentum}, gamma={self.gamma})"

@@ -126,13 +126,6 @@ class PowerSGDCommunicator(Communicator):
         self.factors = [_Factors([self.shapes[i] for i in g], self.params[g[0]]) for g in self.groups]
         self.started = False  # whether Q holds a warm start
 
-    def _draw_q(self) -> None:
-        """The first Q: standard normal from the shared seed, every matrix in parameter order."""
-        gen = generator(self.ctx.seed, _Q_SALT)
-        qs = {i: q for g, f in zip(self.groups, self.factors, strict=True) for i, q in zip(g, f.qs, strict=True)}
-        for i in sorted(qs):
-            qs[i].copy_(torch.randn(qs[i].shape, generator=gen, dtype=qs[i].dtype))
-
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         comm = self.ctx.comm
@@ -148,8 +141,11 @@ class PowerSGDCommunicator(Communicator):
         for p, e in zip(self.params, self.errors, strict=True):
             if p.grad is not None:
                 e.add_(p.grad.reshape(e.shape))  # from here E holds M = G + E
-        if not self.started:
-            self._draw_q()
+        if not self.started:  # the first Q: standard normal from the shared seed, every matrix in parameter order
+            gen = generator(self.ctx.seed, _Q_SALT)
+            qs = {i: q for g, f in zip(self.groups, self.factors, strict=True) for i, q in zip(g, f.qs, strict=True)}
+            for i in sorted(qs):
+                qs[i].copy_(torch.randn(qs[i].shape, generator=gen, dtype=qs[i].dtype))
             self.started = True
         for group, f in zip(self.groups, self.factors, strict=True):
             for i, p_, q in zip(group, f.ps, f.qs, strict=True):

@@ -70,8 +70,6 @@ class SharedSelector:
         return [self._one(step, i, n) for i, n in enumerate(self.numels)]
 
     def _one(self, step: int, i: int, n: int) -> torch.Tensor:
-        if self.p == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
         if self.mode == "random":
             return ops.select_indices(n, expected_count(n, self.p, self.seed, step, i), self.seed, step, i, self.device)
         if self.mode == "blockwise":
@@ -205,14 +203,12 @@ class SparseCommunicator(Communicator):
             if sum(t.numel() for t in idx) == 0:
                 continue
             buf = ops.sparse_gather(params, idx)
-            entries = Entries(params, idx)
+            handle = self.ctx.comm.all_reduce(
+                buf, op="sum", groups=islands, tag="sparse", entries=Entries(params, idx), async_op=bool(self.delay)
+            )
             if self.delay:
-                handle = self.ctx.comm.all_reduce(
-                    buf, op="sum", groups=islands, tag="sparse", entries=entries, async_op=True
-                )
                 sent.append((g, idx, handle))
             else:
-                self.ctx.comm.all_reduce(buf, op="sum", groups=islands, tag="sparse", entries=entries)
                 ops.sparse_scatter_(params, idx, buf, 1.0 / size)
         if self.delay:
             self.pending.append((1.0 / size, sent))

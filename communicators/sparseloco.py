@@ -183,11 +183,6 @@ class SparseLoCoCommunicator(Communicator):
         self.errors = [torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in self.params]
         self.plans = [ChunkPlan.of(tuple(p.shape), self.chunk, self.k, self.chunking) for p in self.params]
 
-    def _select(self, e: torch.Tensor, pl: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``[chunks, k]`` indices within each chunk, ascending; their values) of ``e``."""
-        idx = pl.to_chunks(e.abs(), fill=-1.0).topk(pl.k, dim=1).indices.sort(dim=1).values
-        return idx, pl.to_chunks(e).gather(1, idx)
-
     def _decode(self, pl: ChunkPlan, idx: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The dense flat tensor holding ``values`` at chunk-local indices ``idx``."""
         dense = torch.zeros(pl.chunks, pl.chunk, dtype=dtype, device=values.device)
@@ -199,7 +194,9 @@ class SparseLoCoCommunicator(Communicator):
         codes, widths, books = [], [], []
         for p, g, e, pl in zip(self.params, self.global_params, self.errors, self.plans, strict=True):
             e.mul_(self.beta).add_((g - p).view(-1))
-            idx, values = self._select(e, pl)
+            # per chunk, the indices of its k largest |e| (ascending), and their values
+            idx = pl.to_chunks(e.abs(), fill=-1.0).topk(pl.k, dim=1).indices.sort(dim=1).values
+            values = pl.to_chunks(e).gather(1, idx)
             q, book = quantize(values.reshape(-1), self.bits)
             e.sub_(self._decode(pl, idx, dequantize(q, book), e.dtype))
             codes.append((idx.reshape(-1) << self.bits) | q)
@@ -222,9 +219,8 @@ class SparseLoCoCommunicator(Communicator):
         return {"global_params": list(self.global_params), "errors": list(self.errors)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for mine, saved in ((self.global_params, state["global_params"]), (self.errors, state["errors"])):
-            for t, s in zip(mine, saved, strict=True):
-                t.copy_(s)
+        for t, s in zip(self.global_params + self.errors, state["global_params"] + state["errors"], strict=True):
+            t.copy_(s)
 
     def describe(self) -> str:
         return (

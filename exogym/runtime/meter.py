@@ -72,15 +72,16 @@ class StepMeter:
         self.t0, self.transport0 = time.perf_counter(), self.comm.transport_seconds
         self._step = step
 
+    def _compute(self, step: int, measured: float = 0.0, flops: float = 0.0) -> float:
+        """A training step's compute seconds (``network.compute_seconds``), slowed where faults
+        make the node a straggler at ``step``."""
+        compute = self.network.compute_seconds(measured, flops)
+        return compute * self.faults.slowdown(self.rank, step) if self.faults is not None else compute
+
     def _compute_now(self) -> float:
         """The running step's modelled compute seconds, as ``add`` will count them (a node
         that does not train in it computes nothing). For a network whose compute is a number."""
-        if not self.trains:
-            return 0.0
-        compute = self.network.compute_seconds(0.0, 0.0)
-        if self.faults is not None:
-            compute *= self.faults.slowdown(self.rank, self._step)
-        return compute * self.network.slowdown(self.rank)
+        return self._compute(self._step) * self.network.slowdown(self.rank) if self.trains else 0.0
 
     def add(
         self,
@@ -100,12 +101,8 @@ class StepMeter:
         records = self.comm.ledger.end_step()
         comm_wall = self.comm.transport_seconds - self.transport0
         network = self.network
-        compute = 0.0
-        if count:
-            self._trained = True
-            compute = network.compute_seconds(t1 - self.t0 - comm_wall, step_flops or 0.0)
-            if self.faults is not None:
-                compute *= self.faults.slowdown(self.rank, step)
+        compute = self._compute(step, t1 - self.t0 - comm_wall, step_flops or 0.0) if count else 0.0
+        self._trained = self._trained or bool(count)
         metrics = self.metrics
         slowed = compute * network.slowdown(self.rank)
         # The span of the step's collectives from its backward pass's start; with traces, priced

@@ -88,15 +88,6 @@ class NodeJob:
         return copy.deepcopy(self.strategy)
 
 
-@dataclass
-class _Run:
-    """What one call of ``TrainNode.train`` carries from step to step."""
-
-    progress: Progress
-    batches: D.BatchStream
-    meter: StepMeter
-
-
 class TrainNode:
     """One node: its model copy, data shard and strategy, and the loop that trains them.
 
@@ -173,6 +164,9 @@ class TrainNode:
         if faults is not None:
             self.faults = F.FaultPlan(faults, cfg.num_nodes, cfg.fault_round_steps, self.max_steps, cfg.seed)
             self.faults.check()  # again: a dataset factory's length is known only here
+            # Faulty rounds are logged at INFO, or at DEBUG where a round is one step (DDP, SPARTA:
+            # a line per step would drown the log; trainer.result["faults"] lists them all).
+            self._fault_log_level = logging.INFO if self.faults.round_steps > 1 else logging.DEBUG
         self.flush_every = flush_interval(cfg.log_interval, cfg.num_nodes, cfg.workers)
         self.evaluator = Evaluator(
             self.comm, self.model, device, self.val_loader, self._forward, self._autocast, self.rank, cfg.num_nodes
@@ -195,38 +189,36 @@ class TrainNode:
         """Run ``max_steps`` steps; return the result on rank 0; elsewhere ``None``, or
         ``{"state_dict": the averaged state}`` with ``keep_state`` (a torchrun rank's first node).
         Collective: every node of the run must call it."""
-        run, step = self._begin()
+        step = self._begin()
         while step < self.max_steps:
-            run.meter.begin_step(step)
-            done = self._step(run, step, self._dropped(step))
-            self._end_steps(run, step, done)
+            self.meter.begin_step(step)
+            done = self._step(step, self._dropped(step))
+            self._end_steps(step, done)
             step = done
-        return self._finish(run, keep_state)
+        return self._finish(keep_state)
 
-    def _begin(self) -> tuple[_Run, int]:
-        """Start the run (logger, progress bar, data stream, metrics buffer), then resume from
-        ``cfg.resume_from`` or validate the starting point of every validation curve; the run
-        and its first step. Collective."""
+    def _begin(self) -> int:
+        """Start the run (logger, progress bar, data stream, step meter), then resume from
+        ``cfg.resume_from`` or validate the starting point of every validation curve; the first
+        step. Collective."""
         cfg = self.cfg
         if self.logger is not None:
             self.logger.start(self.run_name, {**cfg.to_dict(), **self.strategy.config(), "max_steps": self.max_steps})
-        run = _Run(
-            Progress(self.max_steps, enabled=cfg.progress and self.rank == 0),
-            D.BatchStream(self.loader, self.sampler, cfg.dataloader_kwargs),
-            StepMeter(self.comm, cfg.network, self.faults, self.device, cfg.log_interval, self.max_steps),
-        )
+        self.progress = Progress(self.max_steps, enabled=cfg.progress and self.rank == 0)
+        self.batches = D.BatchStream(self.loader, self.sampler, cfg.dataloader_kwargs)
+        self.meter = StepMeter(self.comm, cfg.network, self.faults, self.device, cfg.log_interval, self.max_steps)
         step = 0
         if cfg.resume_from is not None:
-            step = node_state.restore(self, cfg.resume_from, run.batches, run.meter.metrics)
+            step = node_state.restore(self, cfg.resume_from)
             for row in self.history if self.logger is not None else []:
                 self.logger.log(row)  # the resumed run's log holds the whole history
-            run.progress.resumed(step)
+            self.progress.resumed(step)
         elif self.val_loader is not None:
-            self._emit(self.evaluator.validate(run.meter.metrics))
-        run.meter.begin_run()
-        return run, step
+            self._emit(self.evaluator.validate(self.meter.metrics))
+        self.meter.begin_run()
+        return step
 
-    def _step(self, run: _Run, step: int, dropped: frozenset[int]) -> int:
+    def _step(self, step: int, dropped: frozenset[int]) -> int:
         """Train on the next batch (forward/backward over its minibatches), then
         ``strategy.step()`` with the ``dropped`` nodes left out; check the loss, record the
         sample. A node dropped from the round (fault injection) takes no data and computes
@@ -234,11 +226,11 @@ class TrainNode:
         collective (so the calls line up with its peers'); its state is replaced when it
         rejoins at the round's end. The step counter after it."""
         cfg = self.cfg
-        trains = run.meter.trains = self.rank not in dropped  # (what a handle's clock counts)
+        trains = self.meter.trains = self.rank not in dropped  # (what a handle's clock counts)
         self.strategy.zero_grad()
         if trains:
             count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
-            loss_sum, flops = backward(self._forward, next(run.batches), cfg.accumulation, self.device, count)
+            loss_sum, flops = backward(self._forward, next(self.batches), cfg.accumulation, self.device, count)
             if flops is not None:
                 self.step_flops = flops
         else:
@@ -249,7 +241,7 @@ class TrainNode:
             self.strategy.step()
         self._rejoin(step)
         if not trains:
-            run.meter.add(step, self.strategy.lr)
+            self.meter.add(step, self.strategy.lr)
             return self._steps_done(step)
         if not math.isfinite(loss_sum) and cfg.stop_on_nonfinite_loss:
             raise FloatingPointError(
@@ -259,30 +251,30 @@ class TrainNode:
             )
         self.batches_drawn += 1
         lr, count, examples = self.strategy.lr, float(cfg.accumulation), float(cfg.batch_size)
-        run.meter.add(step, lr, loss_sum, count, examples, step_flops=self.step_flops)
+        self.meter.add(step, lr, loss_sum, count, examples, step_flops=self.step_flops)
         done = self._steps_done(step)
-        run.progress.loss(done, cfg.log_interval, loss_sum / cfg.accumulation)
+        self.progress.loss(done, cfg.log_interval, loss_sum / cfg.accumulation)
         return done
 
-    def _end_steps(self, run: _Run, step: int, done: int) -> None:
+    def _end_steps(self, step: int, done: int) -> None:
         """After the work from ``step`` to ``done``: the metrics flush, validation and
         checkpoint where due (the same on every node), and the progress bar. Collective when
         any of those is due."""
-        validate = self._validates(done)
-        save = self._checkpoints(done)
+        validate = self.val_loader is not None and self.due(done, self.cfg.val_interval)
+        save = self.cfg.checkpoint_dir is not None and self.due(done, self.cfg.checkpoint_interval)
         if done % self.flush_every == 0 or done == self.max_steps or validate or save:
-            for row in run.meter.flush():
+            for row in self.meter.flush():
                 self._emit(row)
-                run.progress.row(row)
+                self.progress.row(row)
         if validate:
-            self._emit(self.evaluator.validate(run.meter.metrics))
+            self._emit(self.evaluator.validate(self.meter.metrics))
         if save:
-            node_state.save(self, done, run.batches, run.meter.metrics)
-        run.progress.advance(step, done)
+            node_state.save(self, done)
+        self.progress.advance(step, done)
 
-    def _finish(self, run: _Run, keep_state: bool) -> dict[str, Any] | None:
+    def _finish(self, keep_state: bool) -> dict[str, Any] | None:
         """End the run: the averaged final state (collective) and, on rank 0, the result."""
-        run.progress.close()
+        self.progress.close()
         self.strategy.finish()
         self.comm.clock.finish()  # handles still in flight: results into their tensors
         state = self.evaluator.averaged_state(needed=self.rank == 0 or keep_state)
@@ -294,8 +286,8 @@ class TrainNode:
             "state_dict": state,
             "history": self.history,
             "max_steps": self.max_steps,
-            "peak_memory": run.meter.metrics.peak_memory,
-            "nodes": run.meter.metrics.clocks.table(),
+            "peak_memory": self.meter.metrics.peak_memory,
+            "nodes": self.meter.metrics.clocks.table(),
             "summary": self.strategy.run_summary(),
         }
 
@@ -311,14 +303,6 @@ class TrainNode:
         """Whether something done every ``interval`` steps and after the last one (a train
         row, a validation, a checkpoint) is due after ``done`` steps."""
         return done == self.max_steps or bool(interval and done % interval == 0)
-
-    def _validates(self, done: int) -> bool:
-        """Whether the loop validates after ``done`` steps (the same on every node)."""
-        return self.val_loader is not None and self.due(done, self.cfg.val_interval)
-
-    def _checkpoints(self, done: int) -> bool:
-        """Whether the loop writes a checkpoint after ``done`` steps (the same on every node)."""
-        return self.cfg.checkpoint_dir is not None and self.due(done, self.cfg.checkpoint_interval)
 
     def _dropped(self, step: int) -> frozenset[int]:
         """The nodes dropped from ``step``'s round (the same on every node); rank 0 logs each
@@ -366,12 +350,6 @@ class TrainNode:
                 nodes,
                 source,
             )
-
-    @property
-    def _fault_log_level(self) -> int:
-        """Faulty rounds are logged at INFO, or at DEBUG where a round is one step (DDP, SPARTA:
-        a line per step would drown the log; ``trainer.result["faults"]`` lists them all)."""
-        return logging.INFO if self.faults is not None and self.faults.round_steps > 1 else logging.DEBUG
 
     def _emit(self, row: dict[str, Any] | None) -> None:
         if row is None:  # ranks other than 0 make no validation rows

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from exogym import data as D
-from exogym.metrics import MetricsBuffer
 from exogym.runtime import checkpoint as ckpt
 
 if TYPE_CHECKING:
@@ -24,7 +22,7 @@ logger = logging.getLogger(__name__)
 _LEDGER_TOTALS = ("total_sent", "total_received", "total_payload", "total_collectives")
 
 
-def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuffer) -> None:
+def save(node: TrainNode, done: int) -> None:
     """Write ``node``'s state after ``done`` steps; rank 0 completes the checkpoint once every
     node has written. Collective (one uncharged barrier)."""
     root, ledger = node.cfg.checkpoint_dir, node.comm.ledger
@@ -36,12 +34,12 @@ def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuf
         "model": node.model.state_dict(),
         "strategy": node.strategy.state_dict(),
         "rng": ckpt.rng_state(node.device),
-        "data": batches.state_dict(),
+        "data": node.batches.state_dict(),
         "batches_drawn": node.batches_drawn,
         "step_flops": node.step_flops,
         "ledger": {k: getattr(ledger, k) for k in _LEDGER_TOTALS},
         "clock": node.comm.clock.state_dict(),
-        "metrics": metrics.state_dict(),
+        "metrics": node.meter.metrics.state_dict(),
         "history": node.history if node.rank == 0 else None,
     }
     ckpt.write_node(root, done, node.rank, state)
@@ -52,19 +50,19 @@ def save(node: TrainNode, done: int, batches: D.BatchStream, metrics: MetricsBuf
         logger.info("checkpoint after step %d: %s", done, folder)
 
 
-def restore(node: TrainNode, folder: str, batches: D.BatchStream, metrics: MetricsBuffer) -> int:
-    """Load ``node``'s state (and ``batches``' position, ``metrics``' totals) from a checkpoint
-    folder, in place; return the step it was taken at."""
+def restore(node: TrainNode, folder: str) -> int:
+    """Load ``node``'s state (its data position and metric totals too) from a checkpoint folder,
+    in place; return the step it was taken at."""
     state = ckpt.load_safe(ckpt.node_file(folder, node.rank), map_location="cpu")
     node.model.load_state_dict(state["model"])
     node.strategy.load_state_dict(state["strategy"])
     ckpt.set_rng_state(state["rng"], node.device)
-    batches.load_state_dict(state["data"])
+    node.batches.load_state_dict(state["data"])
     node.batches_drawn, node.step_flops = state["batches_drawn"], state["step_flops"]
     for k, v in state["ledger"].items():
         setattr(node.comm.ledger, k, v)
     node.comm.clock.load_state_dict(state["clock"])
-    metrics.load_state_dict(state["metrics"])
+    node.meter.metrics.load_state_dict(state["metrics"])
     step = int(state["step"])
     if node.rank == 0:
         # Rows the stopped run wrote only because it ended at `step` (a validation or a

@@ -127,9 +127,9 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
             FaultPlan(faults, run.num_nodes, fault_round, steps, run.seed).check()
     minibatch = run.given_minibatch_size or _probe_minibatch(model, train_dataset, run, device, collate_fn)
     config = _fit_config(
-        args, layout, device=device, autocast=autocast, steps=steps, minibatch=minibatch,
-        has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
-        projection=_projection(model, strategy, run, steps),
+        args, layout, steps, device=device, autocast=autocast, minibatch_size=minibatch,
+        val_size=args.data.val_size if val_dataset is not None else 0, resume_from=resume_folder,
+        fault_round_steps=fault_round, projection=_projection(model, strategy, run, steps),
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
     placement = None if isinstance(strategy, ServerStrategy) else Placement(run.num_nodes, layout.workers)
@@ -260,37 +260,24 @@ def _probe_minibatch(
     return probe_minibatch_size(model, train_dataset, run.batch_size, device, budget, collate_fn)
 
 
-def _fit_config(
-    args: FitArgs,
-    layout: Layout,
-    *,
-    device: str,
-    autocast: torch.dtype | None,
-    steps: int | None,
-    minibatch: int,
-    has_val: bool,
-    resume_folder: str | None,
-    fault_round: int,
-    projection: Projection | None,
-) -> FitConfig:
-    """The settings every node reads."""
+def _fit_config(args: FitArgs, layout: Layout, max_steps: int | None, **derived: Any) -> FitConfig:
+    """The settings every node reads: ``args``' and ``layout``'s, the steps, and the ``derived``
+    fields (``FitConfig``'s: the device, the minibatch and the like, worked out by ``plan_run``)."""
     run, data, log, folder = args.run, args.data, args.logging, args.checkpoint.checkpoint_dir
-    val_interval = data.val_interval if data.val_interval is not None else (max(1, steps // 10) if steps else None)
+    val_interval = data.val_interval
+    if val_interval is None and max_steps:
+        val_interval = max(1, max_steps // 10)
     return FitConfig(
         num_nodes=run.num_nodes,
         workers=layout.workers,
-        max_steps=steps,
+        max_steps=max_steps,
         num_epochs=run.num_epochs,
         batch_size=run.batch_size,
-        minibatch_size=minibatch,
-        device=device,
         devices=layout.devices,
         transport=layout.transport,
         # A worker waits for its peers while each of them runs all its nodes in turn.
         collective_timeout=float(args.transport.collective_timeout * -(-run.num_nodes // layout.workers)),
-        val_size=data.val_size if has_val else 0,
         val_interval=val_interval,
-        autocast=autocast,
         seed=run.seed,
         log_interval=log.log_interval,
         shuffle=data.shuffle,
@@ -302,11 +289,9 @@ def _fit_config(
         launcher="exogym" if layout.launch is None else "torchrun",
         checkpoint_dir=os.path.abspath(folder) if folder is not None else None,
         checkpoint_interval=args.checkpoint.checkpoint_interval,
-        resume_from=resume_folder,
         faults=args.faults,
-        fault_round_steps=fault_round,
         dataloader_kwargs=data.loader_kwargs,
-        projection=projection,
+        **derived,
     )
 
 

@@ -9,6 +9,7 @@ argument named, instead of in every node after the processes started.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -17,11 +18,11 @@ from typing import Any
 import torch
 
 from exogym import data as D
-from exogym.core.comm.transport import Transport
 from exogym.core.server import ServerStrategy, setup_server
 from exogym.core.strategy import Strategy
+from exogym.projection import NullTransport
 from exogym.runtime import checkpoint as ckpt
-from exogym.runtime.forward import call, described_call, forward_loss, loss_of
+from exogym.runtime.forward import backward, call, described_call, forward_loss, loss_of
 from exogym.runtime.launch import serialize_job
 
 logger = logging.getLogger(__name__)
@@ -112,26 +113,6 @@ def _shapes(batch: Any) -> Any:
     return type(batch).__name__
 
 
-class _DryTransport(Transport):
-    """Collectives that move nothing, for binding a strategy in the parent (no peers)."""
-
-    def __init__(self, world_size: int) -> None:
-        self.rank, self.world_size = 0, world_size
-
-    def all_reduce(self, tensor: torch.Tensor, op: str, members: Any = None) -> None:
-        pass
-
-    def all_gather(self, tensor: torch.Tensor, members: Any = None) -> torch.Tensor:
-        n = self.world_size if members is None else len(members)
-        return tensor.unsqueeze(0).expand(n, *tensor.shape).clone()
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        pass
-
-    def barrier(self) -> None:
-        pass
-
-
 def flops_as_seconds(
     network: Any,
     model: torch.nn.Module,
@@ -147,15 +128,13 @@ def flops_as_seconds(
     import dataclasses
 
     from torch.utils.data import DataLoader
-    from torch.utils.flop_counter import FlopCounterMode
 
     ds = D.node_dataset(train_dataset, 0, num_nodes, train=True)
     batch = next(iter(DataLoader(ds, batch_size=batch_size, drop_last=True, collate_fn=collate_fn)))
     probe = copy.deepcopy(model)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        forward_loss(probe, batch).backward()
-    flops, speed = float(counter.get_total_flops()), network.flops_per_second
+    device = next(probe.parameters(), torch.empty(0)).device
+    _, flops = backward(functools.partial(forward_loss, probe), batch, 1, device, count_flops=True)
+    speed = network.flops_per_second
     logger.info("compute from FLOPs: %.4g FLOPs a step, %.4g s at %g FLOP/s", flops, flops / speed, speed)
     return dataclasses.replace(network, compute=flops / speed)
 
@@ -182,7 +161,7 @@ def check_strategy_builds(
     if state_bytes > DRY_INIT_MAX_BYTES:
         return
     dry = copy.deepcopy(strategy)
-    comm = NodeComm(0, num_nodes, _DryTransport(num_nodes))  # type: ignore[arg-type]
+    comm = NodeComm(0, num_nodes, NullTransport(num_nodes))
     dry._attach(comm, steps or 1, seed, per_epoch or 1, network)
     set_current(comm)
     try:

@@ -30,15 +30,15 @@ import contextlib
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from exogym.core.comm.transport import CollectiveMismatchError, Transport, reduce_rows_into
+from exogym.runtime import checkpoint as ckpt
 from exogym.runtime.placement import Placement
-from exogym.runtime.virtual_calls import Call, VirtualTransport
-from exogym.runtime.virtual_combine import Combining
+from exogym.runtime.virtual_combine import Call, Combining
 
 #: Calls a node may have queued (ones it does not wait for, see ``VirtualHub.enqueue``).
 MAX_QUEUED = 32
@@ -109,29 +109,25 @@ class VirtualHub(Combining):
         #: Running reductions of the contributions queued for a later collective, by (its
         #: index, group): a contributing node's tensor is folded in when it arrives, not kept.
         self._folded: dict[tuple[int, tuple[int, ...] | None], torch.Tensor] = {}
-        self._cuda = device.type == "cuda"
         self._rng: list[Any] = [None] * self.n
         for i, r in enumerate(self.ranks):
             # What torch.manual_seed(seed + r) does for the two streams a node uses, without its
             # lazy calls for every other device type (a captured stack each: 0.3 ms per node).
             torch.default_generator.manual_seed(seed + r)
-            if self._cuda:
+            if device.type == "cuda":
                 torch.cuda.manual_seed(seed + r)
             self._rng[i] = self._get_rng()
         #: Per hosted node (by local index), the transport its ``NodeComm`` talks through.
         self.transports = [VirtualTransport(self, i) for i in range(self.n)]
 
     # -- random streams -------------------------------------------------------------------
-    def _get_rng(self) -> Any:
+    def _get_rng(self) -> dict[str, Any]:
         with _RNG_SWAP:
-            cpu = torch.get_rng_state()
-            return (cpu, torch.cuda.get_rng_state(self.device)) if self._cuda else (cpu, None)
+            return ckpt.rng_state(self.device)
 
-    def _set_rng(self, state: Any) -> None:
+    def _set_rng(self, state: dict[str, Any]) -> None:
         with _RNG_SWAP:
-            torch.set_rng_state(state[0])
-            if state[1] is not None:
-                torch.cuda.set_rng_state(state[1], self.device)
+            ckpt.set_rng_state(state, self.device)
 
     # -- turns ----------------------------------------------------------------------------
     def _wait_turn(self, i: int) -> None:
@@ -319,6 +315,42 @@ class VirtualHub(Combining):
                 f"node {self.ranks[0]} called {first.describe()} but node "
                 f"{self.ranks[j]} called {c.describe()} at the same point"
             )
+
+
+class VirtualTransport(Transport):
+    """The ``Transport`` of one virtual node: every call parks
+    the node at its worker's ``VirtualHub`` until the worker's nodes have all arrived."""
+
+    def __init__(self, hub: VirtualHub, index: int) -> None:
+        self.hub, self.index = hub, index
+        self.rank = hub.ranks[index]
+        self.world_size = hub.num_nodes
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        self.hub.collective(self.index, Call("all_reduce", op, _key(members), tensor))
+
+    def all_gather(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        out = self.hub.collective(self.index, Call("all_gather", None, _key(members), tensor)).result
+        assert out is not None
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.hub.collective(self.index, Call("broadcast", None, None, tensor, src))
+
+    def barrier(self) -> None:
+        self.hub.collective(self.index, Call("barrier"))
+
+    def all_reduce_contribute(self, tensor: torch.Tensor, op: str, members: Sequence[int] | None = None) -> None:
+        """Returns at once: the hub reads ``tensor`` when the collective runs."""
+        self.hub.enqueue(self.index, Call("all_reduce", op, _key(members), tensor, detached=True))
+
+    def all_gather_contribute(self, tensor: torch.Tensor, members: Sequence[int] | None = None) -> None:
+        """Returns at once: the hub reads ``tensor`` when the collective runs."""
+        self.hub.enqueue(self.index, Call("all_gather", None, _key(members), tensor, detached=True))
+
+
+def _key(members: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if members is None else tuple(map(int, members))
 
 
 __all__ = ["MAX_QUEUED", "VirtualHub", "VirtualNodeError", "VirtualTransport"]

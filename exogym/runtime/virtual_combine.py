@@ -1,15 +1,42 @@
-"""How a worker combines its virtual nodes' calls of one collective: reduced (or gathered)
-locally, then once across the workers through the worker's ``Transport``, and written into
-every node's call. The combining half of ``exogym.runtime.virtual.VirtualHub``.
+"""A virtual node's call of a collective (``Call``), and how a worker combines its virtual
+nodes' calls of one collective: reduced (or gathered) locally, then once across the workers
+through the worker's ``Transport``, and written into every node's call. The combining half of
+``exogym.runtime.virtual.VirtualHub``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from exogym.core.comm.transport import Transport, reduce_rows_into
 from exogym.runtime.placement import Placement
-from exogym.runtime.virtual_calls import Call
+
+
+@dataclass
+class Call:
+    """One node's call of a collective, as its worker's hub queues and runs it."""
+
+    kind: str
+    op: str | None = None
+    members: tuple[int, ...] | None = None
+    tensor: torch.Tensor | None = None
+    src: int | None = None
+    #: The node contributes ``tensor`` but needs no result: it does not wait for the call.
+    detached: bool = False
+    #: The node waits for this call (a real one, or the last one a full queue takes).
+    waits: bool = False
+    #: The node's contribution was reduced on arrival (``tensor`` is a stand-in on "meta").
+    folded: bool = False
+    result: torch.Tensor | None = None
+
+    def describe(self) -> str:
+        if self.tensor is None:
+            return self.kind
+        extra = f" op={self.op}" if self.op else (f" src={self.src}" if self.src is not None else "")
+        group = "" if self.members is None else f" group={list(self.members)}"
+        return f"{self.kind}({self.tensor.numel()} x {self.tensor.dtype}{extra}{group})"
 
 
 class Combining:
@@ -134,4 +161,4 @@ class Combining:
         return world
 
 
-__all__ = ["Combining"]
+__all__ = ["Call", "Combining"]
