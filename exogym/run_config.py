@@ -27,6 +27,7 @@ the run's plan (``exogym.runtime.plan``), which turns the sections into the
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,9 @@ from exogym.data import check_loader_kwargs
 from exogym.faults_config import Faults
 from exogym.logger import Logger, resolve_logger
 from exogym.runs import check_name
-from exogym.scale import Scale
+from exogym.scale import Scale, format_count
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,6 +105,14 @@ class RunConfig:
         seconds = self.scale.seconds_per_step() if self.scale is not None else None
         if seconds is not None:
             self.network_model = dataclasses.replace(self.network_model, compute=seconds)
+        elif self.scale is not None:
+            logger.warning(
+                "scale %s gives no step time: a step's compute is the network's (%s), the trained model's, not the "
+                "scale's; give Scale(step_seconds=...) or tokens_per_step and peak_flops (exogym compare: "
+                "--step-seconds)",
+                format_count(self.scale.num_params),
+                self.network_model.describe_compute(),
+            )
 
     def _check_minibatch(self) -> None:
         batch, mb, acc = self.batch_size, self.minibatch_size, self.gradient_accumulation

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from exogym.cli import int_at_least, positive_float
+from exogym.cli import int_at_least, plain_help, positive_float
 
 if TYPE_CHECKING:
     from exogym.scale import Scale
@@ -84,7 +84,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bandwidth",
         help="bandwidth each method needs for a compute utilisation at a scale (no training)",
-        description=__doc__.split("\n\n")[0],
+        description=plain_help(__doc__.split("\n\n")[0]),
     )
     p.add_argument(
         "--strategies",
