@@ -121,6 +121,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
     )
+    faults = args.faults  # with an availability trace's rounds where the run's length is known
     if steps is not None:
         faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps, strategy)
         if faults is not None:
@@ -128,7 +129,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     minibatch = run.given_minibatch_size or _probe_minibatch(model, train_dataset, run, device, collate_fn)
     config = _fit_config(
         args, layout, device=device, autocast=autocast, steps=steps, minibatch=minibatch,
-        has_val=val_dataset is not None, resume_folder=resume_folder, fault_round=fault_round,
+        has_val=val_dataset is not None, resume_folder=resume_folder, faults=faults, fault_round=fault_round,
         projection=_projection(model, strategy, run, steps),
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
@@ -270,6 +271,7 @@ def _fit_config(
     minibatch: int,
     has_val: bool,
     resume_folder: str | None,
+    faults: Faults | None,
     fault_round: int,
     projection: Projection | None,
 ) -> FitConfig:
@@ -303,7 +305,7 @@ def _fit_config(
         checkpoint_dir=os.path.abspath(folder) if folder is not None else None,
         checkpoint_interval=args.checkpoint.checkpoint_interval,
         resume_from=resume_folder,
-        faults=args.faults,
+        faults=faults,
         fault_round_steps=fault_round,
         dataloader_kwargs=data.loader_kwargs,
         projection=projection,
