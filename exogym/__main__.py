@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from collections.abc import Sequence
 
 from exogym import __version__
@@ -52,8 +51,20 @@ def _compute_model(text: str) -> str | float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be 'flops', 'measured' or seconds per step, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"seconds per step must be >= 0, got {text}")
+    from exogym.core.comm.network import COMPUTE_RANGE
+
+    if not COMPUTE_RANGE[0] <= value <= COMPUTE_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"seconds per step must be >= 0 and at most {COMPUTE_RANGE[1]:g}, got {text}")
+    return value
+
+
+def _flops_per_second(text: str) -> float:
+    """An argparse ``type``: a node's FLOP/s, in ``FLOPS_RANGE``."""
+    from exogym.core.comm.network import FLOPS_RANGE
+
+    value = _positive_float(text)
+    if not FLOPS_RANGE[0] <= value <= FLOPS_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"must be in [{FLOPS_RANGE[0]:g}, {FLOPS_RANGE[1]:g}] FLOP/s, got {text}")
     return value
 
 
@@ -91,7 +102,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     p.add_argument(
         "--flops-per-second",
-        type=_positive_float,
+        type=_flops_per_second,
         default=None,
         help="a node's sustained throughput for --compute flops (default: a world file's own, otherwise 1e13)",
     )

@@ -25,12 +25,13 @@ from typing import Any
 
 from exogym.core.comm.handles import LocalClock
 from exogym.core.comm.ledger import CollectiveRecord
+from exogym.core.comm.links import BANDWIDTH_RANGE
 from exogym.core.comm.network import Network
 from exogym.projection import _Probe
 from exogym.scale import Scale
 
-#: The bandwidths a search looks between, bits per second.
-SEARCH_RANGE = (1e3, 1e16)
+#: The bandwidths a search looks between, bits per second (up to the largest a link may have).
+SEARCH_RANGE = (1e3, BANDWIDTH_RANGE[1])
 
 
 class _Recorder(LocalClock):

@@ -53,7 +53,8 @@ class FitConfig:
         checkpoint_interval: a checkpoint every this many steps (and after the last step).
         resume_from: the complete checkpoint folder the run continues from, or ``None``.
         faults: injected dropouts and stragglers ([`exogym.faults_config.Faults`][exogym.Faults]),
-            or ``None``.
+            with the rounds the network's availability trace takes nodes away from added to its
+            ``drop`` (the run's whole plan: what the logger and ``result["faults"]`` read), or ``None``.
         fault_round_steps: steps per round of the dropouts (the strategy's slowest period).
         dataloader_kwargs: extra ``DataLoader`` arguments (``num_workers``, ``pin_memory``, ...).
         projection: with a scale, the target's payloads for the proxy's

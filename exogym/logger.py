@@ -36,9 +36,10 @@ class Logger(Protocol):
 
 class CSVLogger:
     """Writes a run's ``metrics.csv`` (the columns of ``exogym.metrics.COLUMNS``;
-    ``nodes_alive`` only for runs whose faults drop nodes) and ``config.json`` into a folder of
-    its own, ``<save_dir>/<run_name>/version_N`` (N one more than the highest there), and points
-    ``<save_dir>/<run_name>/latest`` at it: a run never overwrites another's files.
+    ``nodes_alive`` only for runs that drop nodes, by their faults or an availability trace) and
+    ``config.json`` into a folder of its own, ``<save_dir>/<run_name>/version_N`` (N one more than
+    the highest there), and points ``<save_dir>/<run_name>/latest`` at it: a run never overwrites
+    another's files.
 
     Args:
         save_dir: parent folder of the run folders.

@@ -392,6 +392,29 @@ def test_compare_refuses_a_world_of_another_size_before_starting() -> None:
     assert "argument --network: network 'two-datacenters' describes 8 nodes but the run has 4" in proc.stderr
 
 
+def test_compare_on_a_world_with_an_availability_trace_runs_every_strategy_and_logs_nodes_alive(tmp_path) -> None:
+    from exogym.__main__ import main
+
+    # Node 3 leaves at 0.05 s and returns at 0.15 s: steps 5-14 at 0.01 s a step, rounds 1-3 of H=4.
+    (tmp_path / "av.csv").write_text("time,node,available\n0.05,3,0\n0.15,3,1\n")
+    world = tmp_path / "w.json"
+    world.write_text(
+        '{"regions": {"us": [0, 1], "eu": [2, 3]}, "intra": {"bandwidth": "100Gbit/s", "latency": "10us"},'
+        ' "inter": {"bandwidth": "1Gbit/s", "latency": "80ms"}, "availability": "av.csv", "compute": 0.01}'
+    )
+    out = tmp_path / "cmp"
+    main([
+        "compare", "--strategies", "fedavg,diloco", "--network", str(world), "--nodes", "4", "--workers", "2",
+        "--steps", "20", "--H", "4", "--batch-size", "8", "--out", str(out), "--no-progress",
+    ])  # fmt: skip
+    with open(out / "latest" / "summary.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["fedavg", "diloco"]
+    for name in ("fedavg", "diloco"):
+        with open(out / "latest" / name / "metrics.csv") as f:
+            alive = [int(r["nodes_alive"]) for r in csv.DictReader(f) if r["nodes_alive"]]
+        assert alive and min(alive) == 3  # rows cover steps in which node 3 is away
+
+
 def test_compare_with_a_target_loss_writes_where_the_first_validation_below_it_was(tmp_path) -> None:
     # Every loss of the digits classifier is below 100: the first validation reaches it.
     result = _small_compare(tmp_path, ("ddp",), target_loss=100.0)

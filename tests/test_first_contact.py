@@ -121,7 +121,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "negative bandwidth",
         lambda: Link("-1Gbit/s", "1ms"),
         ValueError,
-        r"Link bandwidth must be > 0 bits/s, got '-1Gbit/s'",
+        r"Link bandwidth must be in \[1, 1e\+15\] bits/s \(1 bit/s to 1 Pbit/s\), got '-1Gbit/s'",
     ),
     ("strategy string", lambda: Trainer(TinyNet(), regression_data(64)).fit("ddp", 2), TypeError, "strategy must be"),
     ("0 nodes", _fit(num_nodes=0), ValueError, "num_nodes"),
@@ -197,7 +197,9 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["--strategies", ","], "argument --strategies: no strategy given"),
     (["--compute", "fast"], "argument --compute: must be 'flops', 'measured' or seconds per step"),
     (["--compute", "-1"], "argument --compute: seconds per step must be >= 0"),
+    (["--compute", "1e300"], "argument --compute: seconds per step must be >= 0 and at most 1e+06, got 1e300"),
     (["--flops-per-second", "0"], "argument --flops-per-second: must be > 0"),
+    (["--flops-per-second", "1e-300"], "argument --flops-per-second: must be in [1, 1e+21] FLOP/s, got 1e-300"),
     (["--network", "moon"], "argument --network: invalid choice: 'moon'"),
     (["--network", "missing-world.json"], "argument --network: world file 'missing-world.json' does not exist"),
     (["--task", "cifar"], "argument --task: invalid choice: 'cifar'"),
@@ -336,5 +338,5 @@ def test_an_error_in_a_world_file_names_the_file_once(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["compare", "--network", str(world)])
     err = capsys.readouterr().err
-    assert f"argument --network: {world}: intra: Link bandwidth must be > 0 bits/s" in err
+    assert f"argument --network: {world}: intra: Link bandwidth must be in [1, 1e+15] bits/s" in err
     assert err.count("neg.json") == 1

@@ -20,7 +20,7 @@ import exogym.strategy as S
 from communicators.islands import draw_islands, draw_participants
 from exogym import Trainer
 from exogym.core.comm.ledger import KINDS, Ledger, wire_bytes
-from exogym.core.comm.links import Link, parse_bandwidth, parse_latency
+from exogym.core.comm.links import BANDWIDTH_RANGE, LATENCY_RANGE, Link, parse_bandwidth, parse_latency
 from exogym.partition import SCHEMES, partition
 from exogym.runtime import checkpoint as ckpt
 from tests.fake_world import run_ranks
@@ -190,15 +190,25 @@ _LATENCY = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 @given(x=_NUMBERS, unit=st.sampled_from(sorted(_BANDWIDTH)), space=st.sampled_from(["", " "]))
 def test_a_bandwidth_with_a_unit_is_its_number_times_the_units_bits(x: float, unit: str, space: str) -> None:
-    assert parse_bandwidth(f"{x!r}{space}{unit}") == pytest.approx(x * _BANDWIDTH[unit], rel=1e-12)
+    bits = x * _BANDWIDTH[unit]
+    if BANDWIDTH_RANGE[0] <= bits <= BANDWIDTH_RANGE[1]:
+        assert parse_bandwidth(f"{x!r}{space}{unit}") == pytest.approx(bits, rel=1e-12)
+    else:  # no network has it
+        with pytest.raises(ValueError, match=r"must be in \[1, 1e\+15\] bits/s"):
+            parse_bandwidth(f"{x!r}{space}{unit}")
 
 
 @given(x=_NUMBERS, unit=st.sampled_from(sorted(_LATENCY)))
 def test_a_latency_with_a_unit_is_its_number_times_the_units_seconds(x: float, unit: str) -> None:
-    assert parse_latency(f"{x!r}{unit}") == pytest.approx(x * _LATENCY[unit], rel=1e-12)
+    seconds = x * _LATENCY[unit]
+    if seconds <= LATENCY_RANGE[1]:
+        assert parse_latency(f"{x!r}{unit}") == pytest.approx(seconds, rel=1e-12)
+    else:
+        with pytest.raises(ValueError, match=r"must be in \[0, 10000\] s"):
+            parse_latency(f"{x!r}{unit}")
 
 
-@given(bandwidth=_NUMBERS, latency=st.floats(0.0, 10.0))
+@given(bandwidth=st.floats(1.0, 1e12), latency=st.floats(0.0, 10.0))
 def test_a_link_rebuilt_from_its_attributes_or_their_strings_is_equal(bandwidth: float, latency: float) -> None:
     link = Link(bandwidth, latency)
     assert Link(link.bandwidth, link.latency) == link

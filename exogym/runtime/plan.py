@@ -121,6 +121,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model
     )
+    faults = args.faults  # with an availability trace's rounds where the run's length is known
     if steps is not None:
         faults = with_availability(args.faults, run.network_model, run.num_nodes, fault_round, steps, strategy)
         if faults is not None:
@@ -129,7 +130,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     config = _fit_config(
         args, layout, steps, device=device, autocast=autocast, minibatch_size=minibatch,
         val_size=args.data.val_size if val_dataset is not None else 0, resume_from=resume_folder,
-        fault_round_steps=fault_round, projection=_projection(model, strategy, run, steps),
+        faults=faults, fault_round_steps=fault_round, projection=_projection(model, strategy, run, steps),
     )  # fmt: skip
     meta = _checkpoint_meta(model, strategy, config)
     placement = None if isinstance(strategy, ServerStrategy) else Placement(run.num_nodes, layout.workers)
@@ -262,7 +263,8 @@ def _probe_minibatch(
 
 def _fit_config(args: FitArgs, layout: Layout, max_steps: int | None, **derived: Any) -> FitConfig:
     """The settings every node reads: ``args``' and ``layout``'s, the steps, and the ``derived``
-    fields (``FitConfig``'s: the device, the minibatch and the like, worked out by ``plan_run``)."""
+    fields (``FitConfig``'s: the device, the minibatch, the run's faults with an availability
+    trace's rounds and the like, worked out by ``plan_run``)."""
     run, data, log, folder = args.run, args.data, args.logging, args.checkpoint.checkpoint_dir
     val_interval = data.val_interval
     if val_interval is None and max_steps:
@@ -289,7 +291,6 @@ def _fit_config(args: FitArgs, layout: Layout, max_steps: int | None, **derived:
         launcher="exogym" if layout.launch is None else "torchrun",
         checkpoint_dir=os.path.abspath(folder) if folder is not None else None,
         checkpoint_interval=args.checkpoint.checkpoint_interval,
-        faults=args.faults,
         dataloader_kwargs=data.loader_kwargs,
         **derived,
     )

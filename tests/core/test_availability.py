@@ -94,7 +94,12 @@ def test_bad_availability_is_refused_naming_the_fix() -> None:
     with pytest.raises(ValueError, match=r"names node\(s\) \[5\]"):
         away = [{"time": 0, "node": 5, "available": 0}]
         Network.regions({"a": [0, 1]}, Link(1e9, 0), availability=away, compute=1)
-    with pytest.raises(ValueError, match="every node is absent at some moment of round 1"):
+    # node 0 is away during [3, 4) s, node 1 during [4, 5) s: never both at once, but both in round 1
+    turns = [(3, 0, 0), (4, 0, 1), (4, 1, 0), (5, 1, 1)]
+    turns = Availability([{"time": t, "node": n, "available": a} for t, n, a in turns])
+    with pytest.raises(ValueError, match="every node is absent at some moment of round 1.*or drop the trace"):
+        turns.drop_plan(2, 3, 9, 1.0)
+    with pytest.raises(ValueError, match=r"takes every node \(0..1\) away at simulated second 3: a run needs"):
         Availability([{"time": 3, "node": n, "available": 0} for n in range(2)]).drop_plan(2, 3, 9, 1.0)
 
 
@@ -106,8 +111,9 @@ def test_bad_availability_is_refused_naming_the_fix() -> None:
     ],
 )
 def test_fit_refuses_an_availability_the_run_cannot_take_before_it_starts(strategy, max_steps, match) -> None:
-    # 0.5 s per step, rounds of 2 steps: at 1.5 s every node leaves, inside round 1
-    away = [{"time": 1.5, "node": n, "available": 0} for n in range(4)]
+    # 0.5 s per step, rounds of 2 steps: nodes 0 and 1 are away during [1, 1.5) s, nodes 2 and 3
+    # during [1.5, 2) s: never all at once, but all during round 1
+    away = [{"time": 1.0 + 0.5 * (n // 2) + d, "node": n, "available": d > 0} for n in range(4) for d in (0, 0.5)]
     net = Network(1e9, 1e-3, compute=0.5, availability=away if max_steps == 4 else ROWS)
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(ValueError, match=match):
@@ -133,3 +139,34 @@ def test_faults_and_a_trace_together_drop_the_nodes_of_both_per_round() -> None:
     assert merged.drop == {0: [1, 2], 1: [2], 2: [1], 3: [0]} and merged.drop_probability == 0.1
     later = Network(1e9, 1e-3, compute=0.5, availability=[{"time": 100, "node": 0, "available": 0}])
     assert with_availability(None, later, K, 3, 12) is None  # nobody leaves during the run's 6 s
+
+
+def _world_with_availability(tmp_path) -> str:
+    """A world file whose availability trace takes node 3 away from 0.05 s to 0.15 s (steps of
+    0.01 s: steps 5-14)."""
+    (tmp_path / "av.csv").write_text("time,node,available\n0.05,3,0\n0.15,3,1\n")
+    world = tmp_path / "w.json"
+    world.write_text(
+        '{"regions": {"us": [0, 1], "eu": [2, 3]}, "intra": {"bandwidth": "100Gbit/s", "latency": "10us"},'
+        ' "inter": {"bandwidth": "1Gbit/s", "latency": "80ms"}, "availability": "av.csv", "compute": 0.01}'
+    )
+    return str(world)
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(180)
+def test_a_run_on_an_availability_trace_logs_nodes_alive_and_lists_the_rounds_it_drops(tmp_path) -> None:
+    import csv
+
+    from exogym.logger import CSVLogger
+
+    trainer = Trainer(TinyNet(), regression_data(K * 8 * 20))
+    trainer.fit(
+        _diloco(), num_nodes=K, max_steps=20, batch_size=8, network=_world_with_availability(tmp_path), workers=2,
+        log_interval=2, logger=CSVLogger(str(tmp_path / "runs")), run_name="traced", progress=False, val_size=0,
+    )  # fmt: skip
+    # Rounds of 3 steps: node 3 is away during steps 5-14, in rounds 1 to 4 (steps 3-14).
+    assert [(e["round"], e["dropped"]) for e in trainer.result["faults"]] == [(r, [3]) for r in range(1, 5)]
+    with open(tmp_path / "runs" / "traced" / "latest" / "metrics.csv") as f:
+        alive = {int(r["step"]): int(r["nodes_alive"]) for r in csv.DictReader(f) if r["nodes_alive"]}
+    assert alive == {s: 3 if 3 < s <= 16 else 4 for s in range(2, 21, 2)}

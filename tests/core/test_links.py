@@ -47,16 +47,16 @@ def test_bad_bandwidth_units_name_the_argument_and_the_accepted_units(bad: str) 
         Link(bad, 0)
 
 
-@pytest.mark.parametrize("bad", ["80", "80 min", "ms", "-1ms"])
+@pytest.mark.parametrize("bad", ["80 m", "80 min", "ms", "-1ms"])
 def test_bad_latency_units_name_the_argument_and_the_accepted_units(bad: str) -> None:
     with pytest.raises(ValueError, match=r"Link latency.*(ms|>= 0)"):
         Link(1e9, bad)
 
 
 def test_out_of_range_numbers_and_wrong_types_are_refused() -> None:
-    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+    with pytest.raises(ValueError, match=r"bandwidth must be in \[1, 1e\+15\] bits/s"):
         Link(0, 0)
-    with pytest.raises(ValueError, match="latency must be >= 0"):
+    with pytest.raises(ValueError, match=r"latency must be in \[0, 10000\] s"):
         Link(1e9, -1e-3)
     with pytest.raises(TypeError, match="Link bandwidth must be bits/s"):
         Link(None, 0)  # type: ignore[arg-type]

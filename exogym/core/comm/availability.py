@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exogym.core.comm.traces import read_rows
+from exogym.core.comm.traces import read_rows, trace_name
 
 #: ``((node, ((time, available), ...)), ...)``: per node with rows, its changes, times ascending.
 Series = tuple[tuple[int, tuple[tuple[float, bool], ...]], ...]
@@ -46,11 +46,13 @@ def _available(value: Any, where: str) -> bool:
     raise ValueError(f"{where}: available must be 1/0, true/false or yes/no, got {value!r}")
 
 
-def parse_availability(rows: Iterable[Mapping[str, Any]]) -> Series:
-    """The checked series of trace rows; ``ValueError`` naming the row and what is wrong."""
+def parse_availability(rows: Iterable[Mapping[str, Any]], name: str = "availability") -> Series:
+    """The checked series of trace rows; ``ValueError`` naming the trace (``name``), the row and
+    what is wrong."""
     series: dict[int, dict[float, bool]] = {}
+    first: dict[tuple[int, float], int] = {}  # the row that set a node at a time
     for i, row in enumerate(rows, start=1):
-        where = f"availability row {i} ({dict(row)})"
+        where = f"{name} row {i} ({dict(row)})"
         if set(row) != {"time", "node", "available"}:
             raise ValueError(f"{where}: columns must be time,node,available")
         try:
@@ -61,6 +63,9 @@ def parse_availability(rows: Iterable[Mapping[str, Any]]) -> Series:
             raise ValueError(f"{where}: time must be simulated seconds >= 0")
         if node < 0:
             raise ValueError(f"{where}: node must be a rank >= 0")
+        if (node, t) in first:
+            raise ValueError(f"{where}: row {first[(node, t)]} sets node {node} at time {t:g} too; keep one of the two")
+        first[(node, t)] = i
         series.setdefault(node, {})[t] = _available(row["available"], where)
     return tuple((node, tuple(sorted(points.items()))) for node, points in sorted(series.items()))
 
@@ -118,7 +123,12 @@ class Availability:
         rows = read_rows(self.trace)
         if not path:
             object.__setattr__(self, "trace", tuple(rows))
-        object.__setattr__(self, "series", parse_availability(rows))
+        object.__setattr__(self, "series", parse_availability(rows, self.name))
+
+    @property
+    def name(self) -> str:
+        """How errors name the trace: its file, or its rows."""
+        return f"availability {trace_name(self.trace)}"
 
     @property
     def drops(self) -> bool:
@@ -126,10 +136,18 @@ class Availability:
         return any(not available for _, points in self.series for _, available in points)
 
     def check_nodes(self, num_nodes: int) -> None:
-        """``ValueError`` when the trace names a node outside ``0..num_nodes-1``."""
+        """``ValueError`` when the trace names a node outside ``0..num_nodes-1``, or takes every
+        node away at some moment."""
         out = [node for node, _ in self.series if node >= num_nodes]
         if out:
-            raise ValueError(f"availability trace names node(s) {out}, but the run has nodes 0..{num_nodes - 1}")
+            raise ValueError(f"{self.name} names node(s) {out}, but the run has nodes 0..{num_nodes - 1}")
+        times = sorted({t for _, points in self.series for t, _ in points}) if len(self.series) == num_nodes else []
+        for t in times:  # (a node without rows is always present)
+            if all(absent_between(points, t, t) for _, points in self.series):
+                raise ValueError(
+                    f"{self.name} takes every node (0..{num_nodes - 1}) away at simulated second {t:g}: a run needs "
+                    "one node present at every moment; keep a node present then (or bring one back), or drop the trace"
+                )
 
     def drop_plan(self, num_nodes: int, round_steps: int, max_steps: int, step_seconds: float) -> dict[int, list[int]]:
         """``{round: nodes}`` (what ``Faults(drop=...)`` takes) for a run of ``max_steps`` steps in
@@ -146,9 +164,9 @@ class Availability:
             gone = [node for node, points in in_steps if absent_between(points, start, end)]
             if len(gone) >= num_nodes:
                 raise ValueError(
-                    f"availability trace: every node is absent at some moment of round {r} (simulated seconds "
+                    f"{self.name}: every node is absent at some moment of round {r} (simulated seconds "
                     f"[{start * step_seconds:g}, {end * step_seconds:g}) at {step_seconds:g} s per step): at least "
-                    "one node must stay present"
+                    "one node must stay present; keep a node present during that round, or drop the trace"
                 )
             if gone:
                 plan[r] = gone

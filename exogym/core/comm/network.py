@@ -50,7 +50,7 @@ from torch.distributions import Distribution
 
 from exogym.core.comm.availability import Availability
 from exogym.core.comm.ledger import RING, CollectiveRecord
-from exogym.core.comm.links import Link
+from exogym.core.comm.links import Link, in_range, parse_bandwidth, parse_latency
 from exogym.core.comm.world import World, build_world
 from exogym.core.comm.world_file import is_world_file, load_world
 from exogym.core.comm.world_presets import WORLD_PRESETS
@@ -61,6 +61,10 @@ BACKWARD_SHARE = 2.0 / 3.0
 #: A stream of the run's seed for drawing node speeds (distinct from the faults' streams).
 _SPEED_STREAM = 0x5EED
 
+#: The factors ``compute_slowdown`` may have, the seconds per step ``compute`` may be and the
+#: ``flops_per_second`` a node may have: values outside are refused, as no machine has them.
+SLOWDOWN_RANGE, COMPUTE_RANGE, FLOPS_RANGE = (1e-6, 1e6), (0.0, 1e6), (1.0, 1e21)
+
 
 @dataclass(frozen=True)
 class Network:
@@ -69,8 +73,10 @@ class Network:
     [`preset`][exogym.Network.preset] describe worlds with regions, access links and node speeds.
 
     Attributes:
-        bandwidth: bits per second per link (> 0); for a world, its slowest hop's (captions).
-        latency: seconds per message hop (>= 0); for a world, its slowest hop's.
+        bandwidth: bits per second per link (1 to 1e15, a number or a string with a unit, as in
+            [`Link`][exogym.Link]; ``float("inf")``: free links, whose transfers take their latency
+            only); for a world, its slowest hop's (captions).
+        latency: seconds per message hop (0 to 1e4); for a world, its slowest hop's.
         name: a label for tables and plots.
         compute_slowdown: node speeds, as factors multiplying compute time: a sequence (node
             ``r`` uses ``compute_slowdown[r % len]``; ``()`` means all 1), or a
@@ -102,21 +108,19 @@ class Network:
     backward_share: float = BACKWARD_SHARE
 
     def __post_init__(self) -> None:
-        if not self.bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0 bits/s, got {self.bandwidth}")
-        if not self.latency >= 0:
-            raise ValueError(f"latency must be >= 0 s, got {self.latency}")
+        if self.world is None:  # (a world's are its slowest hop's, of links checked when made)
+            if self.bandwidth != math.inf:  # (inf: transfers take their latency only, free links)
+                object.__setattr__(self, "bandwidth", parse_bandwidth(self.bandwidth, "Network bandwidth"))
+            object.__setattr__(self, "latency", parse_latency(self.latency, "Network latency"))
         if not isinstance(self.compute_slowdown, Distribution):
-            object.__setattr__(self, "compute_slowdown", tuple(float(s) for s in self.compute_slowdown))
-            if any(not (s > 0 and math.isfinite(s)) for s in self.compute_slowdown):
-                raise ValueError(f"compute_slowdown factors must be finite and > 0, got {self.compute_slowdown}")
-        c = self.compute
-        if isinstance(c, bool) or not (
-            c in ("measured", "flops") or (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0)
-        ):
-            raise ValueError(f"compute must be 'measured', 'flops' or seconds per step (a number >= 0), got {c!r}")
-        if not self.flops_per_second > 0:
-            raise ValueError(f"flops_per_second must be > 0, got {self.flops_per_second}")
+            what = "compute_slowdown factors must be"
+            factors = tuple(in_range(s, what, SLOWDOWN_RANGE, "(x compute time)") for s in self.compute_slowdown)
+            object.__setattr__(self, "compute_slowdown", factors)
+        if self.compute not in ("measured", "flops"):
+            what = "compute must be 'measured', 'flops' or seconds per step"
+            object.__setattr__(self, "compute", in_range(self.compute, what, COMPUTE_RANGE, "s"))
+        flops = in_range(self.flops_per_second, "flops_per_second must be", FLOPS_RANGE, "FLOP/s")
+        object.__setattr__(self, "flops_per_second", flops)
         if not 0.0 <= self.backward_share <= 1.0:
             raise ValueError(
                 f"backward_share must be in [0, 1] (the backward pass's share of a step), got {self.backward_share!r}"
@@ -202,9 +206,9 @@ class Network:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(state[0]) << 32 | int(state[1]))
             drawn = dist.sample((num_nodes,)).reshape(num_nodes).tolist()
-        bad = [f for f in drawn if not (f > 0 and math.isfinite(f))]
-        if bad:
-            raise ValueError(f"compute_slowdown={dist!r} drew {bad[0]}: node speeds must be finite and > 0")
+        what = f"compute_slowdown={dist!r} drew a node speed out of range: factors must be"
+        for f in drawn:
+            in_range(f, what, SLOWDOWN_RANGE, "")
         return dataclasses.replace(self, compute_slowdown=tuple(drawn))
 
     def drop_plan(self, num_nodes: int, round_steps: int, max_steps: int) -> dict[int, list[int]]:

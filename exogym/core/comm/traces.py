@@ -7,7 +7,8 @@ A trace is a CSV file (or the same rows as a list of dicts) in one of two forms:
 * ``time,region_a,region_b,bandwidth``: the link between two regions (either order; the same
   name twice for the link inside a region).
 
-``time`` is in simulated seconds, ``bandwidth`` in bits/s or with a unit (``"500Mbit/s"``). From
+``time`` is in simulated seconds, ``bandwidth`` in bits/s (a plain number) or with a unit
+(``"500Mbit/s"``), from 1 bit/s to 1 Pbit/s; two rows of one link at one time are refused. From
 a row's time on, its bandwidth holds until the next row of the same link; before a link's first
 row, the world's own bandwidth holds. Latencies do not change.
 """
@@ -36,11 +37,20 @@ def read_rows(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> l
     return [dict(row) for row in source]
 
 
-def parse_traces(rows: list[dict[str, Any]], region_names: tuple[str, ...], num_nodes: int, has_access: bool) -> Traces:
-    """Checked traces of a world from trace rows; ``ValueError`` naming the row and what is wrong."""
+def trace_name(source: object) -> str:
+    """How errors name a trace: its file, or its rows."""
+    return f"trace {os.fspath(source)}" if isinstance(source, (str, os.PathLike)) else "trace"  # type: ignore[arg-type]
+
+
+def parse_traces(
+    rows: list[dict[str, Any]], region_names: tuple[str, ...], num_nodes: int, has_access: bool, name: str = "trace"
+) -> Traces:
+    """Checked traces of a world from trace rows; ``ValueError`` naming the trace (``name``), the
+    row and what is wrong."""
     series: dict[tuple[str, tuple[int, ...]], dict[float, float]] = {}
+    first: dict[tuple[str, tuple[int, ...], float], int] = {}  # the row that set a link at a time
     for i, row in enumerate(rows, start=1):
-        where = f"trace row {i} ({row})"
+        where = f"{name} row {i} ({row})"
         keys = set(row)
         try:
             t = float(row["time"])
@@ -64,6 +74,9 @@ def parse_traces(rows: list[dict[str, Any]], region_names: tuple[str, ...], num_
             key = ("pair", tuple(sorted(region_names.index(r) for r in names)))
         else:
             raise ValueError(f"{where}: columns must be time,node,bandwidth or time,region_a,region_b,bandwidth")
+        if (*key, t) in first:
+            raise ValueError(f"{where}: row {first[(*key, t)]} sets the same link at time {t:g}; keep one of the two")
+        first[(*key, t)] = i
         series.setdefault(key, {})[t] = bw
     return tuple((key, tuple(sorted(points.items()))) for key, points in sorted(series.items()))
 
@@ -79,4 +92,4 @@ def value_at(points: tuple[tuple[float, float], ...], t: float) -> float | None:
     return points[i - 1][1] if i else None
 
 
-__all__ = ["Traces", "change_times", "parse_traces", "read_rows", "value_at"]
+__all__ = ["Traces", "change_times", "parse_traces", "read_rows", "trace_name", "value_at"]

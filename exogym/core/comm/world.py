@@ -54,7 +54,7 @@ from typing import Any
 
 from exogym.core.comm.ledger import RING
 from exogym.core.comm.links import Link
-from exogym.core.comm.traces import Traces, change_times, parse_traces, read_rows, value_at
+from exogym.core.comm.traces import Traces, change_times, parse_traces, read_rows, trace_name, value_at
 
 #: ``(latency seconds, seconds per byte)`` of the hops a ring step or tree round may wait for:
 #: only those that are the slowest for some chunk size (neither larger in both is kept).
@@ -287,7 +287,7 @@ def build_world(
     names = tuple(str(k) for k in regions)
     owner: dict[int, int] = {}
     for p, (name, nodes) in enumerate(regions.items()):
-        if isinstance(nodes, (str, bytes)) or not len(nodes):
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence) or not nodes:
             raise ValueError(f"region {name!r} must list its nodes (ranks), got {nodes!r}")
         for r in nodes:
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
@@ -319,7 +319,7 @@ def build_world(
     acc = (access,) * k if isinstance(access, Link) else tuple(access or ())
     if access is not None and (len(acc) != k or not all(isinstance(x, Link) for x in acc)):
         raise ValueError(f"access must be a Link or one Link per node ({k}), got {len(acc)} entries")
-    parsed = parse_traces(read_rows(traces), names, k, bool(acc)) if traces is not None else ()
+    parsed = parse_traces(read_rows(traces), names, k, bool(acc), trace_name(traces)) if traces is not None else ()
     return World(names, tuple(owner[r] for r in range(k)), tuple(matrix), acc, parsed)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from exogym.core.comm.availability import Availability
 from exogym.core.comm.links import Link
 
 _LINK_KEYS = ("bandwidth", "latency", "upload", "shared")
+_SLOWDOWN_FIX = 'give a distribution of positive numbers and its args: {"distribution": "LogNormal", "args": [0, 0.5]}'
 
 
 def _link(spec: Any, where: str, between: bool = False) -> Link:
@@ -63,7 +65,18 @@ def _slowdown(spec: Any) -> Any:
         cls = getattr(torch.distributions, str(spec["distribution"]), None)
         if not (isinstance(cls, type) and issubclass(cls, torch.distributions.Distribution)):
             raise ValueError(f"compute_slowdown: {spec['distribution']!r} is not a torch.distributions class")
-        return cls(*[float(a) for a in spec.get("args", [])])
+        try:  # one draw (on a copy of the RNG) shows that it can draw node speeds
+            with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+                warnings.simplefilter("ignore")  # (an abstract class warns of its missing arg_constraints)
+                dist = cls(*[float(a) for a in spec.get("args", [])])
+                dist.sample()
+        except Exception as e:  # (any class of torch.distributions, with any arguments)
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ValueError(
+                f"compute_slowdown: torch.distributions.{cls.__name__} with args {spec.get('args', [])} cannot draw "
+                f"node speeds ({why}); {_SLOWDOWN_FIX}"
+            ) from None
+        return dist
     raise ValueError(
         f"compute_slowdown must be a list of factors or {{'distribution': ..., 'args': [...]}}, got {spec!r}"
     )
@@ -93,8 +106,11 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
     (``source`` names it in errors)."""
     from exogym.core.comm.network import Network
 
-    if not isinstance(spec, dict) or "regions" not in spec:
-        raise ValueError(f"{source}: a world needs 'regions' (region name -> list of ranks)")
+    if not isinstance(spec, dict) or not isinstance(spec.get("regions"), dict):
+        raise ValueError(
+            f"{source}: a world needs 'regions', an object of region name -> list of ranks "
+            f'(e.g. "regions": {{"us": [0, 1], "eu": [2, 3]}}), got {type(spec.get("regions")).__name__}'
+        )
     keys = set(inspect.signature(Network.regions).parameters)  # a world file's keys are its arguments
     unknown = set(spec) - keys
     if unknown:
@@ -126,7 +142,7 @@ def world_from_dict(spec: dict[str, Any], source: str = "world") -> Any:
             compute_slowdown=_slowdown(spec.get("compute_slowdown", [])),
             **extra,
         )
-    except (TypeError, ValueError, OSError) as e:
+    except (TypeError, ValueError, OSError, OverflowError) as e:
         message = str(e)
         raise ValueError(message if message.startswith(f"{source}: ") else f"{source}: {message}") from None
 
@@ -148,8 +164,26 @@ def read_world_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             import tomllib
         except ImportError:  # Python 3.10
             raise ValueError(f"{path}: TOML world files need Python 3.11 or later (tomllib); use JSON") from None
-        return tomllib.loads(data.decode())
-    return json.loads(data)
+        try:
+            return tomllib.loads(data.decode())
+        except ValueError as e:  # (a key given twice too: TOML refuses it)
+            raise ValueError(f"{path}: not a valid TOML world file: {e}; fix it there") from None
+    try:
+        return json.loads(data, object_pairs_hook=_unique)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}; fix it there") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's keys, refused when one is given twice (``json`` would keep only the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object (only the last would count); give it once")
+        out[key] = value
+    return out
 
 
 def is_world_file(name: str) -> bool:
