@@ -23,6 +23,7 @@ from exogym.cli import (
     add_partition_options,
     add_run_options,
     finite_float,
+    measured_compute,
     partition_from_args,
     plain_help,
     quiet_interrupt,
@@ -35,7 +36,7 @@ from exogym.cli.bandwidth import add_parser as add_bandwidth_parser
 from exogym.cli.bandwidth import add_scale_options, scale_from_args
 from exogym.cli.bandwidth import run as run_bandwidth
 from exogym.cli.sweep_args import add_sweep_options, is_sweep, run_sweep
-from exogym.strategy.registry import PRESETS
+from exogym.strategy.registry import PRESETS, build
 from exogym.tasks import TASKS
 
 logger = logging.getLogger("exogym.cli")
@@ -149,9 +150,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from exogym.core.comm.network import resolve_network
 
     try:  # a world of another size, or a world file with an error: say so before anything starts
-        resolve_network(args.network, args.compute, num_nodes=args.nodes, seed=args.seed)
+        net = resolve_network(args.network, args.compute, num_nodes=args.nodes, seed=args.seed)
     except (OSError, ValueError) as e:
         parser.error(f"argument --network: {e}")
+    if is_sweep(args) and cluster.detect() is not None:
+        parser.error("argument --grid/--seeds: a sweep runs on this machine's processes; run it without torchrun")
     from exogym.tasks import load
 
     try:
@@ -162,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"({type(e).__name__}: {e}). Connect to the network once, copy the files there, or pick a "
             "built-in task (--task digits or --task chars)."
         )
+    if net.compute == "measured" and (scale is None or scale.seconds_per_step() is None):
+        clocked = [n for n in names if build(n, args.lr or task.lr, args.H).needs_step_seconds]
+        if clocked:  # the asynchronous presets: say so here, not from inside their nodes
+            option = "--compute" if args.compute == "measured" else "--network"
+            parser.error(f"argument {option}: {measured_compute(clocked, '--compute flops or seconds per step')}")
 
     if is_sweep(args):
         run_sweep(parser, args, task, names)  # each run resolves --network for its nodes and seed

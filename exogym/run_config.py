@@ -267,3 +267,16 @@ class FitArgs:
             raise TypeError(
                 f"faults must be an exogym.Faults (e.g. Faults(drop={{1: [2]}})), got {type(self.faults).__name__}"
             )
+
+
+def check_keywords(keywords: dict[str, Any]) -> None:
+    """Make the sections that ``keywords`` (``fit``'s, ``num_nodes`` among them) fill, as ``fit``
+    makes them (``logger`` aside: none is made): raises the ``TypeError``/``ValueError`` that
+    ``fit`` would, naming the keyword, and starts nothing. A sweep checks every run's keywords
+    so before its first run. Keywords that no section holds are left to ``fit``."""
+    for section in (RunConfig, DataConfig, TransportConfig, CheckpointConfig, LoggingConfig):
+        names = {f.name for f in dataclasses.fields(section) if f.init}
+        given = {k: v for k, v in keywords.items() if k in names}
+        if section is LoggingConfig:
+            given["logger"] = False
+        section(**given)

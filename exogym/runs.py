@@ -10,7 +10,9 @@ Every run writes into a folder of its own, so a run never overwrites another's f
 Names that become folders (``fit(run_name=...)``, ``compare``'s strategy labels) are single
 folder names: ``check_name`` refuses paths. Files read as a whole (summaries, plots,
 ``config.json``) are written to a temporary name and renamed (``atomic_path``), so a reader
-sees the old file or the whole new one.
+sees the old file or the whole new one. A folder that a run is to write into is checked before
+the run starts (``check_writable_folder``); a run that fails leaves a ``FAILED`` file with its
+error beside what it wrote (``mark_failed``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 
 #: The link (or file) in a parent folder naming its newest run folder.
 LATEST = "latest"
+#: The file in a run's folder that says the run failed, and with which error.
+FAILED = "FAILED"
 _VERSION = re.compile(r"version_(\d+)")
 
 
@@ -50,6 +55,49 @@ def check_name(name: object, argument: str) -> str:
 def _suggest(name: object) -> str:
     text = re.sub(r"[\\/\0:]+", "_", str(name)).strip("._")
     return text or "run"
+
+
+def folder_problem(path: object) -> str | None:
+    """Why ``path`` cannot be a folder that a run writes into, or ``None`` when it can: an
+    existing folder this process can create a file in, or a path whose nearest existing parent
+    is one. Leaves nothing behind (the probe file is removed)."""
+    if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+        return "is empty" if path == "" else "is not a folder's path"
+    text = os.fspath(path)
+    existing = os.path.abspath(text)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "a file" if os.path.isfile(existing) else "not a folder"
+        if existing == os.path.abspath(text):
+            return f"is {what}" + (", not a folder" if what == "a file" else "")
+        return f"is under {existing!r}, which is {what}"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".exogym-write-check-", dir=existing)
+    except OSError as e:
+        return f"cannot be written: {e.strerror or e} ({existing})"
+    os.close(fd)
+    os.remove(probe)
+    return None
+
+
+def check_writable_folder(path: object, argument: str) -> None:
+    """Raise ``ValueError`` naming ``argument`` when ``path`` cannot be a folder that a run
+    writes into (``folder_problem``): an empty path, a file, a device, a folder on a read-only
+    filesystem or without the right to write."""
+    problem = folder_problem(path)
+    if problem is not None:
+        raise ValueError(f"{argument} {path!r} {problem}; give a folder that can be created and written")
+
+
+def mark_failed(folder: str, error: BaseException) -> None:
+    """Write ``folder/FAILED``: the error that stopped the run whose files are in ``folder``
+    (its ``metrics.csv`` then holds the rows written before it failed). Never raises: a run that
+    failed for want of disk space may not be able to say so."""
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, exist_ok=True)
+        with atomic_path(os.path.join(folder, FAILED)) as tmp, open(tmp, "w") as f:
+            f.write(f"{type(error).__name__}: {error}\n")
 
 
 def new_version(parent: str) -> str:
@@ -107,4 +155,15 @@ def atomic_path(path: str) -> Iterator[str]:
         raise
 
 
-__all__ = ["LATEST", "atomic_path", "check_name", "latest", "new_version", "point_latest"]
+__all__ = [
+    "FAILED",
+    "LATEST",
+    "atomic_path",
+    "check_name",
+    "check_writable_folder",
+    "folder_problem",
+    "latest",
+    "mark_failed",
+    "new_version",
+    "point_latest",
+]

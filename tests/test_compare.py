@@ -169,6 +169,9 @@ def test_a_failing_strategy_is_logged_with_its_traceback_and_keeps_the_others_re
     assert list(result.failures) == ["broken"] and isinstance(result.failures["broken"], NodeFailedError)
     assert "strategy broke at step 3" in str(result.failures["broken"])
     assert "broken failed (the other strategies go on)" in caplog.text and "Traceback" in caplog.text
+    failed = (tmp_path / "latest" / "broken" / "FAILED").read_text()  # beside the rows written before
+    assert failed.startswith("NodeFailedError: ") and "strategy broke at step 3" in failed
+    assert [p.parent.name for p in (tmp_path / "latest").glob("*/FAILED")] == ["broken"]
     with open(tmp_path / "latest" / "summary.csv") as f:
         assert [r["strategy"] for r in csv.DictReader(f)] == ["ddp", "fedavg"]
     assert _is_png(str(tmp_path / "latest" / "val_loss_vs_step.png"))

@@ -182,6 +182,8 @@ def test_a_failing_run_is_kept_in_failures_and_tried_again_and_a_factory_takes_t
         result.failures["broken seed=0"]
     )
     assert _finished(tmp_path) == 2  # the failed run's folder keeps its metrics.csv, but no run.json
+    (failed,) = (tmp_path / "runs").glob("*/FAILED")  # and says why
+    assert not (failed.parent / "run.json").exists() and "strategy broke at step 3" in failed.read_text()
     again = sweep("digits", strategies, grid={"lr": [1e-3, 2e-3]}, seeds=[0], out_dir=str(tmp_path), **settings)
     assert (again.reused, again.executed, list(again.failures)) == (2, 0, ["broken seed=0"])  # the failure runs again
     assert [r["val_loss"] for r in again.runs] == [r["val_loss"] for r in result.runs]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import math
 import re
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _XREF = re.compile(r"\[`?([^\]`]+)`?\]\[[^\]]*\]")  # [`Network`][exogym.Network]
@@ -23,25 +26,56 @@ def plain_help(doc: str | None) -> str:
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
 
 
+#: The signal that interrupted the command: SIGINT (Ctrl-C) unless the SIGTERM handler of
+#: ``sigterm_as_interrupt`` ran.
+_stopped_by: int = signal.SIGINT
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM (what ``kill``, SLURM and Kubernetes send) raises
+    ``KeyboardInterrupt`` as Ctrl-C does, so that it stops every node and writes the same files
+    (on the main thread; elsewhere nothing changes). The previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        global _stopped_by
+        _stopped_by = signum
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def quiet_interrupt(main: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a script's ``main``: Ctrl-C ends it with one line on stderr and exit status 130
-    (the shell's convention for SIGINT) instead of a traceback, on a line of its own (a progress
-    bar may have been mid-line), followed by the interruption's message, if any (``compare``'s
-    says where its partial results are). ``fit`` has stopped every node by then, and what the
-    run wrote stays (metric CSVs, ``compare``'s summary and plots of the runs that finished)."""
+    """Decorate a script's ``main``: Ctrl-C, or SIGTERM (``sigterm_as_interrupt``), ends it with
+    one line on stderr and exit status 130 (the shell's convention for SIGINT; 143 for SIGTERM)
+    instead of a traceback, on a line of its own (a progress bar may have been mid-line),
+    followed by the interruption's message, if any (``compare``'s says where its partial
+    results are). ``fit`` has stopped every node by then, and what the run wrote stays (metric
+    CSVs, ``compare``'s summary and plots of the runs that finished)."""
 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _stopped_by
+        _stopped_by = signal.SIGINT
         try:
-            return main(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return main(*args, **kwargs)
         except KeyboardInterrupt as e:
             sys.stderr.write("\n")
             sys.stderr.flush()
             log = logging.getLogger("exogym")
-            log.error("interrupted (Ctrl-C): every node was stopped")
+            what = "SIGTERM" if _stopped_by == signal.SIGTERM else "Ctrl-C"
+            log.error("interrupted (%s): every node was stopped", what)
             if str(e):
                 log.error("%s", e)
-            sys.exit(130)
+            sys.exit(128 + _stopped_by)
 
     return wrapper
 
@@ -63,6 +97,16 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be finite, got {text}")
     return value
+
+
+def writable_folder(text: str) -> str:
+    """An argparse ``type``: a folder that can be created and written (``exogym.runs.folder_problem``)."""
+    from exogym.runs import folder_problem
+
+    problem = folder_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; give a folder that can be created and written")
+    return text
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -89,6 +133,17 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def measured_compute(labels: list[str], fix: str) -> str:
+    """What to say when the strategies ``labels`` follow a simulated clock (asynchronous ones,
+    or ones whose updates land when their transfer has arrived) and are given measured compute;
+    ``fix`` names the settings that work."""
+    verb = "follows" if len(labels) == 1 else "follow"
+    return (
+        f"{' and '.join(labels)} {verb} a simulated clock, which needs modelled compute, not 'measured' (this "
+        f"machine's speed): give {fix}"
+    )
 
 
 def strategy_names(parser: argparse.ArgumentParser, text: str, option: str) -> list[str]:
@@ -142,7 +197,7 @@ def add_run_options(
         type=network,
         help=f"one of {', '.join(names)}, or a world file (.json or .toml; see the README); default internet",
     )
-    p.add_argument("--out", default=out, help=f"folder for CSVs and plots (default {out})")
+    p.add_argument("--out", default=out, type=writable_folder, help=f"folder for CSVs and plots (default {out})")
     p.add_argument("--data-dir", default="data", help=data_help)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")

@@ -149,12 +149,15 @@ def compare(
     ``exogym.cli.plots.plot_comparison`` into a new folder, ``<out_dir>/version_N`` (N one
     more than the highest there), and point ``<out_dir>/latest`` at it: a comparison never
     overwrites another's files. ``summary.csv`` and the plots are each written atomically.
+    ``out_dir`` is checked first: a folder that cannot be created or written raises
+    ``ValueError`` naming ``out_dir`` before anything starts.
 
     Under ``torchrun`` each run joins the launcher's processes (see ``exogym.runtime.cluster``)
     and rank 0 writes the files and returns the summary (other ranks: an empty summary).
 
-    A strategy that fails is logged with its traceback and kept in ``Comparison.failures``,
-    and the others still run (with ``raise_on_failure=True`` its exception propagates at once);
+    A strategy that fails is logged with its traceback and kept in ``Comparison.failures``, its
+    folder gets a ``FAILED`` file holding the error (beside the ``metrics.csv`` rows written
+    before it failed), and the others still run (with ``raise_on_failure=True`` its exception propagates at once);
     the summary and plots cover those that finished. Ctrl-C also writes them, then raises
     [`ComparisonInterrupted`][exogym.cli.compare.ComparisonInterrupted] (a ``KeyboardInterrupt``)
     whose message says where they are.
@@ -190,6 +193,7 @@ def compare(
     """
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
+    runs.check_writable_folder(out_dir, "out_dir")
     if target_loss is not None and (
         isinstance(target_loss, bool) or not isinstance(target_loss, (int, float)) or not math.isfinite(target_loss)
     ):
@@ -240,6 +244,8 @@ def compare(
                     )  # fmt: skip
                 except Exception as e:
                     result.failures[name] = e
+                    if cluster.reporting():
+                        runs.mark_failed(os.path.join(out, name), e)
                     if raise_on_failure:
                         raise
                     logger.error("%s failed (the other strategies go on):", name, exc_info=e)

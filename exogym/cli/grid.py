@@ -146,6 +146,16 @@ def _like(name: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _finite(name: str, value: Any) -> Any:
+    """A strategy parameter's number: finite, and ``lr`` > 0 (as ``--lr`` takes it)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name == "lr" and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {value}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
 def points(
     grid: Mapping[str, Sequence[Any]],
     factories: Mapping[str, Callable[..., Strategy]],
@@ -187,7 +197,7 @@ def points(
         else:
             defaults = [d for names in taken.values() for n, d in names.items() if n == name]
             default = base_params.get(name, next((d for d in defaults if d is not inspect.Parameter.empty), None))
-            checked[name] = [_like(name, v, default) for v in values]
+            checked[name] = [_finite(name, _like(name, v, default)) for v in values]
     out = []
     for label, names in taken.items():
         axes = [n for n in checked if n in RUN_AXES or n in fit_defaults or n in names]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exogym import runs
+from exogym.cli import measured_compute
 from exogym.cli.aggregate import aggregate, format_sweep_table, summary_columns
 from exogym.cli.grid import Point, points
 from exogym.cli.sweep_packing import Job, Lanes, check_parallel, width
@@ -25,6 +26,7 @@ from exogym.cli.sweep_store import RunStore, run_key
 from exogym.cli.target import time_to_target
 from exogym.core.comm.network import Network
 from exogym.core.strategy import Strategy
+from exogym.run_config import check_keywords
 from exogym.runs import check_name
 from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
@@ -147,8 +149,11 @@ def sweep(
     Resumable: each run is written to ``<out_dir>/runs/<key>/run.json`` when it finishes, keyed
     by a hash of its full configuration (task, strategy and its parameters, run settings,
     seed); a later sweep with the same ``out_dir`` reads finished runs back instead of training
-    them again, so the same call after Ctrl-C or a crash runs only the rest. The key holds a
-    factory's name, not its code: after changing a factory, use another ``out_dir``.
+    them again, so the same call after Ctrl-C, SIGTERM or a crash runs only the rest. The key holds a
+    factory's name, not its code: after changing a factory, use another ``out_dir``. A
+    ``run.json`` carries the digest of its content: one that is damaged or edited is named in a
+    warning, moved aside to ``runs/<key>.damaged-N`` and trained again
+    (``exogym.cli.sweep_store``); a failed run's folder holds a ``FAILED`` file with its error.
 
     Args:
         task, nodes, steps, batch_size, lr, H, network, compute, device, data_dir, val_size, progress, workers: as
@@ -174,10 +179,13 @@ def sweep(
             one at a time.
 
     Raises:
-        ValueError, TypeError: for a bad grid, seed or setting, before any process starts.
+        ValueError, TypeError: for a bad grid, seed or setting (every point's values, strategy,
+            network and ``fit`` keywords are checked) or an ``out_dir`` that cannot be written,
+            before any process starts.
         SweepInterrupted: on Ctrl-C, after writing the results of the runs that finished.
     """
     _check_settings(seeds, lr, target_loss, confidence)
+    runs.check_writable_folder(out_dir, "out_dir")
     check_parallel(parallel, device)
     if cluster.detect() is not None:
         raise ValueError("sweep runs on this machine's processes; run it without torchrun")
@@ -196,11 +204,12 @@ def sweep(
         raise type(e)(f"grid: {e}") from e
     store = RunStore(out_dir)
     keys = [run_key(c) for c in configs]
+    stored = [store.load(k) for k in keys]  # None: to train (a damaged record is set aside, with a warning)
     cores = usable_cpus()
     needs = {  # the cores each run to train takes: its worker processes
         i: min(cores, resolve_workers(p.run["workers"], p.run["nodes"], device, 1))
         for i, p in enumerate(plan)
-        if not store.finished(keys[i])
+        if stored[i] is None
     }
     lanes = width(parallel, device, list(needs.values()), cores)
     startup = time.perf_counter() - t0 + (start_processes_server() if needs else 0.0)
@@ -215,8 +224,8 @@ def sweep(
     try:
         try:
             for i, point in enumerate(plan):
-                if i not in needs:
-                    outcomes[i] = runner.reuse(point, keys[i], counter[i])
+                if (record := stored[i]) is not None:
+                    outcomes[i] = runner.reuse(point, keys[i], counter[i], record)
             jobs = [
                 Job(i, plan[i].label(), need, functools.partial(
                     runner.train, plan[i], made[plan[i].strategy][0], configs[i], keys[i], counter[i]
@@ -252,12 +261,19 @@ def sweep(
 def _config(
     spec: Task, point: Point, factory: tuple[Callable[..., Strategy], str], device: str, fps: float | None
 ) -> dict[str, Any]:
-    """The run's full configuration (its key's input); builds its strategy and network first,
-    so a bad value fails here, before any run starts."""
+    """The run's full configuration (its key's input); builds its strategy and network and checks
+    its ``fit`` keywords first, so a bad value fails here, before any run starts."""
     factory_fn, factory_name = factory
+    run = point.run
     try:
-        call_factory(factory_fn, point.params)
+        strategy = call_factory(factory_fn, point.params)
         net = network_of(point, fps, point.seed)
+        check_keywords(
+            {"num_nodes": run["nodes"], "max_steps": run["steps"], "batch_size": run["batch_size"], "network": net,
+             "val_size": run["val_size"], "workers": run["workers"], "seed": point.seed, **point.fit_args}
+        )  # fmt: skip
+        if strategy.needs_step_seconds and net.compute == "measured":
+            raise ValueError(measured_compute([point.strategy], "compute='flops' or seconds per step"))
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"{point.label()}: {e}") from e
     workers = point.run["workers"]
@@ -297,6 +313,12 @@ def _finish(result: Sweep, confidence: float) -> None:
         len(result.runs), result.executed, result.reused, len(result.failures),
     )  # fmt: skip
     if not result.runs:
+        for name in ("summary.csv", "runs.csv"):
+            if (rows := _rows_in(os.path.join(result.out_dir, name))) > 0:
+                logger.warning(
+                    "%s is left as it was (%d rows): no run of this sweep finished", os.path.join(result.out_dir, name),
+                    rows,
+                )  # fmt: skip
         return
     os.makedirs(result.out_dir, exist_ok=True)
     run_cols = ["strategy", *result.axes, "seed", *RUN_COLUMNS, *(["time_to_target"] if target else []), "key"]
@@ -306,10 +328,27 @@ def _finish(result: Sweep, confidence: float) -> None:
 
 
 def _write_csv(path: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``rows`` to ``path`` (atomically); a warning says so when the file had more rows."""
+    had = _rows_in(path)
+    if had > len(rows):
+        logger.warning(
+            "%s had %d rows; it is rewritten with %d: the runs missing (failed, interrupted, or set aside as damaged) "
+            "are not in it; run the same sweep again to train them",
+            path, had, len(rows),
+        )  # fmt: skip
     with runs.atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+
+
+def _rows_in(path: str) -> int:
+    """The rows of the CSV file at ``path`` (0 when there is none, or it cannot be read)."""
+    try:
+        with open(path, newline="") as f:
+            return sum(1 for _ in csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return 0
 
 
 def _caption(

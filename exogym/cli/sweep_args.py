@@ -109,7 +109,10 @@ def run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, task: A
             target_loss=args.target_loss, confidence=args.confidence, flops_per_second=args.flops_per_second,
             parallel=args.parallel,
         )  # fmt: skip
-    except (ValueError, TypeError) as e:
-        option = "--parallel" if str(e).startswith("parallel") else "--grid"
-        parser.error(f"argument {option}: {str(e).removeprefix('grid: ')}")
+    except (ValueError, TypeError) as e:  # the checks before the first run; what fails later is raised
+        text = str(e)
+        if not text.startswith(("grid: ", "parallel")):
+            raise
+        option = "--parallel" if text.startswith("parallel") else "--grid"
+        parser.error(f"argument {option}: {text.removeprefix('grid: ')}")
     report_sweep(result)

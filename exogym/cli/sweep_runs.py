@@ -69,10 +69,9 @@ class Runner:
     progress: bool
     packed: bool
 
-    def reuse(self, point: Point, key: str, counter: str) -> Outcome:
-        """The run of ``key``, finished by an earlier sweep, read back."""
-        stored = self.store.load(key)
-        assert stored is not None
+    def reuse(self, point: Point, key: str, counter: str, stored: dict[str, Any]) -> Outcome:
+        """The run of ``key``, finished by an earlier sweep and read back (``stored``, from
+        ``RunStore.load``)."""
         logger.info("%s %s: finished before (%s)", counter, point.label(), self.store.folder(key))
         return Outcome(point, key, stored["row"], stored["history"], reused=True)
 
@@ -80,12 +79,14 @@ class Runner:
         self, point: Point, factory: Callable[..., Strategy], config: dict[str, Any], key: str, counter: str
     ) -> Outcome:
         """Train ``point`` and record it as finished in the store; a run that raises an
-        ``Exception`` comes back with it as ``error`` (nothing recorded)."""
+        ``Exception`` comes back with it as ``error`` (not recorded as finished: its folder gets
+        a ``FAILED`` file holding the error)."""
         logger.info("%s %s", counter, point.label())
         self.store.clear(key)
         try:
             history, wall = self._train(point, factory, key)
         except Exception as e:  # noqa: BLE001 - the sweep goes on; the error is reported with the run
+            self.store.mark_failed(key, e)
             return Outcome(point, key, error=e)
         row = {k: v for k, v in _summary_row(point.strategy, history, wall).items() if k != "strategy"}
         self.store.save(key, config, row, history)

@@ -34,6 +34,8 @@ import sys
 import threading
 from typing import Any
 
+from exogym.runtime import tempdir
+
 #: Modules the fork server imports once, so that worker processes start with them loaded (this
 #: module first: see the module's docstring).
 PRELOAD = [
@@ -107,6 +109,7 @@ def ensure_server() -> None:
     context()
     if _running():  # no SIGINT-ignoring window: a Ctrl-C between two runs of a program is not lost
         return
+    tempdir.claim()  # the server's socket goes into a folder that ends with this process
     os.environ[SERVER_ENV] = str(os.getpid())  # read by the server as it imports this module
     # SIGINT ignored meanwhile (on the main thread; signals can be set only there): the server
     # keeps ignoring it, and Python installs no KeyboardInterrupt handler in a process that starts so.

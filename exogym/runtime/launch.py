@@ -7,7 +7,8 @@ The processes of a run that returns stay, idle, for the next run of the program
   stops every other node and raises [`NodeFailedError`][exogym.NodeFailedError] with the first
   failure's exception and traceback;
 * Ctrl-C and ``kill -TERM`` of the parent run the same teardown (nodes ignore SIGINT, so the
-  parent alone decides); SIGTERM is re-delivered to the parent afterwards;
+  parent alone decides); SIGTERM then goes to the parent's previous handler (``exogym
+  compare``'s ends the command as Ctrl-C does; the default one ends the process);
 * when the parent dies without a teardown (``kill -9``), every node notices within a fraction
   of a second: it holds the read end of a pipe whose only write end is the parent's (a watchdog
   thread ends the node at EOF), and on Linux it also has ``PR_SET_PDEATHSIG``.
@@ -216,7 +217,9 @@ class _Terminated(BaseException):
 
 @contextlib.contextmanager
 def _sigterm_as_exception() -> Iterator[None]:
-    """Turn SIGTERM into an exception (so the teardown runs), then re-deliver it."""
+    """Turn SIGTERM into an exception (so the teardown runs), then hand it to the handler that
+    was there before: a Python handler is called (``exogym compare``'s raises
+    ``KeyboardInterrupt``: the command ends as after Ctrl-C), the default one ends the process."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -229,10 +232,13 @@ def _sigterm_as_exception() -> Iterator[None]:
         yield
     except _Terminated:
         signal.signal(signal.SIGTERM, previous)
-        sys.stderr.write("\n")  # on a line of its own: rank 0's progress bar may be mid-line
-        sys.stderr.flush()
-        logger.warning("SIGTERM: every node was stopped")
-        os.kill(os.getpid(), signal.SIGTERM)
+        if callable(previous):
+            previous(signal.SIGTERM, None)  # raises (exogym compare's) or returns
+        else:
+            sys.stderr.write("\n")  # on a line of its own: rank 0's progress bar may be mid-line
+            sys.stderr.flush()
+            logger.warning("SIGTERM: every node was stopped")
+            os.kill(os.getpid(), signal.SIGTERM)
         raise SystemExit(128 + signal.SIGTERM) from None  # a Python handler that returned
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -32,12 +32,14 @@ from exogym.core.strategy import Strategy
 from exogym.logger import Logger, default_run_name
 from exogym.projection import Projection, param_bytes, probe
 from exogym.run_config import CheckpointConfig, FitArgs, RunConfig, TransportConfig
+from exogym.runs import check_writable_folder
 from exogym.runtime import checkpoint as ckpt
 from exogym.runtime import cluster, pool, preflight
 from exogym.runtime.faults import FaultPlan, Faults, check_can_drop, check_supported, round_steps, with_availability
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.memory import device_budget, probe_minibatch_size
 from exogym.runtime.placement import Placement
+from exogym.runtime.server_run import step_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,8 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         )
     device = _device(run)
     autocast = resolve_autocast(run.autocast, device)
+    if args.checkpoint.checkpoint_dir is not None:  # found here, not at the first checkpoint
+        check_writable_folder(args.checkpoint.checkpoint_dir, "checkpoint_dir")
     resume_folder = _resume_folder(args.checkpoint)
     fault_round = _fault_round(args.faults, strategy, run.network_model)
     layout = _layout(run, args.transport, device)
@@ -109,6 +113,8 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     steps, per_epoch = preflight.planned_steps(
         model, train_dataset, run.num_nodes, run.num_epochs, run.max_steps, run.batch_size, collate_fn
     )
+    if isinstance(strategy, ServerStrategy) and run.network_model.compute == "measured":
+        step_seconds(run.network_model)  # raises: a server's clock needs modelled compute
     if layout.launch is None:
         # The fork server imports torch (and torch._dynamo, the optimizers need it) while
         # this process checks that the strategy builds: the two take seconds each.
@@ -117,6 +123,8 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         run.network_model = preflight.flops_as_seconds(
             run.network_model, model, train_dataset, run.num_nodes, run.batch_size, collate_fn
         )
+    if isinstance(strategy, ServerStrategy):
+        step_seconds(run.network_model)  # a step that takes no time on the clock: said here, not in the nodes
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     preflight.check_strategy_builds(
         strategy, model, state_bytes, run.num_nodes, steps, run.seed, per_epoch, run.network_model

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from exogym.runtime import forkserver
+from exogym.runtime import forkserver, tempdir
 
 _STOP_GRACE_S = 5.0
 
@@ -175,6 +175,7 @@ def current(method: str) -> WorkerPool:
             _pool.close()
         _pool = None
     if _pool is None:
+        tempdir.claim()  # the sockets that pass file descriptors to the workers go there
         _pool, _owner = WorkerPool(method), os.getpid()
         atexit.register(shutdown)
     return _pool

@@ -55,7 +55,7 @@ def transfer_seconds(network: Any, client: int, nbytes: int, direction: str) -> 
     return a + 8.0 * nbytes / bw
 
 
-def _step_seconds(network: Any) -> float:
+def step_seconds(network: Any) -> float:
     """Seconds of one training step before a client's speed factor: the network's modelled
     compute (``fit`` turns ``compute="flops"`` into seconds before the run; ``ValueError`` for
     measured compute: the clock must not depend on this machine)."""
@@ -82,7 +82,7 @@ def server_context(
     ``num_clients`` clients from ``seed``, starting from the flat ``params``, whose clients take
     ``steps_per_epoch`` steps per pass over their data; with a scale's ``projection``, a model
     transfer carries the target's bytes. ``ValueError`` where the network's compute is measured."""
-    base = _step_seconds(network)
+    base = step_seconds(network)
     nbytes = params.numel() * params.element_size()
     if projection is not None:
         nbytes = int(round(nbytes * projection.ratio))
@@ -363,4 +363,4 @@ def server_worker(worker: int, job: Any, plan: Any) -> dict[str, Any] | None:
     return out if worker == 0 or cfg.launcher == "torchrun" else None
 
 
-__all__ = ["ServerRun", "server_context", "server_worker", "transfer_seconds"]
+__all__ = ["ServerRun", "server_context", "server_worker", "step_seconds", "transfer_seconds"]
