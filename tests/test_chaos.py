@@ -200,6 +200,55 @@ def test_a_latest_naming_a_complete_checkpoint_is_followed_without_a_warning(tmp
     assert caplog.text == ""
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_latest_that_is_not_a_regular_file_is_refused_naming_it_without_opening_it(kind: str, tmp_path) -> None:
+    (tmp_path / "step-00000008").mkdir()
+    torch.save({"step": 8}, tmp_path / "step-00000008" / ckpt.META)
+    latest, raised = tmp_path / ckpt.LATEST, []
+    if kind == "fifo":
+        os.mkfifo(latest)  # opening it for reading blocks until a writer comes
+    else:
+        (tmp_path / "elsewhere").write_text("step-00000008")
+        latest.symlink_to(tmp_path / "elsewhere")
+
+    def resume() -> None:
+        try:
+            ckpt.resolve(str(tmp_path))
+        except ValueError as e:
+            raised.append(str(e))
+
+    reader = threading.Thread(target=resume, daemon=True)
+    reader.start()
+    reader.join(5)
+    hung = reader.is_alive()
+    if hung:  # release the reader blocked in open()
+        os.close(os.open(latest, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not hung, "resuming blocked on latest"
+    assert len(raised) == 1, raised
+    kind = "named pipe (FIFO)" if kind == "fifo" else "symbolic link"
+    assert f"{latest} is a {kind}, not a regular file" in raised[0]
+    assert "remove it" in raised[0]
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(120)
+def test_a_step_folder_linked_to_another_runs_checkpoint_is_refused_naming_both_steps_before_any_process_starts(
+    _written: tuple[str, list[torch.Tensor]], tmp_path
+) -> None:
+    other = _copy(_written[0], tmp_path)  # another run's directory, at step 8
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "step-00000016").symlink_to(os.path.join(other, "step-00000008"), target_is_directory=True)
+    (root / ckpt.LATEST).write_text("step-00000016")
+    with pytest.raises(ValueError) as info:
+        _fit(max_steps=24, resume_from=str(root))
+    message = str(info.value)
+    assert f"{root}/step-00000016" in message and f"{other}/step-00000008" in message
+    assert "named for step 16" in message and "records step 8" in message
+
+
 @pytest.mark.procs
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("damage", ["truncated", "not-a-dict"])

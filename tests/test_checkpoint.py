@@ -352,3 +352,52 @@ def test_a_checkpoint_written_without_digests_resumes_bit_exactly_with_a_warning
     resumed, resumed_rows = _fit("ddp", 2, "shm", STEPS, resume_from=str(folder))
     assert _same(whole, resumed) and resumed_rows == whole_rows
     assert "records no SHA-256 of its files" in caplog.text
+
+
+def test_a_node_file_missing_keys_is_refused_naming_it_and_the_keys_even_with_its_digest_recorded(
+    _written: str, tmp_path
+) -> None:
+    from exogym import NodeFailedError
+
+    folder = _copy(_written, tmp_path)
+    node = ckpt.node_file(str(folder), 1)
+    state = torch.load(node, weights_only=True)
+    del state["model"], state["rng"]
+    torch.save(state, node)
+    meta = ckpt.load_meta(str(folder))  # whoever rewrote the file also rewrote the digest
+    meta[ckpt.FILES]["node-00001.pt"] = ckpt.sha256(node)
+    torch.save(meta, os.path.join(folder, ckpt.META))
+    with pytest.raises(NodeFailedError) as info:
+        _fit("ddp", 2, "shm", 16, resume_from=str(folder))
+    assert f"{node}: not a node file of an ExoGym checkpoint: it lacks 'model', 'rng'" in str(info.value)
+
+
+class _RunsShell:
+    """Unpickled by a loader that runs code, this runs a shell command (``posix.system``)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_a_file_that_would_run_a_shell_command_is_refused_as_not_exogyms_without_advising_to_allow_it(
+    writer: str, tmp_path
+) -> None:
+    import pickle
+
+    path, target = tmp_path / "node-00000.pt", tmp_path / "created"
+    if writer == "pickle":
+        with open(path, "wb") as f:
+            pickle.dump(_RunsShell(f"touch {target}"), f, protocol=2)  # GLOBAL posix.system
+    else:
+        torch.save({"model": _RunsShell(f"touch {target}")}, path)
+    with pytest.raises(ValueError) as info:
+        ckpt.load_safe(str(path))
+    message = str(info.value)
+    assert f"refusing to load {path}" in message and "posix.system" in message
+    assert "not a checkpoint ExoGym wrote" in message
+    assert "add_safe_globals" not in message and "allow" not in message
+    assert not target.exists()

@@ -21,8 +21,10 @@ starts, each node file's SHA-256 is checked against the one ``meta.pt`` recorded
 Faults while writing or reading: a write that fails (a full disk: ``ENOSPC``) raises an
 ``OSError`` naming the checkpoint, the file and the fix, and leaves the previous checkpoint and
 ``latest`` as they were; a ``latest`` that names no complete checkpoint is not followed (the
-newest complete one is used, with a warning); a damaged ``meta.pt`` or node file is an error
-naming the file, never a silent fall-back to older state.
+newest complete one is used, with a warning), one that is not a regular file (a FIFO) is an
+error; a damaged ``meta.pt`` or node file, a step folder whose ``meta.pt`` records another step
+(a link to another run's) or a node file without the keys it needs is an error naming the file,
+never a silent fall-back to older state.
 
 A node's file holds its whole state (``exogym.runtime.node_state``). With the network's
 ``compute`` model deterministic, a resumed run is bit-identical to one that never stopped.
@@ -37,6 +39,8 @@ import os
 import pickle
 import re
 import shutil
+import stat
+import sys
 from typing import Any
 
 import torch
@@ -87,19 +91,26 @@ def sha256(path: str) -> str:
 def load_safe(path: str, map_location: str | torch.device | None = None) -> Any:
     """``torch.load(path, weights_only=True)``: tensors and plain containers, never code.
 
-    Raises ``ValueError`` naming the file when it holds anything else (a pickle that would run
-    code, or an object type of your own in a strategy's state: allow such a type with
-    ``torch.serialization.add_safe_globals([MyType])`` at the top of your script, which the nodes
-    also run) or is not a readable torch file.
+    Raises ``ValueError`` naming the file when it holds anything else or is not a readable torch
+    file. A pickle that would run code (a function of Python's own library, such as
+    ``posix.system``, or instructions ``torch.save`` never writes) is not a file ExoGym wrote;
+    for an object type of your own in a strategy's state the error says to allow that type with
+    ``torch.serialization.add_safe_globals([MyType])`` at the top of your script.
     """
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()
-        detail = next((line.strip() for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0])
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"GLOBAL {found[1]}" if found else "pickle instructions torch.save does not write"
+        refused = f"refusing to load {path}: it holds objects the safe loader (torch.load(weights_only=True)) does not"
+        refused += f" load ({what})"
+        if found is None or "is blocked" in str(e) or found[1].split(".")[0] in {*sys.stdlib_module_names, "builtins"}:
+            raise ValueError(
+                f"{refused}: it is not a checkpoint ExoGym wrote, or it was tampered with; never load it with "
+                "weights_only=False: restore its folder from a copy you trust, or delete it"
+            ) from None
         raise ValueError(
-            f"refusing to load {path}: it holds objects the safe loader (torch.load(weights_only=True)) does not "
-            f"load ({detail}). If you wrote this checkpoint yourself and its state holds a type of your own, "
+            f"{refused}. If you wrote this checkpoint yourself and its state holds a type of your own, "
             "allow that type with torch.serialization.add_safe_globals([...]) at the top of your script"
         ) from None
     except (RuntimeError, EOFError, OSError) as e:
@@ -205,6 +216,13 @@ def newest(root: str) -> str | None:
     latest = os.path.join(root, LATEST)
     if not os.path.lexists(latest):
         return fallback
+    if not stat.S_ISREG(mode := os.lstat(latest).st_mode):  # a FIFO would block the read for ever
+        kind = {stat.S_IFIFO: "named pipe (FIFO)", stat.S_IFLNK: "symbolic link", stat.S_IFDIR: "folder"}
+        raise ValueError(
+            f"{latest} is a {kind.get(stat.S_IFMT(mode), 'special file')}, not a regular file holding a step folder's "
+            f"name as ExoGym writes it: remove it (resuming then uses the newest complete checkpoint, {fallback}), "
+            "or replace it with a regular file holding the name of the step folder to resume from"
+        )
     try:
         with open(latest, encoding="ascii") as f:
             name = f.read(64).strip()
@@ -240,7 +258,28 @@ def load_meta(folder: str) -> dict[str, Any]:
             f"refusing to load {path}: not an ExoGym checkpoint's meta.pt (a dict with its step); "
             + _DAMAGED.format(folder=folder)
         )
+    name = os.path.basename(os.path.normpath(folder))
+    if _STEP_NAME.fullmatch(name) and int(name[len(_PREFIX) :]) != meta["step"]:  # e.g. a link to another run's
+        raise ValueError(
+            f"cannot resume from {folder} (which is {os.path.realpath(folder)}): it is named for step "
+            f"{int(name[len(_PREFIX) :])}, but its {META} records step {meta['step']}, so it is another checkpoint; "
+            "move it away, or pass the checkpoint you mean as resume_from"
+        )
     return meta
+
+
+def load_node(folder: str, rank: int, keys: list[str]) -> dict[str, Any]:
+    """Node ``rank``'s file of a checkpoint folder, loaded safely (``load_safe``) to the CPU.
+    Raises ``ValueError`` naming it and the ``keys`` it lacks."""
+    path = node_file(folder, rank)
+    state = load_safe(path, map_location="cpu")
+    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
+    if missing:
+        raise ValueError(
+            f"{path}: not a node file of an ExoGym checkpoint: it lacks {', '.join(map(repr, missing))}; "
+            + _DAMAGED.format(folder=folder)
+        )
+    return state
 
 
 def verify(folder: str, meta: dict[str, Any], num_nodes: int) -> None:

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 #: Ledger totals a checkpoint keeps (per-step records are empty between steps).
 _LEDGER_TOTALS = ("total_sent", "total_received", "total_payload", "total_collectives")
+#: What a node's file holds (``save``).
+_KEYS = "step model strategy rng data batches_drawn step_flops ledger clock metrics history".split()
 
 
 def save(node: TrainNode, done: int) -> None:
@@ -53,7 +55,7 @@ def save(node: TrainNode, done: int) -> None:
 def restore(node: TrainNode, folder: str) -> int:
     """Load ``node``'s state (its data position and metric totals too) from a checkpoint folder,
     in place; return the step it was taken at."""
-    state = ckpt.load_safe(ckpt.node_file(folder, node.rank), map_location="cpu")
+    state = ckpt.load_node(folder, node.rank, _KEYS)
     node.model.load_state_dict(state["model"])
     node.strategy.load_state_dict(state["strategy"])
     ckpt.set_rng_state(state["rng"], node.device)

@@ -254,7 +254,7 @@ class ServerRun:
         meta = ckpt.load_meta(folder)
         mine: dict[int, Any] = {}
         for r in range(int(meta.get("workers", 1))):
-            state = ckpt.load_safe(ckpt.node_file(folder, r), map_location="cpu")
+            state = ckpt.load_node(folder, r, ["step", "clients", "loop", "validations"])
             mine.update((c, saved) for c, saved in state["clients"].items() if c % self.world == self.rank)
             if r == 0:
                 self.loop.load_state_dict(state["loop"])
