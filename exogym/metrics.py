@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -155,13 +154,14 @@ class MetricsBuffer:
     def __init__(self, comm: NodeComm, network: Network, log_interval: int, max_steps: int) -> None:
         self.comm, self.network = comm, network
         self.log_interval, self.max_steps = log_interval, max_steps
-        changes = network.trace_changes
-        #: Epochs of the world's bandwidth traces (1 without): with more, each pending step also
-        #: keeps its communication seconds per epoch, after StepSample's fields.
-        self.epochs = len(changes) + 1
+        #: Whether the world has bandwidth traces: then each pending step also keeps the seconds it
+        #: stalls on handles (after StepSample's fields) and its collectives, which rank 0 prices
+        #: where each meeting starts (``exogym.clocks.RECORD_COLUMNS``).
+        self.traced = len(network.trace_changes) > 0
         # Pending steps, one row per step in StepSample's field order; rows [0, _n) are in use.
-        self._rows = np.zeros((64, len(StepSample._fields) + (self.epochs if self.epochs > 1 else 0)))
+        self._rows = np.zeros((64, len(StepSample._fields) + self.traced))
         self._n = 0
+        self._records: dict[int, tuple[tuple[float, ...], ...]] = {}  # pending row -> its collectives (traced)
         self._more_keys: dict[int, tuple[float, ...]] = {}  # pending row -> its further meeting keys
         self.step = 0  # last step folded into the totals
         self.examples = 0.0
@@ -171,7 +171,8 @@ class MetricsBuffer:
         self.peak_memory = 0.0
         #: Every node's simulated clock, on rank 0, which replays them at each flush (see
         #: ``exogym.clocks``); ``None`` on the other ranks, which only send their events.
-        self.clocks = NodeClocks(comm.world_size, changes, network.backward_share) if comm.rank == 0 else None
+        world = network.world if self.traced else None
+        self.clocks = NodeClocks(comm.world_size, (), network.backward_share, world) if comm.rank == 0 else None
         self._slowdown = network.slowdown(comm.rank)
         self._interval = [0.0, 0.0, 0.0, 0]  # loss_sum, loss_count, sent per node, steps
         self._partial: list[float] | None = None
@@ -197,18 +198,27 @@ class MetricsBuffer:
         self._n = end
         return block
 
-    def add(self, sample: StepSample, more_keys: tuple[float, ...] = (), comms: Sequence[float] | None = None) -> None:
+    def add(
+        self,
+        sample: StepSample,
+        more_keys: tuple[float, ...] = (),
+        records: tuple[tuple[float, ...], ...] = (),
+        stall: float = 0.0,
+    ) -> None:
         """Record this node's sample of the next step (its ``compute`` is scaled by the network's
         ``compute_slowdown`` of this node here); ``more_keys``: the step's meeting keys after
-        ``sample.key``; ``comms``: with traces, its communication seconds per epoch."""
+        ``sample.key``; with traces, ``records``: its collectives (``exogym.clocks.record_rows``)
+        and ``stall``: the seconds it waited on handles."""
         if sample.compute and self._slowdown != 1.0:
             sample = sample._replace(compute=sample.compute * self._slowdown)
         if more_keys:
             self._more_keys[self._n] = more_keys
+        if records and self.traced:
+            self._records[self._n] = records
         row = self._reserve(1)[0]
         row[: len(sample)] = sample
-        if comms is not None and self.epochs > 1:
-            row[len(sample) :] = comms
+        if self.traced:
+            row[len(sample)] = stall
 
     def flush(self, peak_memory: float = 0.0) -> list[dict[str, Any]]:
         """Combine the pending samples over nodes (collective) and return the train rows they
@@ -222,8 +232,9 @@ class MetricsBuffer:
         steps, self._n = self._n, 0
         a = local.numpy()
         more, self._more_keys = self._more_keys, {}
-        comm = a[:, len(StepSample._fields) :] if self.epochs > 1 else a[:, _COMM]
-        own = events(self.step + 1, a[:, _COMPUTE], comm, a[:, _KEY], self.log_interval, self.max_steps, more)
+        records, self._records = (self._records, {}) if self.traced else (None, {})
+        comm = a[:, len(StepSample._fields)] if self.traced else a[:, _COMM]
+        own = events(self.step + 1, a[:, _COMPUTE], comm, a[:, _KEY], self.log_interval, self.max_steps, more, records)
         if self.comm.rank != 0:
             # Only rank 0 keeps the totals and makes rows: the others send their share.
             self.comm.all_reduce_contribute(local[:, _SUMMED].contiguous(), "sum")
@@ -286,9 +297,9 @@ class MetricsBuffer:
         return rows
 
     def _gather_events(self, own: np.ndarray) -> np.ndarray:
-        """Every node's events ``[nodes, events, 3 + epochs]`` (``exogym.clocks.EVENT_COLUMNS``,
-        padded with zero rows): an uncharged all-gather, whose other nodes only send theirs
-        (``_padded_events``). Collective."""
+        """Every node's events ``[nodes, events, columns]`` (``exogym.clocks.EVENT_COLUMNS``, or
+        ``RECORD_COLUMNS`` with traces, padded with zero rows): an uncharged all-gather, whose
+        other nodes only send theirs (``_padded_events``). Collective."""
         return self.comm.all_gather(self._padded_events(own), charge=False).numpy()
 
     def _padded_events(self, own: np.ndarray) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from exogym.clocks import meeting_keys
+from exogym.clocks import meeting_keys, record_rows
 from exogym.core.comm.comm import NodeComm
 from exogym.core.comm.network import Network
 from exogym.metrics import MetricsBuffer, StepSample
@@ -105,17 +105,16 @@ class StepMeter:
         self._trained = self._trained or bool(count)
         metrics = self.metrics
         slowed = compute * network.slowdown(self.rank)
-        # The span of the step's collectives from its backward pass's start; with traces, priced
-        # in every epoch (the replay of the clocks knows when a meeting starts).
+        # The span of the step's collectives from its backward pass's start. With traces, the
+        # replay of the clocks prices them where their meeting starts (the node knows only its
+        # own start, where it prices them to time its handles).
         window = network.backward_share * slowed
-        spans = network.records_spans(records, slowed) if metrics.epochs > 1 else None
-        span = spans[0] if spans is not None else network.records_span(records, slowed)
         clock = self.comm.clock
-        here = span if spans is None else network.records_span(records, slowed, clock.seconds + slowed - window)
-        stall = clock.close_step(slowed, max(0.0, here - window))
+        traced = metrics.traced
+        span = network.records_span(records, slowed, clock.seconds + slowed - window if traced else 0.0)
+        stall = clock.close_step(slowed, max(0.0, span - window))
         if stall:  # waiting for handles is communication: the step ends that much later
             span = max(span, window) + stall
-            spans = [max(s, window) + stall for s in spans] if spans is not None else None
         keys = meeting_keys(records)
         # The peak memory, a high-water mark, is read where a row ends: each row gets the value a
         # read per step would, without a getrusage per step (slow with hundreds of node threads).
@@ -136,7 +135,8 @@ class StepMeter:
                 keys[0] if keys else 0.0,
             ),
             keys[1:],
-            spans,
+            record_rows(records) if traced else (),
+            stall,
         )
 
     def flush(self) -> list[dict[str, Any]]:

@@ -327,17 +327,11 @@ class Network:
         return max(0.0, self.records_span(records, compute, at) - self.backward_share * compute)
 
     @property
-    def trace_changes(self) -> tuple[float, ...]:
+    def trace_changes(self) -> Sequence[float]:
         """The simulated seconds at which a world's bandwidth traces change a link, ascending
-        (``()`` without traces): epoch ``0`` lasts until the first, epoch ``e`` starts at the
+        (empty without traces): epoch ``0`` lasts until the first, epoch ``e`` starts at the
         ``e``-th."""
         return self.world.changes if self.world is not None else ()
-
-    def records_spans(self, records: Sequence[CollectiveRecord], compute: float = 0.0) -> list[float]:
-        """[`records_span`][exogym.Network.records_span] of ``records`` starting in each epoch of
-        the traces ([`trace_changes`][exogym.Network.trace_changes]; one value without traces)."""
-        starts = (-math.inf, *self.trace_changes)
-        return [self.records_span(records, compute, at) for at in starts]
 
     def slowdown(self, rank: int) -> float:
         """The compute factor of node ``rank``. ``RuntimeError`` while the speeds are a

@@ -42,7 +42,6 @@ priced on the bandwidths in force at the simulated second it starts.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import itertools
 import math
@@ -52,9 +51,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from exogym.core.comm.ledger import RING
 from exogym.core.comm.links import Link
-from exogym.core.comm.traces import Traces, change_times, parse_traces, read_rows, trace_name, value_at
+from exogym.core.comm.traces import Traces, change_times, load_traces, value_at
 
 #: ``(latency seconds, seconds per byte)`` of the hops a ring step or tree round may wait for:
 #: only those that are the slowest for some chunk size (neither larger in both is kept).
@@ -112,7 +113,7 @@ class World:
         object.__setattr__(self, "_prices", {})  # (kind, payload, id(members)) -> (members, seconds)
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_changes", change_times(self.traces))
-        object.__setattr__(self, "_epochs", {})  # index into _changes -> the world from then on
+        object.__setattr__(self, "_epochs", {})  # index into _changes -> the world from then on (a few)
         shared = [(p, q) for p, row in enumerate(self.links) for q, link in enumerate(row) if link and link.shared]
         object.__setattr__(self, "_shared", frozenset(shared))  # ordered pairs of regions on a shared link
 
@@ -124,10 +125,14 @@ class World:
         when it has none."""
         if not self.traces:
             return self
-        e = bisect.bisect_right(self._changes, t)  # 0: before the first change
+        e = int(np.searchsorted(self._changes, t, side="right"))  # 0: before the first change
         world = self._epochs.get(e)
         if world is None:
-            world = self._epochs[e] = self._untraced(self._changes[e - 1] if e else -math.inf)
+            world = self._untraced(self._changes[e - 1] if e else -math.inf)
+            with self._lock:
+                if len(self._epochs) >= _CACHE_MAX:
+                    self._epochs.clear()
+                self._epochs[e] = world
         return world
 
     def _untraced(self, t: float) -> World:
@@ -148,8 +153,9 @@ class World:
         return World(self.region_names, self.region_of, tuple(tuple(row) for row in links), tuple(access))
 
     @property
-    def changes(self) -> tuple[float, ...]:
-        """The simulated seconds at which the traces change a link, ascending (``()``: none)."""
+    def changes(self) -> np.ndarray:
+        """The simulated seconds at which the traces change a link, ascending (read-only; empty:
+        none)."""
         return self._changes
 
     @property
@@ -319,7 +325,7 @@ def build_world(
     acc = (access,) * k if isinstance(access, Link) else tuple(access or ())
     if access is not None and (len(acc) != k or not all(isinstance(x, Link) for x in acc)):
         raise ValueError(f"access must be a Link or one Link per node ({k}), got {len(acc)} entries")
-    parsed = parse_traces(read_rows(traces), names, k, bool(acc), trace_name(traces)) if traces is not None else ()
+    parsed = load_traces(traces, names, k, bool(acc)) if traces is not None else ()
     return World(names, tuple(owner[r] for r in range(k)), tuple(matrix), acc, parsed)
 
 
