@@ -169,19 +169,16 @@ class DecoupledDiLoCoServer(Server):
         # A fragment's share of a model's bytes on the wire (``ctx.nbytes``: a scale's target's).
         self.fragment_bytes = [ctx.nbytes * (b - a) // n for a, b in self.bounds]
         # Per learner and fragment: its contribution's transfer (up) and a merged fragment's (down).
-        self.fragment_up = [
-            [ctx.transfer_seconds(r, nb, direction="up") for nb in self.fragment_bytes] for r in range(k)
-        ]
-        self.fragment_down = [
-            [ctx.transfer_seconds(r, nb, direction="down") for nb in self.fragment_bytes] for r in range(k)
-        ]
+        self.fragment_up, self.fragment_down = (
+            [[ctx.transfer_seconds(r, nb, direction=d) for nb in self.fragment_bytes] for r in range(k)]
+            for d in ("up", "down")
+        )
         self.pull_seconds = [ctx.transfer_seconds(r, direction="down") for r in range(k)]
         self.step_seconds = [ctx.step_seconds(r) for r in range(k)]
         self.step_ref = sorted(self.step_seconds)[self._quorum - 1]
-        self.momentum = torch.zeros_like(self.params) if self.outer != "cgad" else None
-        self.cgad = (
-            CGAD(self.params, P, self.outer_lr, self.cgad_betas, self.cgad_eps) if self.outer == "cgad" else None
-        )
+        cgad = self.outer == "cgad"
+        self.momentum = None if cgad else torch.zeros_like(self.params)
+        self.cgad = CGAD(self.params, P, self.outer_lr, self.cgad_betas, self.cgad_eps) if cgad else None
         #: Per learner: its parameters, steps, sends, steps since each fragment was adopted (c)
         #: and the version of each it holds (v), the newest that reached it, and those in its inbox.
         self.learner = [self.params.clone() for _ in range(k)]
@@ -317,14 +314,13 @@ class DecoupledDiLoCoServer(Server):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner = [t.clone() for t in state["learner"]]
-        self.steps_taken, self.sends = list(state["steps_taken"]), list(state["sends"])
+        for k in ("steps_taken", "sends", "version", "opened", "merging"):
+            setattr(self, k, list(state[k]))
         self.c, self.v, self.arrived = ([list(x) for x in state[k]] for k in ("c", "v", "arrived"))
         self.inbox = [
             {int(p): {int(v): t for v, t in box.items()} for p, box in boxes.items()} for boxes in state["inbox"]
         ]
-        self.version = list(state["version"])
         self.round = [{int(r): tuple(m) for r, m in contributions.items()} for contributions in state["round"]]
-        self.opened, self.merging = list(state["opened"]), list(state["merging"])
         if self.cgad is not None:
             self.cgad.load_state_dict(state["cgad"])
         else:
