@@ -65,6 +65,9 @@ def test_bandwidth_utilisation_and_hours_at_a_given_bandwidth(caplog) -> None:
         (["compare", "--layers", "24"], "argument --layers: needs --scale"),
         (["compare", "--step-seconds", "0.1"], "argument --step-seconds: needs --scale"),
         (["compare", "--scale", "lots", "--step-seconds", "0.1"], "argument --scale: params: 'lots'"),
+        (["compare", "--mfu", "0.5"], "argument --mfu: needs --scale"),
+        (["compare", "--wire", "fp16"], "argument --wire: needs --scale"),
+        ([*ARGS, "--strategies", "ddp,fedbuff"], "argument --strategies: fedbuff: server algorithms"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv, says, capsys) -> None:
@@ -87,3 +90,14 @@ def test_bad_mfu_exits_2_naming_the_mfu_flag(capsys) -> None:
         main([*ARGS, "--mfu", "1.5"])
     assert exit_.value.code == 2
     assert "argument --mfu" in capsys.readouterr().err
+
+
+def test_a_level_no_bandwidth_reaches_is_a_dash_and_the_table_says_why(caplog) -> None:
+    # 4 nodes 80 ms apart: a ring all-reduce pays 2 (n-1) = 6 latencies, 0.48 s, more than the
+    # backward pass of a 0.5 s step hides (0.333 s): DDP cannot reach 99% at any bandwidth
+    caplog.set_level(logging.INFO, logger="exogym.cli")
+    argv = ["bandwidth", "--scale", "1B", "--step-seconds", "0.5", "--nodes", "4", "--latency", "80ms"]
+    main([*argv, "--strategies", "ddp", "--utilisation", "99"])
+    lines = _lines(caplog)
+    assert _cells(lines, "ddp") == ["-"]
+    assert any(line.startswith("(-: no bandwidth reaches it") for line in lines)

@@ -98,3 +98,25 @@ def test_compare_with_scale_reports_the_targets_bytes_and_sim_time(tmp_path) -> 
     # bytes per node: 2 (n-1)/n * 2e9 per all-reduce
     assert float(rows["ddp"]["bytes_sent_per_node"]) == pytest.approx(10 * 2e9)
     assert float(rows["diloco"]["bytes_sent_per_node"]) == pytest.approx(2 * 2e9)
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+def test_a_sweep_with_scale_prices_every_run_at_the_scale(tmp_path) -> None:
+    out = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "exogym", "compare", "--out", str(out), "--strategies", "ddp", "--nodes", "2",
+            "--steps", "4", "--scale", "1B", "--step-seconds", "0.1", "--seeds", "1,2", "--no-progress",
+        ],
+        capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "scale 1B parameters" in proc.stdout + proc.stderr
+    with open(out / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    ar = 2 * 0.03 + 8 * 2e9 / 100e6  # the internet preset: a 2-node ring all-reduce of 2e9 bytes
+    for row in rows:  # 4 DDP steps of c + (AR - 2c/3), c = 0.1 s; 2e9 bytes sent per step
+        assert float(row["sim_time"]) == pytest.approx(4 * (0.1 + ar - 0.2 / 3), rel=1e-9)
+        assert float(row["bytes_sent_per_node"]) == pytest.approx(4 * 2e9)

@@ -50,7 +50,9 @@ def scale_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     from exogym.scale import Scale
 
     if args.scale is None:
+        defaults = {"wire": "bf16", "accelerators": 1, "mfu": 0.4}
         given = [f for f in ("layers", "step_seconds", "tokens_per_step", "peak_flops") if getattr(args, f) is not None]
+        given += [f for f, d in defaults.items() if getattr(args, f) != d]
         if given:
             parser.error(f"argument --{given[0].replace('_', '-')}: needs --scale (the model whose time it sets)")
         return None
@@ -94,7 +96,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_scale_options(p, required=True)
     p.add_argument("--nodes", type=int_at_least(2), default=2, help="nodes (datacenters) that talk (default 2)")
     p.add_argument("--H", type=int_at_least(1), default=100, help="communication period of H-based presets (100)")
-    p.add_argument("--latency", default="0", help="latency of the link between nodes (default 0; e.g. 80ms)")
+    p.add_argument(
+        "--latency",
+        default="0",
+        help="latency of the link between nodes (default 0; e.g. 80ms; a bare number is seconds)",
+    )
     p.add_argument(
         "--utilisation",
         default=DEFAULT_UTILISATION,
@@ -103,8 +109,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--bandwidth",
         default=None,
-        help="the opposite question: the utilisation at this bandwidth (e.g. 1Gbit/s), and with --tokens the "
-        "wall-clock time of a run",
+        help="the opposite question: the utilisation at this bandwidth (e.g. 1Gbit/s; a bare number is bits/s), "
+        "and with --tokens the wall-clock time of a run",
     )
     p.add_argument("--tokens", type=positive_float, default=None, help="tokens of a run (with --bandwidth)")
     p.set_defaults(subparser=p)  # the parser that reports this command's bad arguments
@@ -153,10 +159,17 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequen
         parser.error("argument --tokens: needs --bandwidth and --tokens-per-step (steps = tokens / tokens per step)")
     levels = _percentages(parser, args.utilisation)
     net = Network(1e9, latency, compute=seconds)
+    strategies = {name: build(name, 1e-3, args.H) for name in names}
+    servers = [name for name, strategy in strategies.items() if getattr(strategy, "pipeline", None) is None]
+    if servers:
+        parser.error(
+            f"argument --strategies: {', '.join(servers)}: server algorithms, on a simulated clock of their own "
+            "that needs training: price them with exogym compare --scale ... --step-seconds ..."
+        )
     rows = []
     logger.info("%s, %d nodes, latency %g ms", scale.describe(), args.nodes, latency * 1e3)
     for name in names:
-        s = schedule(build(name, 1e-3, args.H), scale, num_nodes=args.nodes, label=name)
+        s = schedule(strategies[name], scale, num_nodes=args.nodes, label=name)
         if bandwidth is not None:
             util = s.utilisation(dataclasses.replace(net, bandwidth=bandwidth))
             row: dict[str, Any] = {"strategy": name, "gbit_per_s": bandwidth / 1e9, "utilisation": util}
@@ -174,6 +187,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequen
                 logger.info("%s", f"{'Gbit/s for':>20}  " + " ".join(f"{f'{u:g}%':>9}" for u in levels))
             logger.info("%s", f"{name:>20}: {cells}")
         rows.append(row)
+    if any(not math.isfinite(v) for row in rows for k, v in row.items() if k.endswith("%")):
+        logger.info("%s", "(-: no bandwidth reaches it: the links' latency alone costs more than the compute hides)")
     return rows
 
 

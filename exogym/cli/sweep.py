@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import dataclasses
 import functools
 import logging
 import math
@@ -31,6 +32,7 @@ from exogym.runs import check_name
 from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.plan import resolve_workers, usable_cpus
+from exogym.scale import Scale
 from exogym.strategy.registry import PRESETS, call_factory
 from exogym.tasks import Task, load
 
@@ -138,6 +140,7 @@ def sweep(
     flops_per_second: float | None = None,
     raise_on_failure: bool = False,
     parallel: int | str = "auto",
+    scale: Scale | str | float | None = None,
 ) -> Sweep:
     """Train every strategy at every point of ``grid`` and every seed, each run as
     [`exogym.cli.compare.compare`][exogym.cli.compare.compare] trains one (same model, data and
@@ -177,6 +180,9 @@ def sweep(
             ``N`` at most N at once. On ``device='cpu'`` every worker has one intra-op thread,
             whatever ``parallel``, so that the results do not depend on it; elsewhere runs train
             one at a time.
+        scale: the model and hardware whose time every run simulates ([`Scale`][exogym.Scale], or
+            a parameter count such as ``"1B"``), as for [`compare`][exogym.cli.compare.compare],
+            where the grid has no ``scale``; the caption names it.
 
     Raises:
         ValueError, TypeError: for a bad grid, seed or setting (every point's values, strategy,
@@ -199,6 +205,9 @@ def sweep(
     }  # fmt: skip
     try:  # every point's values, strategy and network are checked before any run starts
         plan = points(dict(grid or {}), {k: f for k, (f, _) in made.items()}, {"lr": lr, "H": H}, base_run, seeds)
+        if scale is not None:  # every run at the scale, where the grid does not vary it
+            scale = scale if isinstance(scale, Scale) else Scale(scale)
+            plan = [dataclasses.replace(p, fit_args={"scale": scale, **p.fit_args}) for p in plan]
         configs = [_config(spec, p, made[p.strategy], device, flops_per_second) for p in plan]
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"grid: {e}") from e
@@ -215,6 +224,8 @@ def sweep(
     startup = time.perf_counter() - t0 + (start_processes_server() if needs else 0.0)
     result = Sweep(out_dir, list(grid or {}), startup_time=startup, target_loss=target_loss, parallel=lanes)
     result.caption = _caption(spec.name, base_run, lr, H, grid or {}, seeds, target_loss)
+    if scale is not None:
+        result.caption += f"; {scale.describe()}"
     at_once = f", {lanes} at a time on {cores} cores" if lanes > 1 else ""
     logger.info("%s\n%d runs, %d to train%s; start-up %.1f s", result.caption, len(plan), len(needs), at_once, startup)
     runner = Runner(spec, store, device, flops_per_second, progress and lanes == 1, lanes > 1)
