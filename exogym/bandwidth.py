@@ -27,7 +27,9 @@ from exogym.core.comm.handles import LocalClock
 from exogym.core.comm.ledger import CollectiveRecord
 from exogym.core.comm.links import BANDWIDTH_RANGE
 from exogym.core.comm.network import Network
+from exogym.core.server import ServerStrategy
 from exogym.projection import _Probe
+from exogym.runtime.faults import round_steps
 from exogym.scale import Scale
 
 #: The bandwidths a search looks between, bits per second (up to the largest a link may have).
@@ -140,12 +142,10 @@ def schedule(
     steps). ``steps`` defaults to six of its longest communication periods (at least 8: slower
     schedules such as DES-LOC's moments repeat within it). ``ValueError`` for a server
     strategy (its schedule is its clock's: train it)."""
-    if getattr(strategy, "pipeline", None) is None and hasattr(strategy, "server"):
+    if isinstance(strategy, ServerStrategy):
         raise ValueError(f"{type(strategy.server).__name__} is a server algorithm: its timeline needs training")
     if steps is None:
-        pipeline = strategy.pipeline
-        period = max((int(m.H) for m in pipeline.leaves()), default=1) if pipeline is not None else 1
-        steps = max(8, 6 * period)
+        steps = max(8, 6 * round_steps(strategy))
     probe = _Probe(strategy, scale.target_model(), num_nodes, start + steps, seed)
     probe.strategy.skip_steps(start)
     recorder = probe.comm.clock = _Recorder()

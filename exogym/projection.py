@@ -9,9 +9,10 @@ tensors' shapes and the step, not their values; the probe pairs them and keeps, 
 record every collective with the target's payload (``Projection.payload``): its bytes on the
 wire and its simulated seconds are the target's, and the learning stays the proxy's.
 
-The probe runs ``probe_steps`` steps (six times the longest communication period, so that slower
-schedules such as DES-LOC's moments appear; a step that communicates costs a few milliseconds
-to a second on a 10B target, so at most ``MAX_PROBED_ROUNDS`` of them). A payload the probe did
+The probe runs three windows of the run (``probe_schedule``: its start, middle and end, each six
+times the longest communication period, so that slower schedules such as DES-LOC's moments
+appear; a step that communicates costs a few milliseconds to a second on a 10B target, so at most
+``MAX_PROBED_ROUNDS`` of them per window). A payload the probe did
 not meet is projected by its tag's ratio (target over proxy bytes, over the pairs of that tag),
 or else by the ratio of the target's parameter bytes to the proxy's.
 """
@@ -31,6 +32,7 @@ import torch
 from exogym.core.comm.comm import NodeComm
 from exogym.core.comm.ledger import CollectiveRecord, wire_bytes
 from exogym.core.comm.transport import Transport
+from exogym.runtime.faults import round_steps
 from exogym.scale import Scale
 
 logger = logging.getLogger(__name__)
@@ -130,9 +132,7 @@ def probe_schedule(strategy: Any, max_steps: int) -> list[list[int]]:
     """The steps a probe runs: three windows, at the start, the middle and the end of the run
     (a schedule may change over it: PowerSGD's dense warm-up), each six times the longest period
     of the strategy's communicators plus two steps (at least 8), in order, without repeats."""
-    pipeline = getattr(strategy, "pipeline", None)
-    period = max((int(getattr(m, "H", 1)) for m in pipeline.leaves()), default=1) if pipeline is not None else 1
-    width = max(8, 6 * period + 2)
+    width = max(8, 6 * round_steps(strategy) + 2)
     windows: list[list[int]] = []
     done = 0
     for start in (0, max_steps // 2, max_steps - width):
@@ -148,7 +148,6 @@ class _Probe:
 
     def __init__(self, strategy: Any, model: torch.nn.Module, num_nodes: int, max_steps: int, seed: int) -> None:
         self.strategy = copy.deepcopy(strategy)
-        self.model = model
         self.comm = NodeComm(0, num_nodes, NullTransport(num_nodes))
         self.strategy._attach(self.comm, max_steps, seed, max(1, max_steps), None)
         self.strategy._init_node(model, 0, num_nodes)

@@ -40,7 +40,7 @@ from exogym.data import check_loader_kwargs
 from exogym.faults_config import Faults
 from exogym.logger import Logger, resolve_logger
 from exogym.runs import check_name
-from exogym.scale import Scale, format_count
+from exogym.scale import Scale, as_scale, format_count
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +98,8 @@ class RunConfig:
             raise ValueError(f"max_memory_usage must be in (0, 1], got {self.max_memory_usage}")
         self._check_minibatch()
         self.network_model = resolve_network(self.network, num_nodes=self.num_nodes, seed=self.seed)
-        if self.scale is not None and not isinstance(self.scale, Scale):
-            if isinstance(self.scale, bool) or not isinstance(self.scale, (str, int, float)):
-                raise TypeError(f"scale must be an exogym.Scale or a parameter count such as '10B', got {self.scale!r}")
-            self.scale = Scale(self.scale)
+        if self.scale is not None:
+            self.scale = as_scale(self.scale)
         seconds = self.scale.seconds_per_step() if self.scale is not None else None
         if seconds is not None:
             self.network_model = dataclasses.replace(self.network_model, compute=seconds)

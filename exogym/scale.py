@@ -230,6 +230,16 @@ class Scale:
         return f"scale {format_count(self.num_params)} parameters ({self.wire} on the wire{step})"
 
 
+def as_scale(value: Scale | str | float, what: str = "scale") -> Scale:
+    """``value`` as a [`Scale`][exogym.Scale]: itself, or ``Scale(value)`` for a parameter count
+    (``"10B"``, ``10e9``); ``TypeError`` naming ``what`` for anything else."""
+    if isinstance(value, Scale):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"{what} must be an exogym.Scale or a parameter count such as '10B', got {value!r}")
+    return Scale(value)
+
+
 def format_count(n: float) -> str:
     """``10000000000`` as ``"10B"``, ``1.5e9`` as ``"1.5B"``, ``350e6`` as ``"350M"``."""
     for suffix, unit in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -238,4 +248,4 @@ def format_count(n: float) -> str:
     return f"{n:g}"
 
 
-__all__ = ["MetaTarget", "Scale", "default_layers", "format_count", "parse_count", "transformer_shapes"]
+__all__ = ["MetaTarget", "Scale", "as_scale", "default_layers", "format_count", "parse_count", "transformer_shapes"]

@@ -47,8 +47,6 @@ def add_scale_options(p: argparse.ArgumentParser, required: bool = False) -> Non
 def scale_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Scale | None:
     """The [`Scale`][exogym.Scale] ``add_scale_options``' flags ask for (``None`` without
     ``--scale``); a bad value is a ``parser.error`` naming its flag."""
-    from exogym.scale import Scale
-
     if args.scale is None:
         defaults = {"wire": "bf16", "accelerators": 1, "mfu": 0.4}
         given = [f for f in ("layers", "step_seconds", "tokens_per_step", "peak_flops") if getattr(args, f) is not None]
@@ -56,6 +54,8 @@ def scale_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if given:
             parser.error(f"argument --{given[0].replace('_', '-')}: needs --scale (the model whose time it sets)")
         return None
+    from exogym.scale import Scale
+
     try:
         return Scale(
             args.scale, layers=args.layers, wire=args.wire, step_seconds=args.step_seconds,
@@ -143,6 +143,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequen
     from exogym.bandwidth import bandwidth_for, schedule
     from exogym.core.comm.links import parse_bandwidth, parse_latency
     from exogym.core.comm.network import Network
+    from exogym.core.server import ServerStrategy
     from exogym.strategy.registry import build
 
     scale = scale_from_args(parser, args)
@@ -160,7 +161,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequen
     levels = _percentages(parser, args.utilisation)
     net = Network(1e9, latency, compute=seconds)
     strategies = {name: build(name, 1e-3, args.H) for name in names}
-    servers = [name for name, strategy in strategies.items() if getattr(strategy, "pipeline", None) is None]
+    servers = [name for name, strategy in strategies.items() if isinstance(strategy, ServerStrategy)]
     if servers:
         parser.error(
             f"argument --strategies: {', '.join(servers)}: server algorithms, on a simulated clock of their own "

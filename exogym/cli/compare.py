@@ -25,7 +25,7 @@ from exogym.partition import Partition
 from exogym.runs import check_name
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
-from exogym.scale import Scale
+from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import build
 from exogym.tasks import Task, load
 
@@ -203,8 +203,8 @@ def compare(
     net = resolve_network(network, compute, num_nodes=nodes, seed=seed)
     if flops_per_second is not None:
         net = dataclasses.replace(net, flops_per_second=flops_per_second)
-    if scale is not None and not isinstance(scale, Scale):
-        scale = Scale(scale)
+    if scale is not None:
+        scale = as_scale(scale)
     seconds = scale.seconds_per_step() if scale is not None else None
     if seconds is not None:  # (as fit applies it: the caption says the compute the runs have)
         net = dataclasses.replace(net, compute=seconds)

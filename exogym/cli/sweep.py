@@ -32,7 +32,7 @@ from exogym.runs import check_name
 from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
 from exogym.runtime.plan import resolve_workers, usable_cpus
-from exogym.scale import Scale
+from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import PRESETS, call_factory
 from exogym.tasks import Task, load
 
@@ -206,7 +206,7 @@ def sweep(
     try:  # every point's values, strategy and network are checked before any run starts
         plan = points(dict(grid or {}), {k: f for k, (f, _) in made.items()}, {"lr": lr, "H": H}, base_run, seeds)
         if scale is not None:  # every run at the scale, where the grid does not vary it
-            scale = scale if isinstance(scale, Scale) else Scale(scale)
+            scale = as_scale(scale)
             plan = [dataclasses.replace(p, fit_args={"scale": scale, **p.fit_args}) for p in plan]
         configs = [_config(spec, p, made[p.strategy], device, flops_per_second) for p in plan]
     except (ValueError, TypeError, OSError) as e:
