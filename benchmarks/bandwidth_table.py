@@ -27,6 +27,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Sequence
 
 import exogym.strategy as S
 from exogym.bandwidth import bandwidth_for, schedule
@@ -82,6 +83,34 @@ def strategies(layers: int) -> dict:
     }
 
 
+def peak_bytes(sched) -> float:
+    """The most bytes one node sends in one step of a schedule (the collectives it waits for and
+    those it starts in that step)."""
+    return max(
+        sum(r.sent for r in step.records)
+        + sum(r.sent for is_start, i in step.events if is_start for r in sched.handles[i])
+        for step in sched.steps
+    )
+
+
+def measure(models: Sequence[str] = tuple(MODELS)) -> tuple[list[dict], dict[tuple[str, str], float]]:
+    """The cells of the table's rows for ``models`` (default all three),
+    ``{"model", "method", "utilisation", "gbit_per_s", "paper"}``, and each method's peak bytes per
+    step by ``(model, method)``."""
+    rows, peaks = [], {}
+    for model in models:
+        layers, seconds = MODELS[model]
+        scale = Scale(model, layers=layers, step_seconds=seconds)
+        network = Network(1e9, 0.0, compute=seconds)
+        for method, strategy in strategies(layers).items():
+            sched = schedule(strategy, scale, num_nodes=2, label=method)
+            peaks[(model, method)] = peak_bytes(sched)
+            for u, paper in zip(UTILISATION, PAPER[(model, method)], strict=True):
+                gbit = bandwidth_for(sched, network, u / 100) / 1e9
+                rows.append({"model": model, "method": method, "utilisation": u, "gbit_per_s": gbit, "paper": paper})
+    return rows, peaks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bandwidth_table", help="folder for bandwidth.csv (default bandwidth_table)")
@@ -89,26 +118,20 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    rows, ratios = [], []
+    rows, _ = measure()
+    ratios = [r["gbit_per_s"] / r["paper"] for r in rows]
     logger.info("%-8s %-26s %s", "model", "method", "  ".join(f"{u:>13}%" for u in UTILISATION))
     logger.info("%-35s %s", "", "  ".join(f"{'exogym paper':>14}" for _ in UTILISATION))
-    for model, (layers, seconds) in MODELS.items():
-        scale = Scale(model, layers=layers, step_seconds=seconds)
-        network = Network(1e9, 0.0, compute=seconds)
-        for method, strategy in strategies(layers).items():
-            sched = schedule(strategy, scale, num_nodes=2, label=method)
-            cells = []
-            for u, paper in zip(UTILISATION, PAPER[(model, method)], strict=True):
-                gbit = bandwidth_for(sched, network, u / 100) / 1e9
-                rows.append({"model": model, "method": method, "utilisation": u, "gbit_per_s": round(gbit, 3)})
-                ratios.append(gbit / paper)
-                cells.append(f"{gbit:6.1f} {paper:6.1f}")
-            logger.info("%-8s %-26s %s", model, LABELS[method], "  ".join(cells))
+    for i in range(0, len(rows), len(UTILISATION)):
+        cells = rows[i : i + len(UTILISATION)]
+        row = "  ".join(f"{c['gbit_per_s']:6.1f} {c['paper']:6.1f}" for c in cells)
+        logger.info("%-8s %-26s %s", cells[0]["model"], LABELS[cells[0]["method"]], row)
     path = os.path.join(args.out, "bandwidth.csv")
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["model", "method", "utilisation", "gbit_per_s"])
         writer.writeheader()
-        writer.writerows(rows)
+        for r in rows:
+            writer.writerow({**{k: r[k] for k in writer.fieldnames}, "gbit_per_s": round(r["gbit_per_s"], 3)})
     within = sum(1 / 1.5 <= r <= 1.5 for r in ratios)
     logger.info(
         "%d of %d cells within 1.5x of the paper's (%.0f%%); median ratio %.2f; %.1f s. Wrote %s",
