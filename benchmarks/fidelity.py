@@ -612,7 +612,7 @@ def sparta_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             ", ".join(f"p={p:g}: {ci(v, '.3f')}" for p, v in zip(scale.sparta_p, sparta, strict=True))
             + f" (DDP {ci(ddp, '.3f')})",
             verdicts["order"],
-            why=why_if(verdicts["order"], "between nearby p the difference is smaller than the seeds' spread"),
+            why=why_if(verdicts["order"], "between nearby p the difference is smaller than the spread between seeds"),
         ),
         Claim(
             source,

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 
+from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.flat import dtype_buckets
@@ -36,6 +37,9 @@ class AveragingCommunicator(Communicator):
         client_sampling: refused (``ValueError`` naming the server that samples clients).
         local_epochs: instead of ``H``, communicate every this many passes over a node's data
             (``H = local_epochs * steps_per_epoch``, resolved when the module is set up).
+        aggregate: how the nodes' values become one ([`communicators.aggregation`][communicators.aggregation]):
+            ``"mean"`` (the default, an all-reduce), ``"median"``, ``"trimmed_mean"``, ``"krum"``,
+            ``"multi_krum"``, ``"centered_clip"`` (each an all-gather) or a rule of your own.
     """
 
     space: ClassVar[str] = "param"
@@ -51,8 +55,13 @@ class AveragingCommunicator(Communicator):
         island_size: int | None = None,
         client_sampling: float | None = None,
         local_epochs: int | None = None,
+        aggregate: str | Rule = "mean",
     ) -> None:
         super().__init__(H)
+        #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
+        self.rule = resolve(aggregate)
+        #: A robust rule gathers every node's values, which a round with dropped nodes cannot.
+        self.supports_dropout = is_mean(self.rule)  # type: ignore[misc]
         check_int("local_epochs", local_epochs, why="passes over a node's data between averages", none="H")
         self.local_epochs = local_epochs
         if target not in TARGETS:
@@ -88,9 +97,10 @@ class AveragingCommunicator(Communicator):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                 tensors = [p.grad for p in tensors]
-            ctx.comm.all_reduce(bucket.buffer.pack(tensors), op="mean", groups=islands, tag=tag)  # the present nodes'
+            aggregate_all_reduce(ctx, bucket.buffer.pack(tensors), self.rule, step, tag, islands)  # the present nodes'
             bucket.buffer.unpack(tensors)
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
-        return f"Averaging({self.target}, H={self.H}{islands})"
+        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        return f"Averaging({self.target}, H={self.H}{islands}{rule})"

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.comm import Comm, Groups
@@ -59,6 +60,10 @@ class DiLoCoCommunicator(Communicator):
             all-reduce per dtype through a flat buffer. E.g.
             [`communicators.dct.DCTTopKReducer`][communicators.DCTTopKReducer] compresses them with
             DCT top-k.
+        aggregate: how the nodes' pseudo-gradients become one
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (the default,
+            an all-reduce), a robust rule (an all-gather) or a rule of your own; not with a
+            ``reducer``.
     """
 
     space: ClassVar[str] = "param"
@@ -70,8 +75,16 @@ class DiLoCoCommunicator(Communicator):
         normalize: bool = False,
         island_size: int | None = None,
         reducer: PseudoGradReducer | None = None,
+        aggregate: str | Rule = "mean",
     ) -> None:
         super().__init__(H)
+        #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
+        self.rule = resolve(aggregate)
+        if reducer is not None and not is_mean(self.rule):
+            raise ValueError(
+                f"DiLoCoCommunicator(aggregate={rule_name(self.rule)!r}) with a reducer: the reducer decides how "
+                "the pseudo-gradients are combined; give one or the other"
+            )
         self.outer_spec = outer_optim if outer_optim is not None else DEFAULT_OUTER
         if not isinstance(self.outer_spec, OptimSpec):
             raise TypeError(f"outer_optim must be an OptimSpec, got {outer_optim!r}")
@@ -79,8 +92,9 @@ class DiLoCoCommunicator(Communicator):
         self.normalize = normalize
         self.island_size = island_size
         self.reducer = reducer
-        #: The exact outer step averages among the present nodes; a custom reducer may not.
-        self.supports_dropout = reducer is None  # type: ignore[misc]
+        #: The exact outer step averages among the present nodes; a custom reducer or a robust
+        #: rule (which gathers every node's pseudo-gradient) may not.
+        self.supports_dropout = reducer is None and is_mean(self.rule)  # type: ignore[misc]
         #: The mean pseudo-gradient holds every entry every round; a reducer's may not.
         self.payloads = "stable" if reducer is None else "varying"  # type: ignore[misc]
 
@@ -103,7 +117,7 @@ class DiLoCoCommunicator(Communicator):
         else:
             for bucket in self.buckets:
                 mine = [grads[i] for i in bucket.indices]
-                self.ctx.comm.all_reduce(bucket.buffer.pack(mine), op="mean", groups=islands, tag="diloco_pseudo_grad")
+                aggregate_all_reduce(self.ctx, bucket.buffer.pack(mine), self.rule, step, "diloco_pseudo_grad", islands)
                 bucket.buffer.unpack(mine)
         if self.normalize:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(d) for d in grads]))
@@ -140,4 +154,5 @@ class DiLoCoCommunicator(Communicator):
     def describe(self) -> str:
         isl = f", island_size={self.island_size}" if self.island_size else ""
         red = f", reducer={self.reducer.describe()}" if self.reducer is not None else ""
+        red += "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
         return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl}{red})"

@@ -55,6 +55,9 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
         super().__init__(H, outer_optim)
         #: Steps of compute each round's all-reduce overlaps (the next inner phase).
         self.overlap_steps = H
+        #: Its all-reduce overlaps the next phase, outside ``aggregate_all_reduce``: no rule
+        #: (attacks and robust rules do not act on it).
+        self.rule = None
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)

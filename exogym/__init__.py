@@ -20,6 +20,7 @@ from exogym._lazy import lazy_exports
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adversaries",
     "Availability",
     "Faults",
     "Link",
@@ -42,6 +43,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "Adversaries": "exogym.adversaries",
         "Availability": "exogym.core.comm.availability",
         "Faults": "exogym.faults_config",
         "Link": "exogym.core.comm.links",
@@ -62,6 +64,7 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 if TYPE_CHECKING:
+    from exogym.adversaries import Adversaries
     from exogym.cli.sweep import sweep
     from exogym.core.comm.availability import Availability
     from exogym.core.comm.links import Link

@@ -32,6 +32,7 @@ from exogym.cli import (
 )
 from exogym.cli import int_at_least as _int_at_least
 from exogym.cli import positive_float as _positive_float
+from exogym.cli.attack import add_attack_options, adversaries_from_args
 from exogym.cli.bandwidth import add_parser as add_bandwidth_parser
 from exogym.cli.bandwidth import add_scale_options, scale_from_args
 from exogym.cli.bandwidth import run as run_bandwidth
@@ -119,6 +120,7 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     add_run_options(p, out="exogym_runs/compare", data_help="where mnist, cifar10 and shakespeare are downloaded")
     add_sweep_options(p)
     add_scale_options(p)
+    add_attack_options(p)
     add_bandwidth_parser(sub)
     return parser, p
 
@@ -139,6 +141,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     names = strategy_names(parser, args.strategies, "--strategies")
     scale = scale_from_args(parser, args)
+    adversaries = adversaries_from_args(parser, args)
+    if adversaries is not None:
+        from exogym.runtime.plan import check_adversaries
+
+        for name in names:
+            try:
+                check_adversaries(adversaries, build(name, args.lr or 1e-3, args.H))
+            except ValueError as e:
+                parser.error(f"argument --attack: {name}: {e}")
+    if adversaries is not None and is_sweep(args):
+        parser.error("argument --attack: a sweep does not take --attack yet; run one comparison per setting")
     if args.workers is not None and args.workers > args.nodes:
         parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
     from exogym.config import resolve_device
@@ -190,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         target_loss=args.target_loss,
         flops_per_second=args.flops_per_second,
         scale=scale,
+        adversaries=adversaries,
     )
     report(result)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from exogym.adversaries import Adversaries
 from exogym.core.comm.network import Network
 from exogym.faults_config import Faults
 
@@ -89,6 +90,7 @@ class FitConfig:
     resume_from: str | None = None
     faults: Faults | None = None
     fault_round_steps: int = 1
+    adversaries: Adversaries | None = None
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
     projection: Any = None
 
@@ -113,6 +115,7 @@ class FitConfig:
         if n.counts_flops:
             d["network"]["flops_per_second"] = n.flops_per_second
         d["faults"] = None if self.faults is None else self.faults.to_dict()
+        d["adversaries"] = None if self.adversaries is None else self.adversaries.to_dict()
         d["projection"] = None if self.projection is None else self.projection.to_dict()
         return d
 

@@ -14,6 +14,7 @@ section                        ``fit`` keywords
 ``CheckpointConfig``      ``checkpoint_dir``, ``checkpoint_interval``, ``resume_from``,
                                ``resume``
 ``Faults``        ``faults``
+``Adversaries``   ``adversaries``
 ``LoggingConfig``         ``logger``, ``log_interval``, ``progress``, ``run_name``
 =============================  ==========================================================
 
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 
+from exogym.adversaries import Adversaries
 from exogym.config import positive_int
 from exogym.core.comm.network import Network, resolve_network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, check_settings
@@ -257,6 +259,8 @@ class FitArgs:
     """Checkpoints and resuming."""
     faults: Faults | None = None
     """Injected dropouts and stragglers, or ``None``."""
+    adversaries: Adversaries | None = None
+    """Malicious nodes, or ``None``."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Logger, intervals, progress bar, run name."""
 
@@ -264,6 +268,11 @@ class FitArgs:
         if self.faults is not None and not isinstance(self.faults, Faults):
             raise TypeError(
                 f"faults must be an exogym.Faults (e.g. Faults(drop={{1: [2]}})), got {type(self.faults).__name__}"
+            )
+        if self.adversaries is not None and not isinstance(self.adversaries, Adversaries):
+            raise TypeError(
+                "adversaries must be an exogym.Adversaries (e.g. Adversaries('sign_flip', fraction=0.25)), got "
+                f"{type(self.adversaries).__name__}"
             )
 
 

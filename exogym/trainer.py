@@ -10,6 +10,7 @@ import torch
 
 from exogym import compat
 from exogym import data as D
+from exogym.adversaries import Adversaries
 from exogym.clocks import format_summary, format_table
 from exogym.core.comm.network import Network
 from exogym.core.comm.plan import DEFAULT_SLOT_MB, DEFAULT_TIMEOUT_S, TransportPlan
@@ -116,6 +117,7 @@ class Trainer:
         correlation_interval: int | None = None,
         wandb_project: str | None = None,
         scale: Scale | str | float | None = None,
+        adversaries: Adversaries | None = None,
     ) -> torch.nn.Module:
         """Train with ``strategy`` on ``num_nodes`` simulated nodes; return the averaged model.
 
@@ -138,6 +140,9 @@ class Trainer:
         * faults: ``faults`` ([`Faults`][exogym.Faults]): nodes that drop out of rounds and
           stragglers; train rows then carry ``nodes_alive`` and ``result["faults"]`` lists each
           round's dropped nodes and participants;
+        * adversaries: ``adversaries`` ([`Adversaries`][exogym.Adversaries]): malicious nodes,
+          drawn from the run's seed, that attack where the updates are aggregated (see
+          ``communicators.aggregation``); ``result["adversaries"]`` names them;
         * logging (``LoggingConfig``): ``logger``, ``log_interval``,
           ``progress``, ``run_name``.
 
@@ -183,6 +188,7 @@ class Trainer:
                 resume=resume,
             ),
             faults=faults,
+            adversaries=adversaries,
             logging=LoggingConfig(logger=logger, log_interval=log_interval, progress=progress, run_name=run_name),
         )  # fmt: skip
         plan = plan_run(self.model, self.train_dataset, self.val_dataset, strategy, args)
@@ -211,6 +217,11 @@ class Trainer:
         if cfg.faults is not None:
             rounds = FaultPlan(cfg.faults, cfg.num_nodes, cfg.fault_round_steps, self.result["max_steps"], cfg.seed)
             self.result["faults"] = rounds.events()
+        if cfg.adversaries is not None:
+            plan_ = cfg.adversaries.plan(cfg.num_nodes, cfg.seed)
+            self.result["adversaries"] = {**cfg.adversaries.to_dict(), "malicious": list(plan_.malicious)}
+            logger.info("adversaries: %s from step %d, malicious nodes %s", cfg.adversaries.attack,
+                        cfg.adversaries.start, list(plan_.malicious))  # fmt: skip
         final = copy.deepcopy(self.model).cpu()
         final.load_state_dict(out["state_dict"])
         return final

@@ -91,6 +91,7 @@ def _config(
     faults: Any = None,
     rounds: int = 1,
     val_interval: int | None = None,
+    adversaries: Any = None,
 ) -> Any:
     from exogym.config import FitConfig
     from exogym.core.comm.network import resolve_network
@@ -118,6 +119,7 @@ def _config(
         network=resolve_network(network, num_nodes=k, seed=seed),
         faults=faults,
         fault_round_steps=rounds,
+        adversaries=adversaries,
     )
 
 
@@ -161,6 +163,7 @@ def train_ranks(
     faults: Any = None,
     val_dataset: Any = None,
     val_interval: int | None = None,
+    adversaries: Any = None,
 ) -> list[dict[str, Any]]:
     """Run the real node loop (``exogym.runtime.node.TrainNode``) of ``k`` ranks on threads,
     each rank on its DistributedSampler shard of ``dataset``. With ``workers=W``, the ``k`` nodes
@@ -169,7 +172,8 @@ def train_ranks(
     ``ThreadTransport``); otherwise the ranks run concurrently over ``ThreadTransport``.
 
     ``network``: what ``fit(network=...)`` takes (default ``ethernet``); ``faults``: what
-    ``fit(faults=...)`` takes; ``val_dataset`` is validated (all of it, split over the nodes)
+    ``fit(faults=...)`` takes; ``adversaries``: what ``fit(adversaries=...)`` takes;
+    ``val_dataset`` is validated (all of it, split over the nodes)
     every ``val_interval`` steps and after the last.
 
     Returns per rank ``{"params": [tensor], "records": [[CollectiveRecord] per step], "strategy",
@@ -185,7 +189,7 @@ def train_ranks(
 
     interval = (val_interval or steps) if val_dataset is not None else None
     rounds = round_steps(make_strategy())
-    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, rounds, interval)
+    cfg = _config(k, steps, batch_size, seed, workers or k, network, faults, rounds, interval, adversaries)
     body = _node_body(base, make_strategy, ds, cfg, val_dataset)
     if workers is None:
         return run_ranks(k, body)

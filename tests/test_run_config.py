@@ -68,6 +68,7 @@ FIT_PARAMETERS = [
     ("correlation_interval", None, K),
     ("wandb_project", None, K),
     ("scale", None, K),
+    ("adversaries", None, K),
 ]
 SECTIONS = (RunConfig, DataConfig, TransportConfig, CheckpointConfig, LoggingConfig)
 
@@ -80,7 +81,7 @@ def test_fit_keeps_its_signature() -> None:
 def test_every_fit_keyword_is_in_one_section_with_fits_default() -> None:
     fit_defaults = {name: default for name, default, _ in FIT_PARAMETERS}
     fields = [f for section in SECTIONS for f in dataclasses.fields(section) if f.init]
-    names = [f.name for f in fields] + ["faults"]
+    names = [f.name for f in fields] + ["faults", "adversaries"]
     assert sorted(names) == sorted(
         set(fit_defaults)
         - {"self", "strategy", "save_dir", "correlation_interval", "wandb_project", "offload_idle_nodes"}  # (compat)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exogym import runs
+from exogym.adversaries import Adversaries
 from exogym.cli.plots import plot_comparison, plot_label_histogram
 from exogym.cli.point import run_point
 from exogym.cli.target import TARGET_COLUMNS, target_columns
@@ -25,6 +26,7 @@ from exogym.partition import Partition
 from exogym.runs import check_name
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
+from exogym.runtime.plan import check_adversaries
 from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import build
 from exogym.tasks import Task, load
@@ -49,7 +51,8 @@ is the nodes' mean (``utilisation.csv`` has each node's); ``staleness`` and ``st
 are an asynchronous strategy's updates' mean and largest staleness (server versions applied
 between a node's pull and its push; empty for the others). With a target loss, each row also
 has ``exogym.cli.target.TARGET_COLUMNS``: the simulated seconds, steps and MB per node at
-which the average model first reached it (empty: never)."""
+which the average model first reached it (empty: never); with adversaries, ``malicious``: the
+malicious nodes' ranks."""
 
 
 @dataclass
@@ -143,6 +146,7 @@ def compare(
     target_loss: float | None = None,
     flops_per_second: float | None = None,
     scale: Scale | str | float | None = None,
+    adversaries: Adversaries | None = None,
 ) -> Comparison:
     """Train each preset in ``strategies`` on ``task`` from the same initial model; write each
     run's ``<strategy>/metrics.csv``, ``summary.csv`` and the plots of
@@ -190,6 +194,9 @@ def compare(
             parameter count such as ``"1B"``): each run's bytes and simulated time are the
             target's (its step seconds replace ``compute`` where it gives them), the learning the
             task's; the caption names it.
+        adversaries: malicious nodes ([`Adversaries`][exogym.Adversaries]) in every run, the
+            same ones (drawn from ``seed``); the caption and each summary row name them
+            (``malicious``).
     """
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be > 0 (or None for the task's default), got {lr}")
@@ -214,6 +221,8 @@ def compare(
         built = {check_name(label, "a strategy's label"): strategy for label, strategy in strategies.items()}
     else:
         built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
+    for strategy in built.values():  # a strategy the attack cannot act on: before anything runs
+        check_adversaries(adversaries, strategy, network=net)
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(
@@ -222,6 +231,10 @@ def compare(
     )  # fmt: skip
     if scale is not None:
         caption += f"; {scale.describe()}"
+    if adversaries is not None:
+        bad = adversaries.malicious(nodes, seed)
+        named = ", ".join(map(str, bad))
+        caption += f"; {adversaries.attack} by malicious node(s) {named} from step {adversaries.start}"
     if partition is not None:
         if partition.num_nodes != nodes:
             raise ValueError(f"partition was made for {partition.num_nodes} nodes, the comparison has nodes={nodes}")
@@ -240,7 +253,7 @@ def compare(
                     history, wall, clocks, summary = run_point(
                         spec, strategy, name=name, log_dir=out, nodes=nodes, steps=steps, batch_size=batch_size,
                         network=net, seed=seed, val_size=val_size, progress=progress, device=device,
-                        workers=workers, partition=partition, fit_args={"scale": scale},
+                        workers=workers, partition=partition, fit_args={"scale": scale, "adversaries": adversaries},
                     )  # fmt: skip
                 except Exception as e:
                     result.failures[name] = e
@@ -255,6 +268,8 @@ def compare(
                     result.nodes[name] = clocks
                     row = _summary_row(name, history, wall)
                     row["utilisation"] = mean_utilisation(clocks)
+                    if adversaries is not None:
+                        row["malicious"] = " ".join(map(str, adversaries.malicious(nodes, seed)))
                     if summary.get("updates"):  # an asynchronous strategy: its updates' staleness
                         row["staleness"] = summary["staleness_mean"]
                         row["staleness_max"] = summary["staleness_max"]
@@ -326,7 +341,8 @@ def _write_summary(summary: Sequence[dict[str, Any]], out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with runs.atomic_path(os.path.join(out_dir, "summary.csv")) as tmp, open(tmp, "w", newline="") as f:
         targets = TARGET_COLUMNS if any(c in summary[0] for c in TARGET_COLUMNS) else ()
-        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS + targets)
+        malicious = ("malicious",) if "malicious" in summary[0] else ()
+        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS + targets + malicious)
         writer.writeheader()
         writer.writerows(summary)
 

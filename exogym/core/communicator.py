@@ -35,6 +35,10 @@ class NodeContext:
         network: the run's network ([`Network`][exogym.Network], node speeds
             drawn): what asynchronous modules build their simulated timeline from; ``None``
             where the node runs without one (unit tests).
+        adversaries: the run's malicious nodes
+            ([`AdversaryPlan`][exogym.adversaries.AdversaryPlan]; ``None``: every node is
+            honest): what [`aggregate_all_reduce`][communicators.aggregation.aggregate_all_reduce]
+            attacks with.
     """
 
     model: torch.nn.Module
@@ -46,6 +50,7 @@ class NodeContext:
     max_steps: int
     steps_per_epoch: int
     network: Any = None
+    adversaries: Any = None
 
     def optimizer_state(self, name: str) -> list[torch.Tensor]:
         """The inner optimizer's state tensor ``name`` of every trainable parameter of

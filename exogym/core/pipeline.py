@@ -158,6 +158,7 @@ class CommunicateOptimizeStrategy(Strategy):
             self.max_steps,
             self.steps_per_epoch,
             self.network,
+            self.adversaries,
         )
         self.pipeline._init_node(ctx)
 

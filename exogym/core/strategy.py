@@ -77,6 +77,9 @@ class Strategy(ABC):
 
     #: The run's network, given by ``_attach`` (``None`` until then or where none is given).
     network: Any = None
+    #: The run's malicious nodes ([`AdversaryPlan`][exogym.adversaries.AdversaryPlan]), given by
+    #: ``_attach`` (``None``: every node is honest).
+    adversaries: Any = None
 
     def __init__(
         self,
@@ -122,9 +125,12 @@ class Strategy(ABC):
     pipeline: Any = None
 
     # -- binding inside a node --------------------------------------------------------------
-    def _attach(self, comm: Comm, max_steps: int, seed: int, steps_per_epoch: int, network: Any = None) -> None:
+    def _attach(
+        self, comm: Comm, max_steps: int, seed: int, steps_per_epoch: int, network: Any = None, adversaries: Any = None
+    ) -> None:
         """Give the strategy its node's communication object, run length, shared seed, the
-        number of steps per epoch and the run's network (``None``: none given).
+        number of steps per epoch, the run's network (``None``: none given) and its malicious
+        nodes (``None``: none).
 
         Called by the node before ``_init_node``; every argument is the same on every rank.
         """
@@ -133,6 +139,7 @@ class Strategy(ABC):
         self.seed = seed
         self.steps_per_epoch = steps_per_epoch
         self.network = network
+        self.adversaries = adversaries
 
     def _init_node(self, model: torch.nn.Module, rank: int, num_nodes: int) -> None:
         """Bind to this node's model: build the optimizer and the LR scheduler.

@@ -155,7 +155,8 @@ class TrainNode:
             self.model.train()
         # An own copy of the strategy too: the virtual nodes of a worker share one job.
         self.strategy = job.strategy_copy()
-        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network)
+        self.adversaries = None if cfg.adversaries is None else cfg.adversaries.plan(cfg.num_nodes, cfg.seed)
+        self.strategy._attach(self.comm, self.max_steps, cfg.seed, steps_per_epoch, cfg.network, self.adversaries)
         self.strategy._init_node(self.model, self.rank, cfg.num_nodes)
         self.faults = None
         faults = F.with_availability(
@@ -230,7 +231,10 @@ class TrainNode:
         self.strategy.zero_grad()
         if trains:
             count = self.step_flops is None and cfg.network.counts_flops  # the first training step only
-            loss_sum, flops = backward(self._forward, next(self.batches), cfg.accumulation, self.device, count)
+            batch = next(self.batches)
+            if self.adversaries is not None and self.adversaries.flips_labels(self.rank, step):
+                batch = self.adversaries.poison(batch)
+            loss_sum, flops = backward(self._forward, batch, cfg.accumulation, self.device, count)
             if flops is not None:
                 self.step_flops = flops
         else:

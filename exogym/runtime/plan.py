@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from exogym import data as D
+from exogym.adversaries import Adversaries
 from exogym.config import FitConfig, positive_int, resolve_autocast, resolve_device
 from exogym.core.comm.network import Network
 from exogym.core.comm.plan import TransportPlan, resolve_kind
@@ -108,6 +109,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
         check_writable_folder(args.checkpoint.checkpoint_dir, "checkpoint_dir")
     resume_folder = _resume_folder(args.checkpoint)
     fault_round = _fault_round(args.faults, strategy, run.network_model)
+    check_adversaries(args.adversaries, strategy, args.faults, run.network_model)
     layout = _layout(run, args.transport, device)
     collate_fn = D.collate_fn(args.data.loader_kwargs)
     steps, per_epoch = preflight.planned_steps(
@@ -232,6 +234,32 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
     return round_steps(strategy)
 
 
+def check_adversaries(
+    adversaries: Adversaries | None, strategy: Strategy, faults: Any = None, network: Network | None = None
+) -> None:
+    """Check ``fit(adversaries=...)`` against the strategy: an attack on updates needs a module
+    that aggregates them through ``communicators.aggregation.aggregate_all_reduce`` (one that
+    keeps its rule as ``rule``), and gathers every node's update, which a round with nodes
+    dropped cannot."""
+    if adversaries is None or adversaries.attack == "label_flip":
+        return
+    pipeline = None if isinstance(strategy, ServerStrategy) else strategy.pipeline
+    if pipeline is None or not any(getattr(m, "rule", None) is not None for m in pipeline.leaves()):
+        raise ValueError(
+            f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)): {type(strategy).__name__} has no module "
+            "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg without client "
+            "sampling, DiLoCo, MuLoCo, DES-LOC, SPARTA+DiLoCo); attack='label_flip' poisons the data under any strategy"
+        )
+    trace = None if network is None else network.availability
+    drops = (faults is not None and faults.drops) or (trace is not None and trace.drops)
+    if drops:
+        raise ValueError(
+            f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)) with nodes dropped (faults or an availability "
+            "trace): an attack gathers every node's update, which a round with nodes away does not have; give one "
+            "or the other"
+        )
+
+
 def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:
     """The workers and the transport between them: local processes, or this ``torchrun``
     launch's ranks (``torchrun_mode`` is refused outside one)."""
@@ -299,6 +327,7 @@ def _fit_config(args: FitArgs, layout: Layout, max_steps: int | None, **derived:
         launcher="exogym" if layout.launch is None else "torchrun",
         checkpoint_dir=os.path.abspath(folder) if folder is not None else None,
         checkpoint_interval=args.checkpoint.checkpoint_interval,
+        adversaries=args.adversaries,
         dataloader_kwargs=data.loader_kwargs,
         **derived,
     )

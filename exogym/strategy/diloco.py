@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from communicators.aggregation import Rule
 from communicators.diloco import DiLoCoCommunicator
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
@@ -63,6 +64,10 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
         nesterov: Nesterov momentum for ``'sgd'`` (default True).
         inner_lr: alias of ``lr``, the inner optimizer's learning rate.
         island_size: average the pseudo-gradient within random islands of this many nodes.
+        aggregate: how the pseudo-gradients are combined
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default), a
+            robust rule (``"median"``, ``"trimmed_mean"``, ``"krum"``, ``"multi_krum"``,
+            ``"centered_clip"``) or one of your own.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
@@ -76,12 +81,14 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
         nesterov: bool | None = None,
         inner_lr: float | None = None,
         island_size: int | None = None,
+        aggregate: str | Rule = "mean",
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         super().__init__(
-            [DiLoCoCommunicator(H, spec, normalize, island_size)], **inner_lr_alias(strategy_kwargs, inner_lr)
+            [DiLoCoCommunicator(H, spec, normalize, island_size, aggregate=aggregate)],
+            **inner_lr_alias(strategy_kwargs, inner_lr),
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule, is_mean, resolve
 from communicators.averaging import AveragingCommunicator
 from communicators.fedavg import FedAvgServer
 from exogym.compat import legacy_keywords
@@ -33,6 +34,8 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
         client_sampling: fraction of each island's clients that train in a round, in ``(0, 1]``.
         local_epochs: rounds every this many passes over a node's data (``H = local_epochs *
             steps_per_epoch``, resolved inside the run).
+        aggregate: how the models are combined ([`communicators.aggregation`][communicators.aggregation]):
+            ``"mean"`` (default), a robust rule or one of your own; without ``client_sampling``.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
 
@@ -52,6 +55,7 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
         island_size: int | None = None,
         client_sampling: float | None = None,
         local_epochs: int | None = None,
+        aggregate: str | Rule = "mean",
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
@@ -62,7 +66,9 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
                 "ServerStrategy(FedAvgServer(H, client_sampling, island_size), ...) (or subclass FedAvgServer)"
             )
         _check_local_work(H, local_epochs)
-        self.averaging = AveragingCommunicator(1 if H is None else H, "params", island_size, local_epochs=local_epochs)
+        self.averaging = AveragingCommunicator(
+            1 if H is None else H, "params", island_size, local_epochs=local_epochs, aggregate=aggregate
+        )
         self.local_epochs = local_epochs
         super().__init__([self.averaging], **strategy_kwargs)
 
@@ -77,12 +83,18 @@ def _sampled_server(
     island_size: int | None = None,
     client_sampling: float | None = None,
     local_epochs: int | None = None,
+    aggregate: str | Rule = "mean",
     **strategy_kwargs: Any,
 ) -> ServerStrategy | None:
     """What ``FedAvgStrategy(...)`` returns with ``client_sampling``: a ``ServerStrategy`` running
     ``FedAvgServer``; ``None`` without it (the pipeline)."""
     if client_sampling is None:
         return None
+    if not is_mean(resolve(aggregate)):
+        raise ValueError(
+            f"FedAvgStrategy(client_sampling={client_sampling!r}, aggregate={aggregate!r}): sampled FedAvg's "
+            "server averages its clients' results by their mean; a robust rule runs without client_sampling"
+        )
     check_strategy_kwargs(FedAvgStrategy, strategy_kwargs)
     _check_local_work(H, local_epochs)
     server = FedAvgServer(H, client_sampling, island_size, local_epochs=local_epochs)

@@ -34,10 +34,18 @@ OUTER_MOMENTUM = 0.5
 #: preset takes (``lr``, and ``H`` where it has a communication period, ...): a sweep varies a
 #: preset along the parameters its factory names and runs it once for the others.
 PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
-    "ddp": (lambda lr: S.SimpleReduceStrategy(_adamw(lr)), "gradient all-reduce every step"),
-    "fedavg": (lambda lr, H=20: S.FedAvgStrategy(H=H, optim_spec=_adamw(lr)), "model averaging every H steps"),
+    "ddp": (
+        lambda lr, aggregate="mean": S.SimpleReduceStrategy(_adamw(lr), aggregate=aggregate),
+        "gradient all-reduce every step",
+    ),
+    "fedavg": (
+        lambda lr, H=20, aggregate="mean": S.FedAvgStrategy(H=H, optim_spec=_adamw(lr), aggregate=aggregate),
+        "model averaging every H steps",
+    ),
     "diloco": (
-        lambda lr, H=20: S.DiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
+        lambda lr, H=20, aggregate="mean": S.DiLoCoStrategy(
+            H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr), aggregate=aggregate
+        ),
         "Nesterov outer step (lr 0.7, momentum 0.5) on the mean pseudo-gradient every H steps",
     ),
     "sparta": (

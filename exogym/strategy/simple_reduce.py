@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.averaging import AveragingCommunicator
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
@@ -20,10 +21,16 @@ class SimpleReduceStrategy(CommunicateOptimizeStrategy):
 
     Args:
         optim_spec: the inner optimizer (alias ``inner_optim``).
+        aggregate: how the gradients are combined
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default, the
+            all-reduce), a robust rule (an all-gather) or one of your own.
         **strategy_kwargs: ``lr``, ``lr_scheduler``, ``lr_scheduler_kwargs``, ``warmup_steps``,
             ``max_norm``, ``inner_optim``, as for ``Strategy``.
     """
 
-    def __init__(self, optim_spec: OptimSpec | str | None = None, **strategy_kwargs: Any) -> None:
+    def __init__(
+        self, optim_spec: OptimSpec | str | None = None, aggregate: str | Rule = "mean", **strategy_kwargs: Any
+    ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        super().__init__([AveragingCommunicator(H=1, target="grads")], optim_spec, **strategy_kwargs)
+        averaging = AveragingCommunicator(H=1, target="grads", aggregate=aggregate)
+        super().__init__([averaging], optim_spec, **strategy_kwargs)

@@ -1,0 +1,69 @@
+"""``--attack`` and ``--malicious``: a comparison's malicious nodes
+([`Adversaries`][exogym.Adversaries]) from the command line."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from exogym.cli import finite_float, int_at_least
+
+if TYPE_CHECKING:
+    from exogym.adversaries import Adversaries
+
+
+def add_attack_options(p: argparse.ArgumentParser) -> None:
+    """``--attack``, ``--malicious``, ``--attack-start``, ``--attack-strength``."""
+    from exogym.adversaries import ATTACKS
+
+    p.add_argument(
+        "--attack",
+        default=None,
+        choices=ATTACKS,
+        help="malicious nodes attack where the updates are aggregated (label_flip poisons their data); "
+        "with --malicious",
+    )
+    p.add_argument(
+        "--malicious",
+        type=finite_float,
+        default=None,
+        help="the share of the nodes that are malicious, in [0, 1), drawn from --seed (with --attack)",
+    )
+    p.add_argument("--attack-start", type=int_at_least(0), default=0, help="the first step the attack acts (default 0)")
+    p.add_argument(
+        "--attack-strength",
+        type=finite_float,
+        default=None,
+        help="the attack's parameter: sign_flip's factor (1), noise's std (1), alie's z (z_max), ipm's epsilon (0.5)",
+    )
+
+
+def adversaries_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Adversaries | None:
+    """The [`Adversaries`][exogym.Adversaries] the options ask for (``None`` without
+    ``--attack``); a bad or missing value is a ``parser.error`` naming its flag."""
+    if args.attack is None:
+        for flag, given in (
+            ("--malicious", args.malicious is not None),
+            ("--attack-start", args.attack_start != 0),
+            ("--attack-strength", args.attack_strength is not None),
+        ):
+            if given:
+                parser.error(f"argument {flag}: needs --attack (the attack the malicious nodes make)")
+        return None
+    if args.malicious is None:
+        parser.error("argument --attack: needs --malicious (the share of malicious nodes, e.g. --malicious 0.25)")
+    from exogym.adversaries import Adversaries
+
+    try:
+        adversaries = Adversaries(args.attack, args.malicious, args.attack_start, args.attack_strength)
+    except ValueError as e:
+        parser.error(f"argument --malicious/--attack-strength: {e}")
+    if adversaries.count(args.nodes) == 0:
+        parser.error(
+            f"argument --malicious: {args.malicious} of --nodes {args.nodes} rounds to no malicious node; "
+            f"give at least {0.5 / args.nodes:.3g}"
+        )
+    return adversaries
+
+
+__all__ = ["add_attack_options", "adversaries_from_args"]

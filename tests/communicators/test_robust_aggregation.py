@@ -1,0 +1,137 @@
+"""Robust aggregation and adversaries inside the averaging modules: what the rule receives, what
+the nodes end with, what the ledger charges, and that the mean without adversaries is the
+all-reduce it always was."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from communicators.aggregation import median
+from exogym.adversaries import Adversaries
+from exogym.core.optim import OptimSpec
+from exogym.strategy.diloco import DiLoCoStrategy
+from exogym.strategy.federated_averaging import FedAvgStrategy
+from tests.fake_world import train_ranks
+
+K, H = 4, 3
+SGD = OptimSpec(torch.optim.SGD, lr=0.05)
+OUTER = OptimSpec(torch.optim.SGD, lr=1.0)  # the outer step subtracts the aggregate as it is
+
+
+def recording(calls: list[torch.Tensor]):
+    """A rule that records the rows it is given (one call per rank and round) and returns their
+    mean."""
+
+    def rule(updates: torch.Tensor) -> torch.Tensor:
+        calls.append(updates.clone())
+        return updates.mean(0)
+
+    return rule
+
+
+def diloco(aggregate) -> DiLoCoStrategy:
+    return DiLoCoStrategy(H=H, outer_optim=OUTER, optim_spec=SGD, aggregate=aggregate)
+
+
+def first_sync_rows(adversaries: Adversaries | None = None) -> torch.Tensor:
+    """The rows the rule receives at DiLoCo's first outer step (every rank receives the same)."""
+    calls: list[torch.Tensor] = []
+    train_ranks(K, lambda: diloco(recording(calls)), H, adversaries=adversaries)
+    assert len(calls) == K  # one call per rank (one dtype bucket), all on the same rows
+    for c in calls[1:]:
+        torch.testing.assert_close(c, calls[0], rtol=0, atol=0)
+    return calls[0]
+
+
+def reference_median(rows: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median, the mean of the two middle values for an even count (Yin et al.)."""
+    ordered, _ = torch.sort(rows, dim=0)
+    n = rows.shape[0]
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def test_the_rule_receives_each_node_s_pseudo_gradient_and_the_outer_step_applies_the_median() -> None:
+    rows = first_sync_rows()
+    assert rows.shape[0] == K and rows.abs().sum(1).min() > 0  # every node trained: no zero row
+    out = train_ranks(K, lambda: diloco("median"), H)
+    base = train_ranks(K, lambda: diloco("mean"), H)
+    # theta_after = theta_global - aggregate; theta_global is the start, the same for both runs
+    mean_delta = rows.mean(0)
+    med_delta = reference_median(rows)
+    flat_mean = torch.cat([p.flatten() for p in base[0]["params"]])
+    flat_med = torch.cat([p.flatten() for p in out[0]["params"]])
+    torch.testing.assert_close(flat_med - flat_mean, mean_delta - med_delta, rtol=1e-5, atol=1e-6)
+    for r in out[1:]:  # every node ends with the same parameters
+        for a, b in zip(r["params"], out[0]["params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_robust_rule_is_charged_as_an_all_gather_and_the_mean_as_an_all_reduce() -> None:
+    def kinds(aggregate) -> list[tuple[str, int]]:
+        out = train_ranks(K, lambda: diloco(aggregate), H)
+        return [(r.kind, r.payload) for step in out[0]["records"] for r in step if r.tag == "diloco_pseudo_grad"]
+
+    n = sum(p.numel() for p in train_ranks(1, lambda: diloco("mean"), 1)[0]["params"])
+    assert kinds("mean") == [("all_reduce", 4 * n)]
+    assert kinds("median") == [("all_gather", 4 * n)]
+    assert kinds(functools.partial(median)) == [("all_gather", 4 * n)]
+
+
+def test_without_adversaries_the_mean_is_one_all_reduce_and_the_gathered_mean_agrees_with_it() -> None:
+    plain = train_ranks(K, lambda: diloco("mean"), 2 * H)
+    gathered = train_ranks(K, lambda: diloco(lambda u: u.mean(0)), 2 * H)
+    for a, b in zip(plain[0]["params"], gathered[0]["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert all(r.kind == "all_reduce" for step in plain[0]["records"] for r in step)
+
+
+@pytest.mark.parametrize("attack", ["sign_flip", "ipm", "free_rider"])
+def test_the_malicious_nodes_rows_are_replaced_by_the_attack_before_the_rule(attack: str) -> None:
+    adversaries = Adversaries(attack, fraction=0.25)
+    bad = adversaries.malicious(K, seed=0)
+    assert len(bad) == 1
+    honest, attacked = first_sync_rows(), first_sync_rows(adversaries)
+    good = [r for r in range(K) if r not in bad]
+    torch.testing.assert_close(attacked[good], honest[good], rtol=0, atol=0)  # before the attack: as honest
+    expected = {
+        "sign_flip": -honest[list(bad)],
+        "ipm": -0.5 * honest[good].mean(0, keepdim=True),
+        "free_rider": torch.zeros_like(honest[list(bad)]),
+    }[attack]
+    torch.testing.assert_close(attacked[list(bad)], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_an_attack_acts_from_its_start_step_and_not_before() -> None:
+    late = Adversaries("sign_flip", fraction=0.25, start=H)  # the first sync is at step H - 1
+    torch.testing.assert_close(first_sync_rows(late), first_sync_rows(), rtol=0, atol=0)
+
+
+def test_fedavg_with_a_robust_rule_averages_models_by_it() -> None:
+    med = train_ranks(K, lambda: FedAvgStrategy(H=H, optim_spec=SGD, aggregate="median"), H)
+    local = train_ranks(K, lambda: FedAvgStrategy(H=H, optim_spec=SGD, aggregate=lambda u: u[0]), H)
+    assert all(r.kind == "all_gather" for step in med[0]["records"] for r in step)
+    # the "first row" rule returns rank 0's model: every node ends with rank 0's local model
+    for r in local:
+        for a, b in zip(r["params"], local[0]["params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_label_flip_poisons_the_labels_of_a_malicious_node_s_batches() -> None:
+    plan = Adversaries("label_flip", fraction=0.5, num_classes=10).plan(4, seed=3)
+    x, y = torch.zeros(3, 2), torch.tensor([0, 4, 9])
+    assert plan.flips_labels(plan.malicious[0], step=0)
+    honest = next(r for r in range(4) if r not in plan.malicious)
+    assert not plan.flips_labels(honest, step=0)
+    _, flipped = plan.poison((x, y))
+    assert flipped.tolist() == [9, 5, 0]
+    assert plan.poison({"input": x, "labels": y})["labels"].tolist() == [9, 5, 0]
+    with pytest.raises(TypeError, match="integer labels"):
+        plan.poison((x, torch.zeros(3)))
+
+
+def test_an_unknown_rule_is_refused_naming_aggregate_and_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"aggregate='avg'.*choose from \['centered_clip'"):
+        DiLoCoStrategy(H=2, aggregate="avg")

@@ -1,0 +1,94 @@
+"""``fit(adversaries=...)``: the same malicious nodes and the same results on one and two workers
+and after a resume, the result naming them, and strategies the attack cannot act on refused
+before anything starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from exogym import Adversaries, Trainer
+from exogym.core.comm.network import Network
+from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, SimpleReduceStrategy
+from tests.helpers import TinyNet, regression_data
+
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]
+
+K, STEPS = 4, 16
+ALIE = Adversaries("alie", fraction=0.25)
+
+
+def _fit(steps: int, workers: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict], Trainer]:
+    trainer = Trainer(TinyNet(), regression_data(1024), regression_data(64, seed=1))
+    model = trainer.fit(
+        DiLoCoStrategy(H=4, aggregate="trimmed_mean"),
+        num_nodes=K,
+        max_steps=steps,
+        batch_size=8,
+        workers=workers,
+        logger=False,
+        progress=False,
+        val_size=32,
+        val_interval=4,
+        network=Network(1e9, 1e-3, compute=0.01),
+        adversaries=ALIE,
+        **kw,
+    )
+    rows = [{k: v for k, v in r.items() if k not in ("wall_time", "comm_time", "peak_memory")} for r in trainer.history]
+    return [p.detach().clone() for p in model.parameters()], rows, trainer
+
+
+def test_an_attacked_robust_run_is_identical_on_one_and_two_workers_and_after_a_resume(tmp_path) -> None:
+    one, one_rows, trainer = _fit(STEPS, workers=1)
+    two, two_rows, _ = _fit(STEPS, workers=2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True)) and one_rows == two_rows
+    _fit(STEPS // 2, workers=2, checkpoint_dir=str(tmp_path), checkpoint_interval=STEPS // 2)
+    resumed, resumed_rows, _ = _fit(STEPS, workers=2, resume_from=str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(one, resumed, strict=True)) and resumed_rows == one_rows
+    named = trainer.result["adversaries"]
+    seed = trainer.result["config"].seed
+    assert named["attack"] == "alie" and named["malicious"] == list(ALIE.malicious(K, seed))
+    assert len(named["malicious"]) == 1
+
+
+def test_the_attack_changes_the_run_and_the_malicious_nodes_follow_the_seed() -> None:
+    attacked, _, _ = _fit(8, workers=1)
+    trainer = Trainer(TinyNet(), regression_data(1024))
+    honest = trainer.fit(
+        DiLoCoStrategy(H=4, aggregate="trimmed_mean"), num_nodes=K, max_steps=8, batch_size=8, logger=False,
+        progress=False, val_size=0, network=Network(1e9, 1e-3, compute=0.01),
+    )  # fmt: skip
+    assert not all(torch.equal(a, b) for a, b in zip(attacked, honest.parameters(), strict=True))
+    draws = {ALIE.malicious(8, seed) for seed in range(10)}
+    assert len(draws) > 1 and all(len(d) == 2 for d in draws)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "needle"),
+    [
+        (lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=2), "has no module where attacks act"),
+    ],
+)
+def test_a_strategy_the_attack_cannot_act_on_is_refused_before_anything_starts(strategy, needle: str) -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match=needle):
+        trainer.fit(strategy(), num_nodes=K, max_steps=4, batch_size=8, adversaries=ALIE, logger=False)
+
+
+def test_adversaries_with_dropped_nodes_are_refused_naming_both() -> None:
+    from exogym import Faults
+
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match="with nodes dropped"):
+        trainer.fit(
+            SimpleReduceStrategy(), num_nodes=K, max_steps=4, batch_size=8, adversaries=ALIE,
+            faults=Faults(drop={1: [2]}), logger=False,
+        )  # fmt: skip
+
+
+def test_fit_refuses_adversaries_that_are_not_an_adversaries_object() -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(TypeError, match=r"adversaries must be an exogym.Adversaries \(e.g. Adversaries\('sign_flip'"):
+        trainer.fit(SimpleReduceStrategy(), num_nodes=K, max_steps=4, batch_size=8, adversaries="alie")
