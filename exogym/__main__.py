@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     names = strategy_names(parser, args.strategies, "--strategies")
     scale = scale_from_args(parser, args)
-    adversaries = adversaries_from_args(parser, args)
+    adversaries = adversaries_from_args(parser, args, sweep=is_sweep(args))
     if adversaries is not None:
         from exogym.runtime.plan import check_adversaries
 
@@ -150,8 +150,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 check_adversaries(adversaries, build(name, args.lr or 1e-3, args.H))
             except ValueError as e:
                 parser.error(f"argument --attack: {name}: {e}")
-    if adversaries is not None and is_sweep(args):
-        parser.error("argument --attack: a sweep does not take --attack yet; run one comparison per setting")
     if args.workers is not None and args.workers > args.nodes:
         parser.error(f"--workers must be between 1 and --nodes={args.nodes}, got {args.workers}")
     from exogym.config import resolve_device

@@ -92,3 +92,28 @@ def test_fit_refuses_adversaries_that_are_not_an_adversaries_object() -> None:
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(TypeError, match=r"adversaries must be an exogym.Adversaries \(e.g. Adversaries\('sign_flip'"):
         trainer.fit(SimpleReduceStrategy(), num_nodes=K, max_steps=4, batch_size=8, adversaries="alie")
+
+
+def test_a_sweep_varies_the_rule_and_the_share_of_malicious_nodes_and_keeps_each_run_s_attack(tmp_path) -> None:
+    from exogym import sweep
+    from exogym.tasks import Task
+
+    task = Task("regression", TinyNet, regression_data(512), regression_data(64, seed=1), 0.01)
+    attack = Adversaries("sign_flip", fraction=0.25, strength=4.0)
+    result = sweep(
+        task, ["diloco"], grid={"aggregate": ["mean", "median"], "malicious": [0.0, 0.25]}, seeds=[0], nodes=K,
+        steps=8, batch_size=8, H=4, network=Network(1e9, 1e-3, compute=0.01), out_dir=str(tmp_path),
+        progress=False, val_size=32, adversaries=attack, parallel=1,
+    )  # fmt: skip
+    assert not result.failures
+    assert {(r["aggregate"], r["malicious"]) for r in result.runs} == {
+        ("mean", 0.0),
+        ("mean", 0.25),
+        ("median", 0.0),
+        ("median", 0.25),
+    }
+    loss = {(r["aggregate"], r["malicious"]): r["val_loss"] for r in result.runs}
+    clean = loss[("mean", 0.0)]  # one of four flips and scales by 4: the mean moves away, the median stays near
+    assert abs(loss[("median", 0.25)] - clean) < abs(loss[("mean", 0.25)] - clean)
+    with pytest.raises(ValueError, match="malicious varies the share of malicious nodes of adversaries"):
+        sweep(task, ["diloco"], grid={"malicious": [0.25]}, nodes=K, steps=4, batch_size=8, out_dir=str(tmp_path))

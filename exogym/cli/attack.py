@@ -25,9 +25,10 @@ def add_attack_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--malicious",
-        type=finite_float,
+        type=fractions,
         default=None,
-        help="the share of the nodes that are malicious, in [0, 1), drawn from --seed (with --attack)",
+        help="the share of the nodes that are malicious, in [0, 1), drawn from --seed (with --attack); "
+        "in a sweep (--grid, --seeds) a list, e.g. 0.1,0.2,0.3",
     )
     p.add_argument("--attack-start", type=int_at_least(0), default=0, help="the first step the attack acts (default 0)")
     p.add_argument(
@@ -38,9 +39,20 @@ def add_attack_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def adversaries_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Adversaries | None:
+def fractions(text: str) -> list[float]:
+    """``--malicious``: one share or a comma-separated list of them."""
+    try:
+        return [finite_float(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (give shares such as 0.25, or 0.1,0.2 in a sweep)") from None
+
+
+def adversaries_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, sweep: bool = False
+) -> Adversaries | None:
     """The [`Adversaries`][exogym.Adversaries] the options ask for (``None`` without
-    ``--attack``); a bad or missing value is a ``parser.error`` naming its flag."""
+    ``--attack``), with the first ``--malicious`` share (a sweep varies the others, ``grid``'s
+    ``malicious``); a bad or missing value is a ``parser.error`` naming its flag."""
     if args.attack is None:
         for flag, given in (
             ("--malicious", args.malicious is not None),
@@ -54,15 +66,20 @@ def adversaries_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("argument --attack: needs --malicious (the share of malicious nodes, e.g. --malicious 0.25)")
     from exogym.adversaries import Adversaries
 
+    if len(args.malicious) > 1 and not sweep:
+        parser.error("argument --malicious: several shares make a sweep; add --seeds (e.g. --seeds 0,1,2)")
     try:
-        adversaries = Adversaries(args.attack, args.malicious, args.attack_start, args.attack_strength)
+        adversaries = Adversaries(args.attack, args.malicious[0], args.attack_start, args.attack_strength)
+        for share in args.malicious[1:]:
+            Adversaries(args.attack, share)
     except ValueError as e:
         parser.error(f"argument --malicious/--attack-strength: {e}")
-    if adversaries.count(args.nodes) == 0:
-        parser.error(
-            f"argument --malicious: {args.malicious} of --nodes {args.nodes} rounds to no malicious node; "
-            f"give at least {0.5 / args.nodes:.3g}"
-        )
+    for share in args.malicious:
+        if share > 0 and int(round(share * args.nodes)) == 0:
+            parser.error(
+                f"argument --malicious: {share} of --nodes {args.nodes} rounds to no malicious node; "
+                f"give at least {0.5 / args.nodes:.3g}"
+            )
     return adversaries
 
 

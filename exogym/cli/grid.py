@@ -27,7 +27,8 @@ from exogym.strategy.registry import parameters
 __all__ = ["RUN_AXES", "Point", "fit_axes", "parse_grid", "parse_value", "points"]
 
 #: Run arguments a grid may vary -> (type, smallest value). ``network`` is a preset or world
-#: name (or world file); ``compute`` is ``flops``, ``measured`` or seconds per step.
+#: name (or world file); ``compute`` is ``flops``, ``measured`` or seconds per step;
+#: ``malicious`` is the share of malicious nodes of the sweep's adversaries, in ``[0, 1)``.
 RUN_AXES: dict[str, tuple[type, float | None]] = {
     "nodes": (int, 1),
     "steps": (int, 1),
@@ -36,6 +37,7 @@ RUN_AXES: dict[str, tuple[type, float | None]] = {
     "workers": (int, 1),
     "network": (str, None),
     "compute": (str, None),
+    "malicious": (float, 0),
 }
 
 #: ``fit`` keywords that a sweep sets itself, or that are not a run's setting (files, loggers).
@@ -44,6 +46,7 @@ _NOT_FIT_AXES = frozenset(
         "strategy", "num_nodes", "num_epochs", "max_steps", "batch_size", "device", "devices", "seed", "logger",
         "progress", "run_name", "network", "workers", "val_size", "checkpoint_dir", "checkpoint_interval",
         "resume_from", "resume", "faults", "dataloader_kwargs", "save_dir", "wandb_project", "torchrun_mode",
+        "adversaries",
     }
 )  # fmt: skip
 
@@ -127,6 +130,8 @@ def _check_value(name: str, value: Any, kind: type, low: float | None) -> Any:
         raise ValueError(f"compute is 'flops', 'measured' or seconds per step >= 0, got {value!r}")
     elif name == "network" and not isinstance(value, str):
         raise ValueError(f"network takes names of networks or world files, got {value!r}")
+    elif name == "malicious" and not (_seconds(value) and value < 1):
+        raise ValueError(f"malicious is the share of malicious nodes, in [0, 1), got {value!r}")
     return value
 
 

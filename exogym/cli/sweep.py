@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exogym import runs
+from exogym.adversaries import Adversaries
 from exogym.cli import measured_compute
 from exogym.cli.aggregate import aggregate, format_sweep_table, summary_columns
 from exogym.cli.grid import Point, points
@@ -31,7 +32,7 @@ from exogym.run_config import check_keywords
 from exogym.runs import check_name
 from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
-from exogym.runtime.plan import resolve_workers, usable_cpus
+from exogym.runtime.plan import check_adversaries, resolve_workers, usable_cpus
 from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import PRESETS, call_factory
 from exogym.tasks import Task, load
@@ -141,6 +142,7 @@ def sweep(
     raise_on_failure: bool = False,
     parallel: int | str = "auto",
     scale: Scale | str | float | None = None,
+    adversaries: Adversaries | None = None,
 ) -> Sweep:
     """Train every strategy at every point of ``grid`` and every seed, each run as
     [`exogym.cli.compare.compare`][exogym.cli.compare.compare] trains one (same model, data and
@@ -183,6 +185,10 @@ def sweep(
         scale: the model and hardware whose time every run simulates ([`Scale`][exogym.Scale], or
             a parameter count such as ``"1B"``), as for [`compare`][exogym.cli.compare.compare],
             where the grid has no ``scale``; the caption names it.
+        adversaries: malicious nodes in every run ([`Adversaries`][exogym.Adversaries]); a grid
+            name ``malicious`` varies their share (``grid={"malicious": [0.1, 0.2]}``), and
+            ``aggregate`` the strategies' aggregation rule, so one sweep gives loss against the
+            share of malicious nodes per defence, over the seeds.
 
     Raises:
         ValueError, TypeError: for a bad grid, seed or setting (every point's values, strategy,
@@ -203,11 +209,18 @@ def sweep(
         "nodes": nodes, "steps": steps, "batch_size": batch_size, "val_size": val_size, "workers": workers,
         "network": network, "compute": compute,
     }  # fmt: skip
+    if adversaries is not None:  # (a sweep without adversaries keeps its runs' keys)
+        base_run["malicious"] = adversaries.fraction
+    elif grid and "malicious" in grid:
+        raise ValueError("grid: malicious varies the share of malicious nodes of adversaries=...; give adversaries")
     try:  # every point's values, strategy and network are checked before any run starts
         plan = points(dict(grid or {}), {k: f for k, (f, _) in made.items()}, {"lr": lr, "H": H}, base_run, seeds)
         if scale is not None:  # every run at the scale, where the grid does not vary it
             scale = as_scale(scale)
             plan = [dataclasses.replace(p, fit_args={"scale": scale, **p.fit_args}) for p in plan]
+        if adversaries is not None:  # each point's share of malicious nodes
+            share = lambda p: dataclasses.replace(adversaries, fraction=p.run["malicious"])  # noqa: E731
+            plan = [dataclasses.replace(p, fit_args={"adversaries": share(p), **p.fit_args}) for p in plan]
         configs = [_config(spec, p, made[p.strategy], device, flops_per_second) for p in plan]
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"grid: {e}") from e
@@ -285,6 +298,7 @@ def _config(
         )  # fmt: skip
         if strategy.needs_step_seconds and net.compute == "measured":
             raise ValueError(measured_compute([point.strategy], "compute='flops' or seconds per step"))
+        check_adversaries(point.fit_args.get("adversaries"), strategy, network=net)
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"{point.label()}: {e}") from e
     workers = point.run["workers"]

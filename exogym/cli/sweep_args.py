@@ -91,6 +91,7 @@ def is_sweep(args: argparse.Namespace) -> bool:
 def run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, task: Any, names: list[str]) -> None:
     """Check the sweep's options (``parser.error``, exit 2, naming the option, before any
     process starts), run it into ``--out`` (default ``SWEEP_OUT``) and report it."""
+    from exogym.cli.attack import adversaries_from_args
     from exogym.cli.bandwidth import scale_from_args
     from exogym.cli.grid import parse_grid
     from exogym.cli.sweep import report_sweep, sweep
@@ -103,13 +104,18 @@ def run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, task: A
         parser.error(f"argument --grid: {e}")
     out = SWEEP_OUT if args.out == parser.get_default("out") else args.out
     scale = scale_from_args(parser, args)
+    adversaries = adversaries_from_args(parser, args, sweep=True)
+    if adversaries is not None and len(args.malicious) > 1:
+        if "malicious" in grid:
+            parser.error("argument --malicious: give the shares once, in --malicious or in --grid malicious=...")
+        grid["malicious"] = args.malicious
     try:
         result = sweep(
             task, names, grid=grid, seeds=args.seeds or [args.seed], nodes=args.nodes, steps=args.steps,
             batch_size=args.batch_size, lr=args.lr, H=args.H, network=args.network, compute=args.compute, out_dir=out,
             device=args.device, data_dir=args.data_dir, progress=not args.no_progress, workers=args.workers,
             target_loss=args.target_loss, confidence=args.confidence, flops_per_second=args.flops_per_second,
-            parallel=args.parallel, scale=scale,
+            parallel=args.parallel, scale=scale, adversaries=adversaries,
         )  # fmt: skip
     except (ValueError, TypeError) as e:  # the checks before the first run; what fails later is raised
         text = str(e)
