@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from communicators.privacy import DifferentialPrivacy, clip_, gaussian
+
 #: A rule: ``[n, d]`` updates -> ``[d]`` aggregate.
 Rule = Callable[[torch.Tensor], torch.Tensor]
 
@@ -163,6 +165,7 @@ def aggregate_all_reduce(
     step: int,
     tag: str = "",
     groups: Sequence[Sequence[int]] | None = None,
+    privacy: DifferentialPrivacy | None = None,
 ) -> torch.Tensor:
     """Replace ``flat`` (this node's update, one flat tensor) by the aggregate of its group's
     updates under ``rule``, in place. Collective: every rank of the group calls it. A module of
@@ -175,19 +178,31 @@ def aggregate_all_reduce(
     ([`AdversaryPlan.attack_rows`][exogym.adversaries.AdversaryPlan.attack_rows]) and ``rule``
     runs on the rows. The ledger charges what the rule needs on the wire: an all-reduce of
     ``flat``'s bytes for the mean, an all-gather of them for any other rule.
+
+    With ``privacy`` ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]) each
+    node's update is clipped first, and the noise is added to it (``side="client"``) or to the
+    aggregate (``side="server"``).
     """
     adversaries = getattr(ctx, "adversaries", None)
     attacked = adversaries is not None and adversaries.active(step)
+    members = group_of(ctx.rank, ctx.num_nodes, groups)
+    if privacy is not None:
+        clip_(flat, privacy.clip)
+        if privacy.side == "client" and privacy.noise_multiplier > 0:
+            std = privacy.noise_multiplier * privacy.clip
+            flat.add_(gaussian(flat.shape, std, ctx.seed, "dp", ctx.rank, step, tag, dtype=flat.dtype))
     if is_mean(rule) and not attacked:
         ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag)
-        return flat
-    members = group_of(ctx.rank, ctx.num_nodes, groups)
-    rows = ctx.comm.all_gather(flat, groups=groups, charge=False)
-    if attacked:
-        rows = adversaries.attack_rows(rows, members, step, tag)
-    flat.copy_(rule(rows).to(flat.dtype))
-    kind = "all_reduce" if is_mean(rule) else "all_gather"
-    ctx.comm.charge(kind, len(members), flat.numel() * flat.element_size(), tag, members=members)
+    else:
+        rows = ctx.comm.all_gather(flat, groups=groups, charge=False)
+        if attacked:
+            rows = adversaries.attack_rows(rows, members, step, tag)
+        flat.copy_(rule(rows).to(flat.dtype))
+        kind = "all_reduce" if is_mean(rule) else "all_gather"
+        ctx.comm.charge(kind, len(members), flat.numel() * flat.element_size(), tag, members=members)
+    if privacy is not None and privacy.side == "server" and privacy.noise_multiplier > 0:
+        std = privacy.noise_multiplier * privacy.clip / len(members)  # the sum's noise, over n
+        flat.add_(gaussian(flat.shape, std, ctx.seed, "dp-server", members, step, tag, dtype=flat.dtype))
     return flat
 
 

@@ -9,6 +9,7 @@ import torch
 from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
+from communicators.privacy import DifferentialPrivacy, check_privacy
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.communicator import Communicator, NodeContext
 
@@ -40,6 +41,8 @@ class AveragingCommunicator(Communicator):
         aggregate: how the nodes' values become one ([`communicators.aggregation`][communicators.aggregation]):
             ``"mean"`` (the default, an all-reduce), ``"median"``, ``"trimmed_mean"``, ``"krum"``,
             ``"multi_krum"``, ``"centered_clip"`` (each an all-gather) or a rule of your own.
+        privacy: clip each node's values and add Gaussian noise
+            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
     """
 
     space: ClassVar[str] = "param"
@@ -56,8 +59,17 @@ class AveragingCommunicator(Communicator):
         client_sampling: float | None = None,
         local_epochs: int | None = None,
         aggregate: str | Rule = "mean",
+        privacy: DifferentialPrivacy | None = None,
     ) -> None:
         super().__init__(H)
+        check_privacy(privacy)
+        if privacy is not None and target == "params":
+            raise ValueError(
+                "AveragingCommunicator(target='params', privacy=...): differential privacy clips updates, and "
+                "averaging parameters shares whole models; use it on gradients (target='grads', DDP) or on DiLoCo's "
+                "pseudo-gradients (DiLoCoStrategy(privacy=...))"
+            )
+        self.privacy = privacy
         #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
         self.rule = resolve(aggregate)
         #: A robust rule gathers every node's values, which a round with dropped nodes cannot.
@@ -97,10 +109,11 @@ class AveragingCommunicator(Communicator):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                 tensors = [p.grad for p in tensors]
-            aggregate_all_reduce(ctx, bucket.buffer.pack(tensors), self.rule, step, tag, islands)  # the present nodes'
+            aggregate_all_reduce(ctx, bucket.buffer.pack(tensors), self.rule, step, tag, islands, self.privacy)
             bucket.buffer.unpack(tensors)
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
         rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        rule += "" if self.privacy is None else f", {self.privacy.describe()}"
         return f"Averaging({self.target}, H={self.H}{islands}{rule})"

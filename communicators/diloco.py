@@ -17,6 +17,7 @@ import torch
 from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
+from communicators.privacy import DifferentialPrivacy, check_privacy
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.optim import OptimSpec
@@ -64,6 +65,8 @@ class DiLoCoCommunicator(Communicator):
             ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (the default,
             an all-reduce), a robust rule (an all-gather) or a rule of your own; not with a
             ``reducer``.
+        privacy: clip each node's pseudo-gradient and add Gaussian noise
+            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
     """
 
     space: ClassVar[str] = "param"
@@ -76,8 +79,11 @@ class DiLoCoCommunicator(Communicator):
         island_size: int | None = None,
         reducer: PseudoGradReducer | None = None,
         aggregate: str | Rule = "mean",
+        privacy: DifferentialPrivacy | None = None,
     ) -> None:
         super().__init__(H)
+        check_privacy(privacy)
+        self.privacy = privacy
         #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
         self.rule = resolve(aggregate)
         if reducer is not None and not is_mean(self.rule):
@@ -117,7 +123,9 @@ class DiLoCoCommunicator(Communicator):
         else:
             for bucket in self.buckets:
                 mine = [grads[i] for i in bucket.indices]
-                aggregate_all_reduce(self.ctx, bucket.buffer.pack(mine), self.rule, step, "diloco_pseudo_grad", islands)
+                aggregate_all_reduce(
+                    self.ctx, bucket.buffer.pack(mine), self.rule, step, "diloco_pseudo_grad", islands, self.privacy
+                )
                 bucket.buffer.unpack(mine)
         if self.normalize:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(d) for d in grads]))
@@ -155,4 +163,5 @@ class DiLoCoCommunicator(Communicator):
         isl = f", island_size={self.island_size}" if self.island_size else ""
         red = f", reducer={self.reducer.describe()}" if self.reducer is not None else ""
         red += "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        red += "" if self.privacy is None else f", {self.privacy.describe()}"
         return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl}{red})"

@@ -143,6 +143,8 @@ class Trainer:
         * adversaries: ``adversaries`` ([`Adversaries`][exogym.Adversaries]): malicious nodes,
           drawn from the run's seed, that attack where the updates are aggregated (see
           ``communicators.aggregation``); ``result["adversaries"]`` names them;
+        * a strategy with ``privacy`` ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy])
+          reports the privacy spent in ``result["privacy"]`` (Opacus's RDP accountant);
         * logging (``LoggingConfig``): ``logger``, ``log_interval``,
           ``progress``, ``run_name``.
 
@@ -196,7 +198,16 @@ class Trainer:
             self.model, strategy, self.train_dataset, self.val_dataset, plan.config, plan.run_name, plan.logger,
             plan.checkpoint_meta, plan.placement,
         )  # fmt: skip
-        return self._collect(plan, _launch(job, plan))
+        model = self._collect(plan, _launch(job, plan))
+        from communicators.privacy import privacy_report
+
+        spent = privacy_report(strategy, self.result["max_steps"])
+        if spent:
+            self.result["privacy"] = spent
+            for entry in spent:
+                logger.info("privacy: %s, %d aggregations: (epsilon %.4g, delta %g)", entry["module"],
+                            entry["aggregations"], entry["epsilon"], entry["delta"])  # fmt: skip
+        return model
 
     def _collect(self, plan: RunPlan, out: dict[str, Any]) -> torch.nn.Module:
         """Fill ``history`` and ``result`` from rank 0's ``out``; return the averaged model."""

@@ -8,6 +8,7 @@ import torch
 
 from communicators.aggregation import Rule
 from communicators.diloco import DiLoCoCommunicator
+from communicators.privacy import DifferentialPrivacy
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
@@ -68,6 +69,8 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
             ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default), a
             robust rule (``"median"``, ``"trimmed_mean"``, ``"krum"``, ``"multi_krum"``,
             ``"centered_clip"``) or one of your own.
+        privacy: differential privacy of the pseudo-gradients
+            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
@@ -82,12 +85,13 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
         inner_lr: float | None = None,
         island_size: int | None = None,
         aggregate: str | Rule = "mean",
+        privacy: DifferentialPrivacy | None = None,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         super().__init__(
-            [DiLoCoCommunicator(H, spec, normalize, island_size, aggregate=aggregate)],
+            [DiLoCoCommunicator(H, spec, normalize, island_size, aggregate=aggregate, privacy=privacy)],
             **inner_lr_alias(strategy_kwargs, inner_lr),
         )
 
