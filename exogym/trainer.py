@@ -204,8 +204,8 @@ class Trainer:
         spent = privacy_report(strategy, self.result["max_steps"])
         if spent:
             self.result["privacy"] = spent
-            for entry in spent:
-                logger.info("privacy: %s, %d aggregations: (epsilon %.4g, delta %g)", entry["module"],
+            for entry in spent:  # (``logger`` is fit's argument here)
+                logging.getLogger(__name__).info("privacy: %s, %d aggregations: (epsilon %.4g, delta %g)", entry["module"],
                             entry["aggregations"], entry["epsilon"], entry["delta"])  # fmt: skip
         return model
 

@@ -4,11 +4,13 @@ before anything starts."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
 
+from communicators.privacy import DifferentialPrivacy
 from exogym import Adversaries, Trainer
 from exogym.core.comm.network import Network
 from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, SimpleReduceStrategy
@@ -18,12 +20,13 @@ pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]
 
 K, STEPS = 4, 16
 ALIE = Adversaries("alie", fraction=0.25)
+PRIVACY = DifferentialPrivacy(clip=1.0, noise_multiplier=0.1, side="client")  # each node's own noise
 
 
 def _fit(steps: int, workers: int, **kw: Any) -> tuple[list[torch.Tensor], list[dict], Trainer]:
     trainer = Trainer(TinyNet(), regression_data(1024), regression_data(64, seed=1))
     model = trainer.fit(
-        DiLoCoStrategy(H=4, aggregate="trimmed_mean"),
+        DiLoCoStrategy(H=4, aggregate="trimmed_mean", privacy=PRIVACY),
         num_nodes=K,
         max_steps=steps,
         batch_size=8,
@@ -40,7 +43,7 @@ def _fit(steps: int, workers: int, **kw: Any) -> tuple[list[torch.Tensor], list[
     return [p.detach().clone() for p in model.parameters()], rows, trainer
 
 
-def test_an_attacked_robust_run_is_identical_on_one_and_two_workers_and_after_a_resume(tmp_path) -> None:
+def test_an_attacked_robust_private_run_is_identical_on_one_and_two_workers_and_after_a_resume(tmp_path) -> None:
     one, one_rows, trainer = _fit(STEPS, workers=1)
     two, two_rows, _ = _fit(STEPS, workers=2)
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True)) and one_rows == two_rows
@@ -51,14 +54,16 @@ def test_an_attacked_robust_run_is_identical_on_one_and_two_workers_and_after_a_
     seed = trainer.result["config"].seed
     assert named["attack"] == "alie" and named["malicious"] == list(ALIE.malicious(K, seed))
     assert len(named["malicious"]) == 1
+    spent = trainer.result["privacy"][0]
+    assert spent["aggregations"] == STEPS // 4 and 0 < spent["epsilon"] < math.inf
 
 
 def test_the_attack_changes_the_run_and_the_malicious_nodes_follow_the_seed() -> None:
     attacked, _, _ = _fit(8, workers=1)
     trainer = Trainer(TinyNet(), regression_data(1024))
     honest = trainer.fit(
-        DiLoCoStrategy(H=4, aggregate="trimmed_mean"), num_nodes=K, max_steps=8, batch_size=8, logger=False,
-        progress=False, val_size=0, network=Network(1e9, 1e-3, compute=0.01),
+        DiLoCoStrategy(H=4, aggregate="trimmed_mean", privacy=PRIVACY), num_nodes=K, max_steps=8, batch_size=8,
+        logger=False, progress=False, val_size=0, network=Network(1e9, 1e-3, compute=0.01),
     )  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(attacked, honest.parameters(), strict=True))
     draws = {ALIE.malicious(8, seed) for seed in range(10)}
