@@ -311,11 +311,6 @@ def paired(runs: Runs, a: str, b: str, column: str = "val_loss") -> Estimate:
     return ratio_per_seed(runs, a, b, column)
 
 
-def why_if(verdict: str, reason: str) -> str:
-    """``reason`` where the verdict is not "agrees" (the report prints it beside the verdict)."""
-    return "" if verdict == AGREES else reason
-
-
 def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
     lines = [
         "| K | run | val loss | vs DDP | MB sent/node | DDP bytes / bytes | sim time s |",
@@ -361,11 +356,10 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "total data (88,000 inner steps)",
             f"DiLoCo's validation loss at the smallest H ({h0}) over DDP's below 1.02, every K",
             ", ".join(f"K={k}: {ci(r)}" for k, r in near.items()),
-            v := every([below(r, 1.02) for r in near.values()]),
-            why=why_if(
-                v,
+            every([below(r, 1.02) for r in near.values()]),
+            why=(
                 "the paper's 88,000 inner steps give the outer optimizer hundreds of steps to catch "
-                "up with DDP; here a few dozen",
+                "up with DDP; here a few dozen"
             ),
         ),
         Claim(
@@ -376,11 +370,10 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
                 f"K={k}: " + ", ".join(ci(runs.of(f"diloco H={h} K={k}", "val_loss"), ".3f") for h in scale.H)
                 for k in scale.nodes
             ),
-            v := every(rises),
-            why=why_if(
-                v,
+            every(rises),
+            why=(
                 "at the largest H a run of this length has a handful of outer steps, so the order of "
-                "the larger H values rests on a few outer steps",
+                "the larger H values rests on a few outer steps"
             ),
         ),
         Claim(
@@ -388,11 +381,10 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "more replicas at the same per-replica steps give a better model",
             f"DiLoCo K={k_big}'s validation loss over K={k_small}'s below 1 at every H",
             ", ".join(f"H={h}: {ci(r)}" for h, r in big_over_small.items()),
-            v := every(more_nodes),
-            why=why_if(
-                v,
+            every(more_nodes),
+            why=(
                 "with a few outer steps at large H the extra replicas' data has not yet paid for "
-                "averaging models that drifted further apart",
+                "averaging models that drifted further apart"
             ),
         ),
     ]
@@ -426,11 +418,10 @@ def scaling_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "with one replica, DiLoCo matches or beats data-parallel training at equal steps and batch",
             f"DiLoCo M=1 (H={h0}) over DDP on one node, validation loss, below 1.02 (batch {batch})",
             ci(one),
-            v := below(one, 1.02),
-            why=why_if(
-                v,
+            below(one, 1.02),
+            why=(
                 "the paper's advantage of one replica comes from the outer Nesterov step over "
-                "thousands of outer steps, tuned per model size",
+                "thousands of outer steps, tuned per model size"
             ),
         ),
         Claim(
@@ -439,11 +430,10 @@ def scaling_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             f"validation loss over the previous replica count's above 1, at M = {', '.join(map(str, counts))} "
             f"(global batch {batch})",
             ", ".join(f"M={b} / M={a}: {ci(r)}" for (a, b), r in grows.items()),
-            v := every([above(r, 1.0) for r in grows.values()]),
-            why=why_if(
-                v,
+            every([above(r, 1.0) for r in grows.values()]),
+            why=(
                 "at this length the replicas' models drift little between outer steps, so "
-                "splitting the batch costs less than in the paper's long runs",
+                "splitting the batch costs less than in the paper's long runs"
             ),
         ),
         Claim(
@@ -516,11 +506,10 @@ def streaming_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]
             "streaming fragments match DiLoCo's loss",
             f"Streaming DiLoCo ({f} fragments, H={h0}) over DiLoCo's validation loss below 1.02",
             ci(loss_plain),
-            v := below(loss_plain, 1.02),
-            why=why_if(
-                v,
+            below(loss_plain, 1.02),
+            why=(
                 "a fragment's outer step sees fewer inner steps of the others' fragments at this "
-                "short H than at the paper's H=100",
+                "short H than at the paper's H=100"
             ),
         ),
         Claim(
@@ -528,8 +517,8 @@ def streaming_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]
             "overlapping the communication with one step of compute (tau = 1) costs little loss",
             "tau=1 (alpha 0.5) over tau=0 validation loss below 1.01",
             ci(loss_late),
-            v := below(loss_late, 1.01),
-            why=why_if(v, "one step late is a tenth of an outer period at H=10, a hundredth at the paper's H=100"),
+            below(loss_late, 1.01),
+            why=("one step late is a tenth of an outer period at H=10, a hundredth at the paper's H=100"),
         ),
         Claim(
             source,
@@ -603,7 +592,7 @@ def sparta_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "model correlation at the last validation above 0.9 for every p >= 0.001",
             ", ".join(f"p={p:g}: {ci(c, '.3f')}" for p, c in corrs.items() if c is not None),
             verdicts["corr"],
-            why=why_if(verdicts["corr"], "the small GPT's replicas drift apart faster per step than the paper's"),
+            why=("the small GPT's replicas drift apart faster per step than the paper's"),
         ),
         Claim(
             source,
@@ -612,7 +601,7 @@ def sparta_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             ", ".join(f"p={p:g}: {ci(v, '.3f')}" for p, v in zip(scale.sparta_p, sparta, strict=True))
             + f" (DDP {ci(ddp, '.3f')})",
             verdicts["order"],
-            why=why_if(verdicts["order"], "between nearby p the difference is smaller than the spread between seeds"),
+            why=("between nearby p the difference is smaller than the spread between seeds"),
         ),
         Claim(
             source,
@@ -621,10 +610,9 @@ def sparta_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             f"SPARTA+DiLoCo over DiLoCo alone at H={h_big}, validation loss, below 0.995 for every p",
             ", ".join(f"p={p:g}: {ci(v)}" for p, v in combo.items()),
             verdicts["combo"],
-            why=why_if(
-                verdicts["combo"],
+            why=(
                 "the paper's gain is at H in the thousands, where DiLoCo alone degrades; "
-                "at this H it degrades little, leaving SPARTA little to recover",
+                "at this H it degrades little, leaving SPARTA little to recover"
             ),
         ),
     ]
@@ -659,11 +647,10 @@ def demo_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "DeMo matches or beats AdamW DDP at equal tokens (OLMo 300M/1B)",
             "DeMo's validation loss over DDP's below 1.02",
             ci(loss),
-            v := below(loss, 1.02),
-            why=why_if(
-                v,
+            below(loss, 1.02),
+            why=(
                 "sign-SGD at AdamW's learning rate, untuned, against the paper's tuned optimizers "
-                "at 300M-1B parameters and 100B tokens",
+                "at 300M-1B parameters and 100B tokens"
             ),
         ),
         Claim(
@@ -722,9 +709,7 @@ def fedavg_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             f"IID accuracy minus Dirichlet({ALPHA:g})'s above 0, with every client and sampled",
             ", ".join(f"{w}: {ci(acc[(w, 'iid')], '.3f')} vs {ci(acc[(w, 'dirichlet')], '.3f')}" for w in drop),
             skew,
-            why=why_if(
-                skew, "the digits are easy enough that a few dozen rounds reach high accuracy under either split"
-            ),
+            why=("the digits are easy enough that a few dozen rounds reach high accuracy under either split"),
         ),
         Claim(
             source,
@@ -732,11 +717,10 @@ def fedavg_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "the IID - non-IID accuracy gap with sampling minus the gap with every client above 0",
             f"gap {ci(drop[sampled], '+.3f')} sampled vs {ci(drop['all clients'], '+.3f')} with every client; "
             f"difference {ci(widening, '+.3f')}",
-            v := above(widening, 0.0),
-            why=why_if(
-                v,
+            above(widening, 0.0),
+            why=(
                 "over tens of rounds a sampled round's missing labels are soon made up; the paper "
-                "measures over thousands",
+                "measures over thousands"
             ),
         ),
     ]
@@ -776,10 +760,9 @@ def low_comm_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "at under 1/30 of its bytes",
             f"loss {ci(sparse_loss)} at {ci(share, '.4f')} of DiLoCo's bytes",
             sparse_v,
-            why=why_if(
-                sparse_v,
+            why=(
                 "the paper tunes H, beta and the outer learning rate over thousands of outer "
-                "steps; here its defaults run a few dozen",
+                "steps; here its defaults run a few dozen"
             ),
         ),
         Claim(
@@ -788,10 +771,8 @@ def low_comm_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             "eager DiLoCo over DiLoCo: validation loss below 1.02",
             ci(eager_loss),
             eager_v,
-            why=why_if(
-                eager_v,
-                "with few outer steps the others' shares arriving a round late weigh more than "
-                "in the paper's long runs",
+            why=(
+                "with few outer steps the others' shares arriving a round late weigh more than in the paper's long runs"
             ),
         ),
         Claim(
@@ -858,7 +839,7 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             f"PowerSGD rank {POWERSGD_RANK} (dense for the first {h0} steps) over DDP's validation loss below 1.02",
             f"{ci(ratio[psgd])} at {share[psgd].mean:.3f} of DDP's bytes",
             near[psgd],
-            why=why_if(near[psgd], untuned),
+            why=(untuned),
         ),
         Claim(
             "Top-k with error feedback (1712.01887)",
@@ -866,10 +847,9 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             f"top-{TOPK:.0%} with error feedback over DDP's validation loss below 1.02",
             f"{ci(ratio[topk])} at {share[topk].mean:.3f} of DDP's bytes",
             near[topk],
-            why=why_if(
-                near[topk],
+            why=(
                 "DGC warms up its sparsity and corrects momentum over many epochs; here "
-                "1% from the first step of a few hundred",
+                "1% from the first step of a few hundred"
             ),
         ),
         Claim(
@@ -881,7 +861,7 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             f"Kx={h0}",
             f"{ci(share[desloc], '.3f')} of Local Adam's bytes (count {desloc_rounds:.3f}), loss {ci(ratio[desloc])}",
             desloc_v,
-            why=why_if(desloc_v, untuned),
+            why=(untuned),
         ),
         Claim(
             "NoLoCo (2506.10911)",
@@ -893,10 +873,9 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
                 f"K={k}: {noloco_bytes[k]:,.0f} B/step, loss {ci(ratio[(k, f'noloco H={h0}')])}" for k in scale.nodes
             ),
             noloco,
-            why=why_if(
-                noloco,
+            why=(
                 "averaging with one random peer mixes the replicas more slowly than DiLoCo's "
-                "all-reduce, which a few dozen outer steps do not make up",
+                "all-reduce, which a few dozen outer steps do not make up"
             ),
         ),
         Claim(
@@ -906,7 +885,7 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             f"MuLoCo's validation loss over DiLoCo-AdamW's below 1 at K={kb}, H={h0} (Muon lr {MUON_LR:g}, untuned)",
             ci(ratio[muloco]),
             muloco_v,
-            why=why_if(muloco_v, "Muon at the original Muon's learning rate, untuned for a model this small"),
+            why=("Muon at the original Muon's learning rate, untuned for a model this small"),
         ),
     ]
     return lines, claims
