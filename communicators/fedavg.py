@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from communicators.aggregation import Rule, is_mean, resolve, rule_name
 from communicators.checks import check_int, check_number
 from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
 from exogym.core.seeding import generator
@@ -48,6 +49,11 @@ class FedAvgServer(Server):
         island_size: clients per island, redrawn every round from the seed; ``None``: one group.
         local_epochs: local passes over a client's data per round (``>= 1``): ``H =
             local_epochs * ctx.steps_per_epoch``, resolved at ``setup``.
+        aggregate: how a round's results become the model
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default), or a
+            robust rule applied to the clients' updates (result minus the model sent), where the
+            run's adversaries attack (without islands). The bytes are the same: every drawn client
+            uploads its result either way.
 
     Raises:
         TypeError: ``H`` and ``local_epochs`` both given.
@@ -61,8 +67,16 @@ class FedAvgServer(Server):
         island_size: int | None = None,
         *,
         local_epochs: int | None = None,
+        aggregate: str | Rule = "mean",
     ) -> None:
         super().__init__()
+        #: The aggregation rule (``aggregate``).
+        self.rule = resolve(aggregate)
+        if island_size is not None and not is_mean(self.rule):
+            raise ValueError(
+                f"FedAvgServer(island_size={island_size!r}, aggregate={rule_name(self.rule)!r}): a robust rule "
+                "aggregates one group of clients; give one or the other"
+            )
         if H is not None and local_epochs is not None:
             raise TypeError(
                 f"FedAvgServer: give the local work once, H={H!r} (steps per round) or local_epochs={local_epochs!r} "
@@ -89,6 +103,11 @@ class FedAvgServer(Server):
         self.results: dict[int, torch.Tensor] = {}
         if self.island_size and self.island_size < ctx.num_clients:
             self._warn_island_rounding(ctx.num_clients)
+        if self.island_size and ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip":
+            raise ValueError(
+                f"{self.describe()} with adversaries: an attack acts on one group of clients' results; "
+                "sampled FedAvg takes them without island_size"
+            )
 
     def _warn_island_rounding(self, k: int) -> None:
         """Log where drawing ``max(1, round(f * n))`` clients per island trains a fraction of the
@@ -122,16 +141,24 @@ class FedAvgServer(Server):
         self.record_update(result.client, 0)  # every result of a round is averaged in it: none is stale
         if len(self.results) < sum(len(g) for g in self.groups):
             return
-        for i, group in enumerate(self.groups):
-            mean = sum(self.results[client] for client in group) / len(group)  # ascending: the sum's order
-            if self.islands:
-                for member in self.islands[i]:  # every member holds its island's mean
-                    self.holds[member] = mean
-            else:
-                self.params.copy_(mean)
-        if self.islands:  # the run's model: the mean over every client's
-            k = self.ctx.num_clients
-            self.params.copy_(sum(self.holds[g[0]] * (len(g) / k) for g in self.islands))
+        adversaries, step = self.ctx.adversaries, self.round * self.local_steps
+        if not is_mean(self.rule) or (adversaries is not None and adversaries.active(step)):
+            (group,) = self.groups  # without islands: one group, every client sent ``params``
+            rows = torch.stack([self.results[client] - self.params for client in group])
+            if adversaries is not None:
+                rows = adversaries.attack_rows(rows, group, step, "fedavg")
+            self.params.add_(self.rule(rows).to(self.params.dtype))
+        else:
+            for i, group in enumerate(self.groups):
+                mean = sum(self.results[client] for client in group) / len(group)  # ascending: the sum's order
+                if self.islands:
+                    for member in self.islands[i]:  # every member holds its island's mean
+                        self.holds[member] = mean
+                else:
+                    self.params.copy_(mean)
+            if self.islands:  # the run's model: the mean over every client's
+                k = self.ctx.num_clients
+                self.params.copy_(sum(self.holds[g[0]] * (len(g) / k) for g in self.islands))
         self.round += 1
         if self.open:
             self.start()
@@ -156,7 +183,8 @@ class FedAvgServer(Server):
     def describe(self) -> str:
         work = f"H={self.H}" if self.local_epochs is None else f"local_epochs={self.local_epochs}"
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
-        return f"FedAvg({work}, client_sampling={self.client_sampling}{islands})"
+        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        return f"FedAvg({work}, client_sampling={self.client_sampling}{islands}{rule})"
 
 
 __all__ = ["FedAvgServer", "drawn_clients"]

@@ -204,9 +204,10 @@ class Trainer:
         spent = privacy_report(strategy, self.result["max_steps"])
         if spent:
             self.result["privacy"] = spent
-            for entry in spent:  # (``logger`` is fit's argument here)
-                logging.getLogger(__name__).info("privacy: %s, %d aggregations: (epsilon %.4g, delta %g)", entry["module"],
-                            entry["aggregations"], entry["epsilon"], entry["delta"])  # fmt: skip
+            log = logging.getLogger(__name__)  # (``logger`` is fit's argument here)
+            for entry in spent:
+                log.info("privacy: %s, %d aggregations: (epsilon %.4g, delta %g)", entry["module"],
+                         entry["aggregations"], entry["epsilon"], entry["delta"])  # fmt: skip
         return model
 
     def _collect(self, plan: RunPlan, out: dict[str, Any]) -> torch.nn.Module:

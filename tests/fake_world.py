@@ -218,6 +218,8 @@ def train_server(
     workers: int = 1,
     network: Any = None,
     val_dataset: Any = None,
+    adversaries: Any = None,
+    make_model: Callable[[], torch.nn.Module] | None = None,
 ) -> list[dict[str, Any]]:
     """Run a server strategy (``exogym.ServerStrategy``) for ``k`` clients on ``workers`` ranks
     (threads over ``ThreadTransport``), as ``fit`` runs it on worker processes. Returns per rank
@@ -228,9 +230,9 @@ def train_server(
     from exogym.runtime.server_run import ServerRun
     from tests.helpers import TinyNet, regression_data
 
-    base = TinyNet()
+    base = (make_model or TinyNet)()
     ds = dataset if dataset is not None else regression_data(n=k * batch_size * steps)
-    cfg = _config(k, steps, batch_size, seed, workers, network)
+    cfg = _config(k, steps, batch_size, seed, workers, network, adversaries=adversaries)
     if val_dataset is not None:
         import dataclasses
 
@@ -241,7 +243,7 @@ def train_server(
         transport = comm.transport if workers > 1 else None
         run = ServerRun(jobs[rank], rank, workers, transport, torch.device("cpu"))
         out = run.run()
-        model = TinyNet()
+        model = (make_model or TinyNet)()
         model.load_state_dict(out["state_dict"])
         params = [p.detach() for p in model.parameters()]
         extra = {"server": run.server, "loop": run.loop, "clients": run.clients.states}

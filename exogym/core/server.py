@@ -110,6 +110,9 @@ class ServerContext:
         network: the run's network ([`Network`][exogym.Network]).
         nbytes: what one transfer of the model carries: the bytes of ``params``, or with a
             [`Scale`][exogym.Scale] the target's (a part of the model carries its share of them).
+        adversaries: the run's malicious clients
+            ([`AdversaryPlan`][exogym.adversaries.AdversaryPlan]; ``None``: every client is
+            honest): a server that aggregates results attacks their rows with it.
     """
 
     num_clients: int
@@ -122,6 +125,7 @@ class ServerContext:
     regions: int = 1
     network: Any = None
     nbytes: int = 0
+    adversaries: Any = None
 
 
 @dataclass

@@ -37,7 +37,8 @@ class Clients:
         self.model = job.model_copy().to(device)
         self.model.train()
         self.strategy = job.strategy_copy()
-        self.strategy._attach(None, max_steps, cfg.seed, steps_per_epoch, cfg.network)
+        self.adversaries = None if cfg.adversaries is None else cfg.adversaries.plan(cfg.num_nodes, cfg.seed)
+        self.strategy._attach(None, max_steps, cfg.seed, steps_per_epoch, cfg.network, self.adversaries)
         self.strategy._init_node(self.model, 0, cfg.num_nodes)
         self._initial = self.strategy.state_dict()
         #: Per client that ran a task, what it keeps between its tasks: ``{"strategy": ..., "rng": ...,
@@ -94,7 +95,10 @@ class Clients:
         for tick in task.ticks:
             strategy.skip_steps(tick - strategy.local_step)
             strategy.zero_grad()
-            loss, _ = backward(lambda b: self.forward_with(b, self.model), next(batches), cfg.accumulation, self.device)
+            batch = next(batches)
+            if self.adversaries is not None and self.adversaries.flips_labels(client, tick):
+                batch = self.adversaries.poison(batch)
+            loss, _ = backward(lambda b: self.forward_with(b, self.model), batch, cfg.accumulation, self.device)
             if not math.isfinite(loss) and cfg.stop_on_nonfinite_loss:
                 raise FloatingPointError(
                     f"client {client}: the training loss is {loss / cfg.accumulation} at step {tick} (lower the "

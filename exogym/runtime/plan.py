@@ -243,12 +243,15 @@ def check_adversaries(
     dropped cannot."""
     if adversaries is None or adversaries.attack == "label_flip":
         return
-    pipeline = None if isinstance(strategy, ServerStrategy) else strategy.pipeline
-    if pipeline is None or not any(getattr(m, "rule", None) is not None for m in pipeline.leaves()):
+    if isinstance(strategy, ServerStrategy):
+        modules = [strategy.server]  # a server that aggregates its clients' results keeps its rule
+    else:
+        modules = strategy.pipeline.leaves() if strategy.pipeline is not None else []
+    if not any(getattr(m, "rule", None) is not None for m in modules):
         raise ValueError(
             f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)): {type(strategy).__name__} has no module "
-            "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg without client "
-            "sampling, DiLoCo, MuLoCo, DES-LOC, SPARTA+DiLoCo); attack='label_flip' poisons the data under any strategy"
+            "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg, DiLoCo, MuLoCo, "
+            "DES-LOC, SPARTA+DiLoCo); attack='label_flip' poisons the data under any strategy"
         )
     trace = None if network is None else network.availability
     drops = (faults is not None and faults.drops) or (trace is not None and trace.drops)

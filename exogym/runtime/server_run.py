@@ -76,12 +76,19 @@ def step_seconds(network: Any) -> float:
 
 
 def server_context(
-    network: Any, num_clients: int, seed: int, params: torch.Tensor, steps_per_epoch: int, projection: Any = None
+    network: Any,
+    num_clients: int,
+    seed: int,
+    params: torch.Tensor,
+    steps_per_epoch: int,
+    projection: Any = None,
+    adversaries: Any = None,
 ) -> ServerContext:
     """What a server gets at setup in a run on ``network`` (its speeds drawn for the run) of
     ``num_clients`` clients from ``seed``, starting from the flat ``params``, whose clients take
     ``steps_per_epoch`` steps per pass over their data; with a scale's ``projection``, a model
-    transfer carries the target's bytes. ``ValueError`` where the network's compute is measured."""
+    transfer carries the target's bytes; ``adversaries``: the run's ``AdversaryPlan``. ``ValueError``
+    where the network's compute is measured."""
     base = step_seconds(network)
     nbytes = params.numel() * params.element_size()
     if projection is not None:
@@ -100,6 +107,7 @@ def server_context(
         regions=len(world.links) if world is not None else 1,
         network=network,
         nbytes=nbytes,
+        adversaries=adversaries,
     )
 
 
@@ -129,8 +137,9 @@ class ServerRun:
         self.max_steps = cfg.max_steps or self.steps_per_epoch * cfg.num_epochs
         self.clients = Clients(job, device, self.max_steps, self.steps_per_epoch)
         self.server = copy.deepcopy(strategy.server)
+        plan = None if cfg.adversaries is None else cfg.adversaries.plan(cfg.num_nodes, cfg.seed)
         ctx = server_context(
-            cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch, cfg.projection
+            cfg.network, cfg.num_nodes, cfg.seed, flat_params(self.model), self.steps_per_epoch, cfg.projection, plan
         )
         self.validations: list[dict[str, Any]] = []
         self.val_loader = self._val_loader()

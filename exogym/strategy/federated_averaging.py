@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from communicators.aggregation import Rule, is_mean, resolve
+from communicators.aggregation import Rule
 from communicators.averaging import AveragingCommunicator
 from communicators.fedavg import FedAvgServer
 from exogym.compat import legacy_keywords
@@ -35,7 +35,8 @@ class FedAvgStrategy(CommunicateOptimizeStrategy):
         local_epochs: rounds every this many passes over a node's data (``H = local_epochs *
             steps_per_epoch``, resolved inside the run).
         aggregate: how the models are combined ([`communicators.aggregation`][communicators.aggregation]):
-            ``"mean"`` (default), a robust rule or one of your own; without ``client_sampling``.
+            ``"mean"`` (default), a robust rule or one of your own (with ``client_sampling``, on
+            the clients' updates at the server, without islands).
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
 
@@ -90,14 +91,10 @@ def _sampled_server(
     ``FedAvgServer``; ``None`` without it (the pipeline)."""
     if client_sampling is None:
         return None
-    if not is_mean(resolve(aggregate)):
-        raise ValueError(
-            f"FedAvgStrategy(client_sampling={client_sampling!r}, aggregate={aggregate!r}): sampled FedAvg's "
-            "server averages its clients' results by their mean; a robust rule runs without client_sampling"
-        )
+
     check_strategy_kwargs(FedAvgStrategy, strategy_kwargs)
     _check_local_work(H, local_epochs)
-    server = FedAvgServer(H, client_sampling, island_size, local_epochs=local_epochs)
+    server = FedAvgServer(H, client_sampling, island_size, local_epochs=local_epochs, aggregate=aggregate)
     return ServerStrategy(server, **strategy_kwargs)
 
 

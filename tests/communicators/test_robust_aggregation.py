@@ -135,3 +135,57 @@ def test_label_flip_poisons_the_labels_of_a_malicious_node_s_batches() -> None:
 def test_an_unknown_rule_is_refused_naming_aggregate_and_the_choices() -> None:
     with pytest.raises(ValueError, match=r"aggregate='avg'.*choose from \['centered_clip'"):
         DiLoCoStrategy(H=2, aggregate="avg")
+
+
+def _server_rows(adversaries: Adversaries | None = None) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """The rows a sampled FedAvg server's rule receives per round (6 clients, half a round), and
+    the clients drawn."""
+    from exogym.core.comm.network import Network
+    from tests.fake_world import train_server
+
+    calls: list[torch.Tensor] = []
+    out = train_server(
+        6, lambda: FedAvgStrategy(H=2, client_sampling=0.5, optim_spec=SGD, aggregate=recording(calls)), 4,
+        network=Network(1e9, 1e-3, compute=0.01), adversaries=adversaries,
+    )  # fmt: skip
+    from communicators.fedavg import drawn_clients
+
+    return calls, [drawn_clients(6, 0.5, 0, r) for r in range(len(calls))], out
+
+
+def test_a_sampled_fedavg_server_applies_the_rule_to_its_clients_updates_and_the_attack_to_the_malicious_ones() -> None:
+    honest, drawn, _ = _server_rows()
+    assert len(honest) >= 2 and all(rows.shape[0] == 3 for rows in honest)
+    attack = Adversaries("sign_flip", fraction=0.5)
+    bad = set(attack.malicious(6, seed=0))
+    attacked, _, _ = _server_rows(attack)
+    first = drawn[0]  # the first round's clients: the same start, so the same honest rows
+    flipped = [i for i, c in enumerate(first) if c in bad]
+    kept = [i for i, c in enumerate(first) if c not in bad]
+    torch.testing.assert_close(attacked[0][kept], honest[0][kept], rtol=0, atol=0)
+    torch.testing.assert_close(attacked[0][flipped], -honest[0][flipped], rtol=0, atol=0)
+
+
+def test_a_label_flip_attack_poisons_a_server_run_s_malicious_clients_only() -> None:
+    from exogym.core.comm.network import Network
+    from tests.fake_world import train_server
+
+    flip = Adversaries("label_flip", fraction=0.5, num_classes=3)
+    ds = torch.utils.data.TensorDataset(torch.randn(6 * 8 * 4, 8), torch.randint(0, 3, (6 * 8 * 4,)))
+
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 3)
+
+        def forward(self, batch):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.fc(x), y)
+
+    def run(adversaries):
+        return train_server(
+            6, lambda: FedAvgStrategy(H=2, client_sampling=0.5, optim_spec=SGD), 4, dataset=ds,
+            network=Network(1e9, 1e-3, compute=0.01), adversaries=adversaries, make_model=Classifier,
+        )[0]["params"]  # fmt: skip
+
+    assert not all(torch.equal(a, b) for a, b in zip(run(None), run(flip), strict=True))
