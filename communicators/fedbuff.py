@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from communicators.aggregation import Rule, is_mean, resolve, rule_name
 from communicators.checks import check_int, check_number
 from exogym.core.server import Result, Server, ServerContext, Train
 
@@ -39,12 +40,23 @@ class FedBuffServer(Server):
         buffer_size: ``B``, results per server step.
         concurrency: ``C``, clients training at once (``None``: half the clients).
         server_lr: ``eta_g``.
+        aggregate: how a full buffer's staleness-scaled updates become the server's step
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default, the
+            paper's ``buffer / B``) or a robust rule; the run's adversaries attack the buffered
+            updates of malicious clients.
     """
 
     def __init__(
-        self, local_steps: int = 10, buffer_size: int = 10, concurrency: int | None = 20, server_lr: float = 1.0
+        self,
+        local_steps: int = 10,
+        buffer_size: int = 10,
+        concurrency: int | None = 20,
+        server_lr: float = 1.0,
+        aggregate: str | Rule = "mean",
     ):
         super().__init__()
+        #: The aggregation rule (``aggregate``).
+        self.rule = resolve(aggregate)
         check_int("local_steps", local_steps)
         check_int("buffer_size", buffer_size)
         check_int("concurrency", concurrency, none="half the clients")
@@ -63,6 +75,9 @@ class FedBuffServer(Server):
         self.buffer = torch.zeros_like(self.params)
         self.buffered = self.version = self.draws = 0
         self.in_flight: list[int] = []  # ascending
+        #: With a robust rule or adversaries, the buffered updates one by one and their clients.
+        self.rows: list[tuple[int, torch.Tensor]] = []
+        self.keeps_rows = not is_mean(self.rule) or ctx.adversaries is not None
 
     def _draw(self) -> None:
         """Send the next client drawn (uniform among those not in flight) the model as it is."""
@@ -78,22 +93,43 @@ class FedBuffServer(Server):
     def on_result(self, result: Result) -> None:
         staleness = self.version - result.info
         self.record_update(result.client, staleness)
-        self.buffer.add_((result.local - result.start) * staleness_weight(staleness))
+        update = (result.local - result.start) * staleness_weight(staleness)
+        if self.keeps_rows:
+            self.rows.append((result.client, update))
+        else:
+            self.buffer.add_(update)
         self.buffered += 1
         if self.buffered == self.buffer_size:
-            self.params.add_(self.buffer / self.buffer_size * self.server_lr)
-            self.buffer.zero_()
+            if self.keeps_rows:
+                self.params.add_(self._aggregate() * self.server_lr)
+                self.rows = []
+            else:
+                self.params.add_(self.buffer / self.buffer_size * self.server_lr)
+                self.buffer.zero_()
             self.buffered = 0
             self.version += 1
         del self.in_flight[bisect.bisect_left(self.in_flight, result.client)]
         if self.open:
             self._draw()
 
+    def _aggregate(self) -> torch.Tensor:
+        """The rule over the buffered updates, the malicious clients' attacked first."""
+        clients = [c for c, _ in self.rows]
+        rows = torch.stack([u for _, u in self.rows])
+        adversaries, step = self.ctx.adversaries, self.version * self.local_steps
+        if adversaries is not None:
+            rows = adversaries.attack_rows(rows, clients, step, "fedbuff")
+        return self.rule(rows).to(self.params.dtype)
+
     def state_dict(self) -> dict[str, Any]:
         keys = ("buffered", "version", "draws", "in_flight")
-        return {"buffer": self.buffer, **{k: getattr(self, k) for k in keys}}
+        state = {"buffer": self.buffer, **{k: getattr(self, k) for k in keys}}
+        if self.keeps_rows:
+            state["rows"] = [(c, u) for c, u in self.rows]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = [(int(c), u) for c, u in state.get("rows", [])]
         self.buffer.copy_(state["buffer"])
         self.buffered, self.version, self.draws = int(state["buffered"]), int(state["version"]), int(state["draws"])
         self.in_flight = list(state["in_flight"])
@@ -101,7 +137,9 @@ class FedBuffServer(Server):
     def describe(self) -> str:
         return (
             f"FedBuff(local_steps={self.local_steps}, buffer_size={self.buffer_size}, "
-            f"concurrency={self.concurrency}, server_lr={self.server_lr})"
+            f"concurrency={self.concurrency}, server_lr={self.server_lr}"
+            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
+            + ")"
         )
 
 

@@ -13,7 +13,7 @@ import torch
 from communicators.privacy import DifferentialPrivacy
 from exogym import Adversaries, Trainer
 from exogym.core.comm.network import Network
-from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, SimpleReduceStrategy
+from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, HALoSStrategy, SimpleReduceStrategy
 from tests.helpers import TinyNet, regression_data
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]
@@ -70,10 +70,28 @@ def test_the_attack_changes_the_run_and_the_malicious_nodes_follow_the_seed() ->
     assert len(draws) > 1 and all(len(d) == 2 for d in draws)
 
 
+def test_an_attacked_robust_fedbuff_run_is_identical_on_one_and_two_workers_and_after_a_resume(tmp_path) -> None:
+    def fit(steps: int, workers: int, **kw: Any) -> list[torch.Tensor]:
+        trainer = Trainer(TinyNet(), regression_data(1024))
+        model = trainer.fit(
+            FedBuffStrategy(local_steps=2, buffer_size=3, concurrency=3, aggregate="median"), num_nodes=6,
+            max_steps=steps, batch_size=8, workers=workers, logger=False, progress=False, val_size=0,
+            network=Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 0.5, 1.0, 0.25, 1.0, 0.5)),
+            adversaries=Adversaries("ipm", fraction=0.5), **kw,
+        )  # fmt: skip
+        return [p.detach().clone() for p in model.parameters()]
+
+    one, two = fit(STEPS, 1), fit(STEPS, 2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    fit(STEPS, 2, checkpoint_dir=str(tmp_path), checkpoint_interval=STEPS // 2)  # (as the server-run tests do)
+    resumed = fit(STEPS, 1, resume_from=str(tmp_path / f"step-{STEPS // 2:08d}"))
+    assert all(torch.equal(a, b) for a, b in zip(one, resumed, strict=True))
+
+
 @pytest.mark.parametrize(
     ("strategy", "needle"),
     [
-        (lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=2), "has no module where attacks act"),
+        (lambda: HALoSStrategy(H=2), "has no module where attacks act"),
     ],
 )
 def test_a_strategy_the_attack_cannot_act_on_is_refused_before_anything_starts(strategy, needle: str) -> None:

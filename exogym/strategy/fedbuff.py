@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.fedbuff import FedBuffServer
 from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
@@ -27,6 +28,8 @@ class FedBuffStrategy(ServerStrategy):
         concurrency: clients training at once (default 20; at most the number of nodes;
             ``None``: half the nodes).
         server_lr: the server's learning rate (default 1.0).
+        aggregate: how a full buffer's updates become the server's step (``"mean"``, default, or a
+            robust rule of [`communicators.aggregation`][communicators.aggregation]).
         **strategy_kwargs: the clients' ``optim_spec``, ``lr``, ``max_norm``, ... as for ``Strategy``.
     """
 
@@ -36,10 +39,12 @@ class FedBuffStrategy(ServerStrategy):
         buffer_size: int = 10,
         concurrency: int | None = 20,
         server_lr: float = 1.0,
+        aggregate: str | Rule = "mean",
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
-        super().__init__(FedBuffServer(local_steps, buffer_size, concurrency, server_lr), **strategy_kwargs)
+        server = FedBuffServer(local_steps, buffer_size, concurrency, server_lr, aggregate=aggregate)
+        super().__init__(server, **strategy_kwargs)
 
 
 __all__ = ["FedBuffStrategy"]

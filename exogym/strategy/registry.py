@@ -106,7 +106,9 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "Async DiLoCo: each node pushes after H steps (fewer on slower nodes), delayed Nesterov on the server",
     ),
     "fedbuff": (
-        lambda lr, H=20: S.FedBuffStrategy(local_steps=H, buffer_size=2, concurrency=None, optim_spec=_adamw(lr)),
+        lambda lr, H=20, aggregate="mean": S.FedBuffStrategy(
+            local_steps=H, buffer_size=2, concurrency=None, optim_spec=_adamw(lr), aggregate=aggregate
+        ),
         "FedBuff: half the clients train H steps at a time; the server steps every 2 staleness-scaled updates",
     ),
     "halos": (

@@ -189,3 +189,26 @@ def test_a_label_flip_attack_poisons_a_server_run_s_malicious_clients_only() -> 
         )[0]["params"]  # fmt: skip
 
     assert not all(torch.equal(a, b) for a, b in zip(run(None), run(flip), strict=True))
+
+
+def test_fedbuff_s_server_applies_the_rule_to_a_full_buffer_with_the_malicious_clients_updates_attacked() -> None:
+    from exogym.core.comm.network import Network
+    from exogym.strategy import FedBuffStrategy
+    from tests.fake_world import train_server
+
+    def rows(adversaries: Adversaries | None) -> list[torch.Tensor]:
+        calls: list[torch.Tensor] = []
+        train_server(
+            6, lambda: FedBuffStrategy(local_steps=2, buffer_size=2, concurrency=3, optim_spec=SGD,
+                                       aggregate=recording(calls)), 6,
+            network=Network(1e9, 1e-3, compute=0.01, compute_slowdown=(1.0, 0.5, 1.0, 0.25, 1.0, 0.5)),
+            adversaries=adversaries,
+        )  # fmt: skip
+        return calls
+
+    honest, attacked = rows(None), rows(Adversaries("sign_flip", fraction=0.8))  # 5 of 6 clients
+    assert honest and all(r.shape[0] == 2 for r in honest)
+    first_h, first_a = honest[0], attacked[0]  # the first buffer: the same updates before the attack
+    same = [torch.equal(a, h) for a, h in zip(first_a, first_h, strict=True)]
+    negated = [torch.equal(a, -h) for a, h in zip(first_a, first_h, strict=True)]
+    assert all(s or n for s, n in zip(same, negated, strict=True)) and any(negated)
