@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from communicators.privacy import DifferentialPrivacy, clip_, gaussian
+from exogym.privacy import DifferentialPrivacy, clip_, gaussian
 
 #: A rule: ``[n, d]`` updates -> ``[d]`` aggregate.
 Rule = Callable[[torch.Tensor], torch.Tensor]
@@ -179,7 +179,7 @@ def aggregate_all_reduce(
     runs on the rows. The ledger charges what the rule needs on the wire: an all-reduce of
     ``flat``'s bytes for the mean, an all-gather of them for any other rule.
 
-    With ``privacy`` ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]) each
+    With ``privacy`` ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]) each
     node's update is clipped first, and the noise is added to it (``side="client"``) or to the
     aggregate (``side="server"``).
     """

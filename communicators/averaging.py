@@ -9,9 +9,9 @@ import torch
 from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
-from communicators.privacy import DifferentialPrivacy, check_privacy
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.communicator import Communicator, NodeContext
+from exogym.privacy import DifferentialPrivacy, check_privacy
 
 TARGETS = ("params", "grads")
 
@@ -42,7 +42,7 @@ class AveragingCommunicator(Communicator):
             ``"mean"`` (the default, an all-reduce), ``"median"``, ``"trimmed_mean"``, ``"krum"``,
             ``"multi_krum"``, ``"centered_clip"`` (each an all-gather) or a rule of your own.
         privacy: clip each node's values and add Gaussian noise
-            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
+            ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]); ``None``: none.
     """
 
     space: ClassVar[str] = "param"

@@ -17,11 +17,11 @@ import torch
 from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
-from communicators.privacy import DifferentialPrivacy, check_privacy
 from exogym.core.comm.comm import Comm, Groups
 from exogym.core.comm.flat import dtype_buckets
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import Communicator, NodeContext
+from exogym.privacy import DifferentialPrivacy, check_privacy
 
 
 class PseudoGradReducer(Protocol):
@@ -66,7 +66,7 @@ class DiLoCoCommunicator(Communicator):
             an all-reduce), a robust rule (an all-gather) or a rule of your own; not with a
             ``reducer``.
         privacy: clip each node's pseudo-gradient and add Gaussian noise
-            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
+            ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]); ``None``: none.
     """
 
     space: ClassVar[str] = "param"

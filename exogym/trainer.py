@@ -143,7 +143,7 @@ class Trainer:
         * adversaries: ``adversaries`` ([`Adversaries`][exogym.Adversaries]): malicious nodes,
           drawn from the run's seed, that attack where the updates are aggregated (see
           ``communicators.aggregation``); ``result["adversaries"]`` names them;
-        * a strategy with ``privacy`` ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy])
+        * a strategy with ``privacy`` ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy])
           reports the privacy spent in ``result["privacy"]`` (Opacus's RDP accountant);
         * logging (``LoggingConfig``): ``logger``, ``log_interval``,
           ``progress``, ``run_name``.
@@ -199,7 +199,7 @@ class Trainer:
             plan.checkpoint_meta, plan.placement,
         )  # fmt: skip
         model = self._collect(plan, _launch(job, plan))
-        from communicators.privacy import privacy_report
+        from exogym.privacy import privacy_report
 
         spent = privacy_report(strategy, self.result["max_steps"])
         if spent:

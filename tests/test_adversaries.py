@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from communicators.privacy import DifferentialPrivacy
 from exogym import Adversaries, Trainer
 from exogym.core.comm.network import Network
+from exogym.privacy import DifferentialPrivacy
 from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, HALoSStrategy, SimpleReduceStrategy
 from tests.helpers import TinyNet, regression_data
 

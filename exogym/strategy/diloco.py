@@ -8,11 +8,11 @@ import torch
 
 from communicators.aggregation import Rule
 from communicators.diloco import DiLoCoCommunicator
-from communicators.privacy import DifferentialPrivacy
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
+from exogym.privacy import DifferentialPrivacy
 
 OUTER_NAMES = ("sgd", "sgd_normalized")
 
@@ -70,7 +70,7 @@ class DiLoCoStrategy(CommunicateOptimizeStrategy):
             robust rule (``"median"``, ``"trimmed_mean"``, ``"krum"``, ``"multi_krum"``,
             ``"centered_clip"``) or one of your own.
         privacy: differential privacy of the pseudo-gradients
-            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
+            ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]); ``None``: none.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """

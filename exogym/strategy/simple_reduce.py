@@ -6,11 +6,11 @@ from typing import Any
 
 from communicators.aggregation import Rule
 from communicators.averaging import AveragingCommunicator
-from communicators.privacy import DifferentialPrivacy
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
+from exogym.privacy import DifferentialPrivacy
 
 
 @legacy_keywords
@@ -26,7 +26,7 @@ class SimpleReduceStrategy(CommunicateOptimizeStrategy):
             ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default, the
             all-reduce), a robust rule (an all-gather) or one of your own.
         privacy: differential privacy of each node's gradients
-            ([`DifferentialPrivacy`][communicators.privacy.DifferentialPrivacy]); ``None``: none.
+            ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]); ``None``: none.
         **strategy_kwargs: ``lr``, ``lr_scheduler``, ``lr_scheduler_kwargs``, ``warmup_steps``,
             ``max_norm``, ``inner_optim``, as for ``Strategy``.
     """

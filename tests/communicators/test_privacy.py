@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from communicators.privacy import DifferentialPrivacy, clip_, epsilon, privacy_report
 from exogym.core.optim import OptimSpec
+from exogym.privacy import DifferentialPrivacy, clip_, epsilon, privacy_report
 from exogym.strategy.diloco import DiLoCoStrategy
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.simple_reduce import SimpleReduceStrategy
@@ -86,7 +86,7 @@ def test_epsilon_is_opacus_s_rdp_accounting_of_one_step_per_aggregation() -> Non
         (lambda: DifferentialPrivacy(clip=1.0, noise_multiplier=-1.0), ValueError, "noise_multiplier"),
         (lambda: DifferentialPrivacy(clip=1.0, noise_multiplier=1.0, side="both"), ValueError, "choose 'client'"),
         (lambda: DifferentialPrivacy(clip=1.0, noise_multiplier=1.0, delta=1.0), ValueError, "delta"),
-        (lambda: DiLoCoStrategy(H=2, privacy=0.5), TypeError, "privacy must be a communicators.privacy"),
+        (lambda: DiLoCoStrategy(H=2, privacy=0.5), TypeError, "privacy must be a exogym.privacy"),
         (
             lambda: FedAvgStrategy(H=2).averaging.__class__(2, privacy=DifferentialPrivacy(1.0, 1.0)),
             ValueError,

@@ -13,7 +13,7 @@ added, as Flower's differential-privacy wrappers do:
 
 The privacy spent is the Rényi-DP accounting of Opacus (``opacus.accountants.RDPAccountant``,
 Mironov 2017), one Gaussian-mechanism step of noise multiplier ``sigma`` per aggregation with
-every node taking part: [`epsilon`][communicators.privacy.epsilon] gives the ``(epsilon,
+every node taking part: [`epsilon`][exogym.privacy.epsilon] gives the ``(epsilon,
 delta)`` after a number of aggregations, and a run's result reports it (``result["privacy"]``).
 Opacus is the ``privacy`` extra (``pip install exogym[privacy]``).
 
@@ -71,7 +71,7 @@ def check_privacy(privacy: object) -> None:
     """``TypeError`` unless ``privacy`` is a ``DifferentialPrivacy`` or ``None``."""
     if privacy is not None and not isinstance(privacy, DifferentialPrivacy):
         raise TypeError(
-            "privacy must be a communicators.privacy.DifferentialPrivacy (e.g. DifferentialPrivacy(clip=1.0, "
+            "privacy must be a exogym.privacy.DifferentialPrivacy (e.g. DifferentialPrivacy(clip=1.0, "
             f"noise_multiplier=1.0)) or None, got {type(privacy).__name__}"
         )
 
