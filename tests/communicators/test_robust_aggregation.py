@@ -212,3 +212,16 @@ def test_fedbuff_s_server_applies_the_rule_to_a_full_buffer_with_the_malicious_c
     same = [torch.equal(a, h) for a, h in zip(first_a, first_h, strict=True)]
     negated = [torch.equal(a, -h) for a, h in zip(first_a, first_h, strict=True)]
     assert all(s or n for s, n in zip(same, negated, strict=True)) and any(negated)
+
+
+def test_the_noise_attack_draws_gaussian_rows_of_its_strength_the_same_for_the_same_seed_step_and_tag() -> None:
+    plan = Adversaries("noise", fraction=0.5, strength=2.0).plan(4, seed=7)
+    rows = torch.zeros(4, 20_000)
+    a = plan.attack_rows(rows, [0, 1, 2, 3], step=3, tag="x")
+    b = plan.attack_rows(rows, [0, 1, 2, 3], step=3, tag="x")
+    c = plan.attack_rows(rows, [0, 1, 2, 3], step=4, tag="x")
+    bad = list(plan.malicious)
+    assert torch.equal(a, b) and not torch.equal(a[bad], c[bad])
+    assert float(a[bad].std()) == pytest.approx(2.0, rel=0.03) and abs(float(a[bad].mean())) < 0.05
+    good = [r for r in range(4) if r not in bad]
+    assert torch.equal(a[good], rows[good])
