@@ -25,11 +25,11 @@ def test_parse_grid_reads_numbers_flags_and_names() -> None:
 
 
 def test_presets_declare_their_parameters_in_their_factorys_signature() -> None:
-    assert list(parameters(PRESETS["ddp"][0])) == ["lr"]
-    assert list(parameters(PRESETS["diloco"][0])) == ["lr", "H"]
+    assert list(parameters(PRESETS["ddp"][0])) == ["lr", "aggregate"]
+    assert list(parameters(PRESETS["diloco"][0])) == ["lr", "H", "aggregate"]
     assert list(parameters(PRESETS["sparta"][0])) == ["lr", "p_sparta"]
     assert build("sparta", 1e-3, 20, {"p_sparta": 0.1}).pipeline.modules[0].p == 0.1
-    with pytest.raises(ValueError, match=r"strategy 'ddp' takes no \['H2'\]; it takes \['lr'\]"):
+    with pytest.raises(ValueError, match=r"strategy 'ddp' takes no \['H2'\]; it takes \['lr', 'aggregate'\]"):
         build("ddp", 1e-3, 20, {"H2": 3})
 
 
@@ -40,13 +40,13 @@ def test_a_strategy_parameter_multiplies_only_the_strategies_that_take_it() -> N
     diloco = [p for p in plan if p.strategy == "diloco"]
     assert [(p.axes, p.seed) for p in ddp] == [({"nodes": n}, s) for n in (2, 4) for s in (0, 1)]
     assert len(diloco) == 2 * 2 * 2 and {p.params["H"] for p in diloco} == {10, 50}
-    assert all(p.params == {"lr": 1e-3} for p in ddp) and {p.run["nodes"] for p in ddp} == {2, 4}
+    assert all(p.params == {"lr": 1e-3, "aggregate": "mean"} for p in ddp) and {p.run["nodes"] for p in ddp} == {2, 4}
     assert diloco[0].label() == "diloco H=10 nodes=2 seed=0"
 
 
 def test_fit_keywords_are_grid_names_and_integers_become_floats_where_a_float_is_expected() -> None:
     plan = points({"log_interval": [5], "lr": [1]}, _presets("ddp"), {"lr": 1e-3, "H": 20}, BASE_RUN, [0])
-    assert plan[0].fit_args == {"log_interval": 5} and plan[0].params == {"lr": 1.0}
+    assert plan[0].fit_args == {"log_interval": 5} and plan[0].params == {"lr": 1.0, "aggregate": "mean"}
     assert isinstance(plan[0].params["lr"], float)
 
 
