@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.diloco import DiLoCoCommunicator
 from exogym.compat import legacy_keywords
 from exogym.core.muon import MuonAdamW, check_muon_params
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy
 from exogym.core.strategy import check_strategy_kwargs
+from exogym.privacy import DifferentialPrivacy
 from exogym.strategy.diloco import inner_lr_alias, outer_spec
 
 
@@ -41,6 +43,7 @@ class MuLoCoStrategy(CommunicateOptimizeStrategy):
             of the model's last ``torch.nn.Linear`` in ``model.modules()`` order), ``"matrices"``
             (every parameter with two dimensions, the embeddings and the head included) or a set
             of parameter names as ``model.named_parameters()`` gives them (each a matrix).
+        aggregate, privacy: as for [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy].
         **strategy_kwargs: ``lr`` (Muon's learning rate, default 0.02; alias ``inner_lr``),
             ``optim_spec`` (alias ``inner_optim``: an ``OptimSpec`` of ``MuonAdamW``, to set its
             other arguments), ``lr_scheduler``, ``lr_scheduler_kwargs``, ``warmup_steps``,
@@ -65,6 +68,8 @@ class MuLoCoStrategy(CommunicateOptimizeStrategy):
         inner_lr: float | None = None,
         island_size: int | None = None,
         muon_params: str | Collection[str] | None = None,
+        aggregate: str | Rule = "mean",
+        privacy: DifferentialPrivacy | None = None,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
@@ -85,7 +90,7 @@ class MuLoCoStrategy(CommunicateOptimizeStrategy):
         inner = inner.replace(**{k: v for k, v in overrides.items() if v is not None})
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         super().__init__(
-            [DiLoCoCommunicator(H, spec, normalize, island_size)],
+            [DiLoCoCommunicator(H, spec, normalize, island_size, aggregate=aggregate, privacy=privacy)],
             optim_spec=inner,
             **inner_lr_alias(strategy_kwargs, inner_lr),
         )

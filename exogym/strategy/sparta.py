@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.diloco import DiLoCoCommunicator
 from communicators.quantize import QuantizeCommunicator
 from communicators.sparse import SELECTORS, SparseCommunicator
@@ -12,6 +13,7 @@ from exogym.core.comm.handles import AUTO
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import CommunicateOptimizeStrategy, Communicator
 from exogym.core.strategy import check_strategy_kwargs
+from exogym.privacy import DifferentialPrivacy
 from exogym.strategy.diloco import inner_lr_alias, outer_spec
 
 _BITS = {8: "int8", 16: "fp16"}
@@ -99,7 +101,8 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
 
     Pipeline: ``[SparseCommunicator(p_sparta, mode), DiLoCoCommunicator(H, outer)]``. Arguments as
     for [`SPARTAStrategy`][exogym.strategy.SPARTAStrategy] and
-    [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy].
+    [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy] (``aggregate`` and ``privacy`` apply to the
+    outer step).
     """
 
     def __init__(
@@ -116,6 +119,8 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
         quantization_bits: int | None = None,
         sparta_interval: int = 1,
         async_sparta_delay: int | str = 0,
+        aggregate: str | Rule = "mean",
+        privacy: DifferentialPrivacy | None = None,
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
@@ -129,7 +134,7 @@ class SPARTADiLoCoStrategy(CommunicateOptimizeStrategy):
                 sparta_interval,
                 async_sparta_delay,
             ),
-            DiLoCoCommunicator(H, spec, normalize),
+            DiLoCoCommunicator(H, spec, normalize, aggregate=aggregate, privacy=privacy),
         ]
         super().__init__(modules, **inner_lr_alias(strategy_kwargs, inner_lr))
 
