@@ -166,6 +166,7 @@ def aggregate_all_reduce(
     tag: str = "",
     groups: Sequence[Sequence[int]] | None = None,
     privacy: DifferentialPrivacy | None = None,
+    offset: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Replace ``flat`` (this node's update, one flat tensor) by the aggregate of its group's
     updates under ``rule``, in place. Collective: every rank of the group calls it. A module of
@@ -181,7 +182,9 @@ def aggregate_all_reduce(
 
     With ``privacy`` ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]) each
     node's update is clipped first, and the noise is added to it (``side="client"``) or to the
-    aggregate (``side="server"``).
+    aggregate (``side="server"``). ``offset``: where the nodes' values are parameters, their last
+    average (the same on every rank of the group): the attack and the rule act on the updates
+    ``values - offset``, and the result is ``offset`` plus their aggregate.
     """
     adversaries = getattr(ctx, "adversaries", None)
     attacked = adversaries is not None and adversaries.active(step)
@@ -195,9 +198,11 @@ def aggregate_all_reduce(
         ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag)
     else:
         rows = ctx.comm.all_gather(flat, groups=groups, charge=False)
+        if offset is not None:
+            rows = rows - offset
         if attacked:
             rows = adversaries.attack_rows(rows, members, step, tag)
-        flat.copy_(rule(rows).to(flat.dtype))
+        flat.copy_(rule(rows).to(flat.dtype) if offset is None else offset + rule(rows).to(flat.dtype))
         kind = "all_reduce" if is_mean(rule) else "all_gather"
         ctx.comm.charge(kind, len(members), flat.numel() * flat.element_size(), tag, members=members)
     if privacy is not None and privacy.side == "server" and privacy.noise_multiplier > 0:

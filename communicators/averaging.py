@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -96,21 +96,43 @@ class AveragingCommunicator(Communicator):
             self.H = self.local_epochs * ctx.steps_per_epoch
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.buckets = dtype_buckets(self.params)
+        attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
+        #: Averaging parameters under an attack or a robust rule: each dtype's parameters as last
+        #: averaged, so that the nodes' updates (parameters minus these) are what is attacked.
+        self.anchors: list[torch.Tensor] | None = None
+        if self.target == "params" and (attacked or not is_mean(self.rule)):
+            if self.island_size:
+                raise ValueError(
+                    f"{self.describe()}: an attack or a robust rule acts on updates from one last average, which "
+                    "islands redrawn every round do not share; give one or the other"
+                )
+            self.anchors = [bucket.buffer.pack(bucket.tensors).clone() for bucket in self.buckets]
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:
         ctx = self.ctx
         islands = draw_islands(ctx.num_nodes, self.island_size, ctx.seed, step // self.H) if self.island_size else None
         tag = f"average_{self.target}"
-        for bucket in self.buckets:
+        for bucket_index, bucket in enumerate(self.buckets):
             tensors = bucket.tensors
             if self.target == "grads":
                 for p in tensors:  # a parameter without a gradient contributes zeros and gets the mean
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                 tensors = [p.grad for p in tensors]
-            aggregate_all_reduce(ctx, bucket.buffer.pack(tensors), self.rule, step, tag, islands, self.privacy)
+            flat = bucket.buffer.pack(tensors)
+            anchor = self.anchors[bucket_index] if self.anchors is not None else None
+            aggregate_all_reduce(ctx, flat, self.rule, step, tag, islands, self.privacy, offset=anchor)
+            if anchor is not None:
+                anchor.copy_(flat)
             bucket.buffer.unpack(tensors)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.anchors is None else {"anchors": list(self.anchors)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for anchor, saved in zip(self.anchors or [], state.get("anchors", []), strict=False):
+            anchor.copy_(saved)
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"

@@ -225,3 +225,19 @@ def test_the_noise_attack_draws_gaussian_rows_of_its_strength_the_same_for_the_s
     assert float(a[bad].std()) == pytest.approx(2.0, rel=0.03) and abs(float(a[bad].mean())) < 0.05
     good = [r for r in range(4) if r not in bad]
     assert torch.equal(a[good], rows[good])
+
+
+def test_fedavg_s_rule_and_attack_see_the_nodes_updates_from_the_last_average_not_their_models() -> None:
+    from tests.helpers import TinyNet
+
+    start = torch.cat([p.detach().flatten() for p in TinyNet().parameters()])  # every node's first model
+    local = train_ranks(K, lambda: FedAvgStrategy(H=H + 1, optim_spec=SGD), H)  # H steps, no average yet
+    updates = torch.stack([torch.cat([p.flatten() for p in r["params"]]) - start for r in local])
+    calls: list[torch.Tensor] = []
+    train_ranks(K, lambda: FedAvgStrategy(H=H, optim_spec=SGD, aggregate=recording(calls)), H)
+    torch.testing.assert_close(calls[0], updates, rtol=1e-5, atol=1e-6)  # updates, not models
+    attack = Adversaries("sign_flip", fraction=0.25)
+    bad = list(attack.malicious(K, seed=0))
+    flipped: list[torch.Tensor] = []
+    train_ranks(K, lambda: FedAvgStrategy(H=H, optim_spec=SGD, aggregate=recording(flipped)), H, adversaries=attack)
+    torch.testing.assert_close(flipped[0][bad], -updates[bad], rtol=1e-5, atol=1e-6)
