@@ -99,14 +99,14 @@ class AveragingCommunicator(Communicator):
         attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
         #: Averaging parameters under an attack or a robust rule: each dtype's parameters as last
         #: averaged, so that the nodes' updates (parameters minus these) are what is attacked.
-        self.anchors: list[torch.Tensor] | None = None
+        self.averaged: list[torch.Tensor] | None = None
         if self.target == "params" and (attacked or not is_mean(self.rule)):
             if self.island_size:
                 raise ValueError(
                     f"{self.describe()}: an attack or a robust rule acts on updates from one last average, which "
                     "islands redrawn every round do not share; give one or the other"
                 )
-            self.anchors = [bucket.buffer.pack(bucket.tensors).clone() for bucket in self.buckets]
+            self.averaged = [bucket.buffer.pack(bucket.tensors).clone() for bucket in self.buckets]
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:
@@ -121,18 +121,18 @@ class AveragingCommunicator(Communicator):
                         p.grad = torch.zeros_like(p)
                 tensors = [p.grad for p in tensors]
             flat = bucket.buffer.pack(tensors)
-            anchor = self.anchors[bucket_index] if self.anchors is not None else None
-            aggregate_all_reduce(ctx, flat, self.rule, step, tag, islands, self.privacy, offset=anchor)
-            if anchor is not None:
-                anchor.copy_(flat)
+            last = self.averaged[bucket_index] if self.averaged is not None else None
+            aggregate_all_reduce(ctx, flat, self.rule, step, tag, islands, self.privacy, offset=last)
+            if last is not None:
+                last.copy_(flat)
             bucket.buffer.unpack(tensors)
 
     def state_dict(self) -> dict[str, Any]:
-        return {} if self.anchors is None else {"anchors": list(self.anchors)}
+        return {} if self.averaged is None else {"averaged": list(self.averaged)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for anchor, saved in zip(self.anchors or [], state.get("anchors", []), strict=False):
-            anchor.copy_(saved)
+        for last, saved in zip(self.averaged or [], state.get("averaged", []), strict=False):
+            last.copy_(saved)
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
