@@ -140,3 +140,9 @@ def test_a_sweep_varies_the_rule_and_the_share_of_malicious_nodes_and_keeps_each
     assert abs(loss[("median", 0.25)] - clean) < abs(loss[("mean", 0.25)] - clean)
     with pytest.raises(ValueError, match="malicious varies the share of malicious nodes of adversaries"):
         sweep(task, ["diloco"], grid={"malicious": [0.25]}, nodes=K, steps=4, batch_size=8, out_dir=str(tmp_path))
+
+
+def test_a_rule_the_run_s_nodes_cannot_take_is_refused_before_anything_starts() -> None:
+    trainer = Trainer(TinyNet(), regression_data(256))
+    with pytest.raises(ValueError, match=r"aggregate of DiLoCoStrategy: .* 2 updates .*krum needs n > f \+ 2"):
+        trainer.fit(DiLoCoStrategy(H=2, aggregate="krum"), num_nodes=2, max_steps=4, batch_size=8, logger=False)

@@ -110,6 +110,7 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     resume_folder = _resume_folder(args.checkpoint)
     fault_round = _fault_round(args.faults, strategy, run.network_model)
     check_adversaries(args.adversaries, strategy, args.faults, run.network_model)
+    check_rules(strategy, run.num_nodes)
     layout = _layout(run, args.transport, device)
     collate_fn = D.collate_fn(args.data.loader_kwargs)
     steps, per_epoch = preflight.planned_steps(
@@ -232,6 +233,26 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
             )
         check_can_drop(strategy, f"Availability traces that take nodes away (network {network.name!r})")
     return round_steps(strategy)
+
+
+def check_rules(strategy: Strategy, num_nodes: int) -> None:
+    """Run each aggregation rule of ``strategy``'s pipeline (a module's ``rule``) once on
+    ``num_nodes`` rows of zeros (an island's size where the module draws islands), so that one
+    the run's group size cannot take (Krum on too few nodes, a trimmed mean that trims
+    everything) fails here, naming ``aggregate``, rather than inside the nodes. (A server's
+    groups are its draws and buffers: its rule is checked when it runs.)"""
+    modules = [] if isinstance(strategy, ServerStrategy) or strategy.pipeline is None else strategy.pipeline.leaves()
+    for module in modules:
+        rule = getattr(module, "rule", None)
+        if rule is None:
+            continue
+        group = min(num_nodes, getattr(module, "island_size", None) or num_nodes)
+        try:
+            rule(torch.zeros(group, 1))
+        except (ValueError, IndexError, RuntimeError) as e:
+            raise ValueError(
+                f"aggregate of {type(strategy).__name__}: its rule cannot combine the {group} updates of this run: {e}"
+            ) from None
 
 
 def check_adversaries(
