@@ -271,7 +271,7 @@ def _help_commands() -> list[list[str]]:
         "tutorial_production",
     )
     commands += [["-m", f"exogym.examples.{name}"] for name in examples]
-    benchmarks = ("allreduce", "e2e", "fidelity", "virtual_nodes", "gpu_virtual_nodes")
+    benchmarks = ("allreduce", "e2e", "fidelity", "robustness", "virtual_nodes", "gpu_virtual_nodes")
     commands += [[f"benchmarks/{name}.py"] for name in benchmarks]
     return commands
 
