@@ -30,9 +30,10 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # (torch is imported where it is used: the command line's --help imports this module)
+    import torch
 
 ATTACKS = ("sign_flip", "noise", "label_flip", "alie", "ipm", "free_rider")
 
@@ -89,6 +90,8 @@ class Adversaries:
 
     def malicious(self, num_nodes: int, seed: int) -> tuple[int, ...]:
         """The malicious ranks of a run of ``num_nodes`` nodes from ``seed``, ascending."""
+        import torch
+
         g = torch.Generator().manual_seed(_mix(seed, "adversaries"))
         return tuple(sorted(torch.randperm(num_nodes, generator=g)[: self.count(num_nodes)].tolist()))
 
@@ -152,6 +155,8 @@ class AdversaryPlan:
         )
 
     def _flip(self, labels: Any) -> torch.Tensor:
+        import torch
+
         if not isinstance(labels, torch.Tensor) or labels.is_floating_point():
             raise TypeError(f"Adversaries('label_flip') needs integer labels, got {labels!r:.60}")
         return self.config.num_classes - 1 - labels
@@ -170,6 +175,8 @@ class AdversaryPlan:
         strength = self.config.strength
         if strength is None:
             strength = DEFAULT_STRENGTH[self.config.attack]
+        import torch
+
         g = torch.Generator().manual_seed(_mix(self.seed, "attack", step, tag))
         out = rows.clone()
         out[bad] = attack(self.config.attack, rows, bad, good, strength, g)
@@ -180,6 +187,8 @@ def alie_z(n: int, f: int) -> float:
     """ALIE's ``z_max`` (Baruch et al. 2019): ``Phi^-1((n - s) / n)``, ``s = floor(n / 2 + 1) - f``."""
     s = math.floor(n / 2 + 1) - f
     p = min(max((n - s) / n, 1e-12), 1 - 1e-12)
+    import torch
+
     return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(p, dtype=torch.float64)))
 
 
@@ -198,6 +207,8 @@ def attack(
     if name == "sign_flip":
         return -strength * own
     if name == "noise":
+        import torch
+
         draw = torch.randn(own.shape, generator=generator, dtype=torch.float64)
         return (strength * draw).to(rows.dtype)
     if name == "alie":
@@ -207,7 +218,7 @@ def attack(
     if name == "ipm":
         return (-strength * honest.mean(0)).expand_as(own).clone()
     if name == "free_rider":
-        return torch.zeros_like(own)
+        return own.new_zeros(own.shape)
     raise ValueError(f"unknown attack {name!r}; choose from {', '.join(ATTACKS)}")
 
 
