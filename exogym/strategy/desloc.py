@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.averaging import AveragingCommunicator
 from communicators.optimizer_state import OptimizerStateAveraging
 from exogym.compat import legacy_keywords
@@ -29,18 +30,28 @@ class DESLOCStrategy(CommunicateOptimizeStrategy):
         Kx: steps between parameter averages (default 32).
         Ku: steps between first-moment averages (default ``3 * Kx``, the paper's suggestion).
         Kv: steps between second-moment averages (default ``6 * Kx``, the paper's suggestion).
+        aggregate: how the parameters are combined (``"mean"``, default, or a robust rule of
+            [`communicators.aggregation`][communicators.aggregation], acting on the nodes'
+            updates from the last average); the moments are averaged.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
 
-    def __init__(self, Kx: int = 32, Ku: int | None = None, Kv: int | None = None, **strategy_kwargs: Any) -> None:
+    def __init__(
+        self,
+        Kx: int = 32,
+        Ku: int | None = None,
+        Kv: int | None = None,
+        aggregate: str | Rule = "mean",
+        **strategy_kwargs: Any,
+    ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
         for name, value in (("Kx", Kx), ("Ku", Ku), ("Kv", Kv)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} (steps between averages) must be a positive int, got {value!r}")
         self.Kx, self.Ku, self.Kv = Kx, 3 * Kx if Ku is None else Ku, 6 * Kx if Kv is None else Kv
         modules = [
-            AveragingCommunicator(self.Kx, target="params"),
+            AveragingCommunicator(self.Kx, target="params", aggregate=aggregate),
             OptimizerStateAveraging("exp_avg", self.Ku),
             OptimizerStateAveraging("exp_avg_sq", self.Kv),
         ]

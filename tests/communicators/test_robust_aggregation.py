@@ -241,3 +241,12 @@ def test_fedavg_s_rule_and_attack_see_the_nodes_updates_from_the_last_average_no
     flipped: list[torch.Tensor] = []
     train_ranks(K, lambda: FedAvgStrategy(H=H, optim_spec=SGD, aggregate=recording(flipped)), H, adversaries=attack)
     torch.testing.assert_close(flipped[0][bad], -updates[bad], rtol=1e-5, atol=1e-6)
+
+
+def test_desloc_s_parameter_average_takes_the_rule_as_an_all_gather_and_its_moments_stay_all_reduced() -> None:
+    from exogym.strategy.desloc import DESLOCStrategy
+
+    adam = OptimSpec(torch.optim.Adam, lr=0.01)
+    out = train_ranks(K, lambda: DESLOCStrategy(Kx=H, Ku=H, Kv=H, aggregate="median", optim_spec=adam), H + 1)
+    kinds = {(r.tag, r.kind) for step in out[0]["records"] for r in step}
+    assert ("average_params", "all_gather") in kinds and ("average_exp_avg", "all_reduce") in kinds
