@@ -62,6 +62,7 @@ from fidelity_verdicts import (
     Runs,
     above,
     below,
+    bytes_per_step,
     ci,
     claims_table,
     every,
@@ -211,6 +212,20 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
     gpt = gpt_task(scale)
     common = dict(network="internet", progress=progress)
     k0, h0, h_big = scale.nodes[0], min(scale.H), max(scale.H)
+
+    def gpt_runs(strategies: dict[str, Strategy], group: str, **sizes: int) -> None:
+        """The GPT ``strategies`` over the seeds, one ``compare`` per seed into
+        ``<runs_dir>/gpt-<group>/seed<s>``, added under ``<label> <group as K=4 or M=1>``."""
+        out = os.path.join(runs_dir, f"gpt-{group}")
+        over_seeds(
+            scale.seeds,
+            lambda s: compare(
+                gpt, strategies, out_dir=os.path.join(out, f"seed{s}"), seed=s, steps=scale.steps, **sizes, **common
+            ),
+            runs,
+            suffix=f" {group[0]}={group[1:]}",
+        )
+
     for k in scale.nodes:
         strategies: dict[str, Strategy] = {"ddp": SimpleReduceStrategy(adamw())}
         strategies.update({f"diloco H={h}": diloco(h) for h in scale.H})
@@ -232,33 +247,15 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
             strategies.update(streaming_runs(scale))
         strategies.update(algorithm_runs(scale, k))
         logger.info("GPT, K=%d: %d runs x %d seeds", k, len(strategies), len(scale.seeds))
-        sizes = dict(nodes=k, steps=scale.steps, batch_size=scale.batch_size, H=h_big)
-        out = os.path.join(runs_dir, f"gpt-K{k}")
-        over_seeds(
-            scale.seeds,
-            lambda s, out=out, strategies=strategies, sizes=sizes: compare(
-                gpt, strategies, out_dir=os.path.join(out, f"seed{s}"), seed=s, **sizes, **common
-            ),
-            runs,
-            suffix=f" K={k}",
-        )
+        gpt_runs(strategies, f"K{k}", nodes=k, batch_size=scale.batch_size, H=h_big)
     # DiLoCo's scaling laws: the global batch of K0 nodes (batch_size each) on 1 and 2 replicas
     batch = scale.batch_size * k0
     for m in (1, 2):
         strategies = {f"diloco H={h0}": diloco(h0)} | ({"ddp": SimpleReduceStrategy(adamw())} if m == 1 else {})
-        sizes = dict(nodes=m, steps=scale.steps, batch_size=batch // m, H=h0)
-        out = os.path.join(runs_dir, f"gpt-M{m}")
         logger.info(
             "GPT, %d replica(s), global batch %d: %d runs x %d seeds", m, batch, len(strategies), len(scale.seeds)
         )
-        over_seeds(
-            scale.seeds,
-            lambda s, out=out, strategies=strategies, sizes=sizes: compare(
-                gpt, strategies, out_dir=os.path.join(out, f"seed{s}"), seed=s, **sizes, **common
-            ),
-            runs,
-            suffix=f" M={m}",
-        )
+        gpt_runs(strategies, f"M{m}", nodes=m, batch_size=batch // m, H=h0)
 
     digits = digits_task()
     fed = dict(nodes=scale.clients, steps=scale.fed_steps, batch_size=scale.fed_batch, H=scale.fed_H, **common)
@@ -410,7 +407,8 @@ def scaling_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
     counts = sorted(replicas)
     grows = {(a, b): paired(runs, replicas[b], replicas[a]) for a, b in zip(counts, counts[1:], strict=False)}
     params = sum(p.numel() for p in gpt_model(scale).parameters())
-    ring = {k: scaled(per_step_ratio_of(runs, f"ddp K={k}"), 1 / (2 * (k - 1) / k * 4 * params)) for k in scale.nodes}
+    ring_bytes = {k: 2 * (k - 1) / k * 4 * params for k in scale.nodes}  # per node and step
+    ring = {k: estimate(b / ring_bytes[k] for b in bytes_per_step(runs, f"ddp K={k}")) for k in scale.nodes}
     source = "DiLoCo scaling laws (2503.09799)"
     claims = [
         Claim(
@@ -446,11 +444,6 @@ def scaling_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
         ),
     ]
     return lines, claims
-
-
-def per_step_ratio_of(runs: Runs, label: str) -> Estimate:
-    """The estimate over seeds of a run's bytes per node and step."""
-    return estimate(r["bytes_sent_per_node"] / r["steps"] for r in runs.rows[label])
 
 
 def streaming_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:

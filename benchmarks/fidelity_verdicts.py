@@ -201,7 +201,11 @@ def time_ratio(runs: Runs, a: str, b: str) -> tuple[Estimate | None, int]:
     return (estimate(ratios) if len(ratios) == len(runs.histories[a]) else None), len(ratios)
 
 
+def bytes_per_step(runs: Runs, label: str) -> list[float]:
+    """A run's bytes per node and step, one value per seed."""
+    return [r["bytes_sent_per_node"] / r["steps"] for r in runs.rows[label]]
+
+
 def per_step_ratio(runs: Runs, a: str, b: str) -> Estimate:
     """The estimate over seeds of ``a``'s bytes per node and step divided by ``b``'s, seed by seed."""
-    per_step = lambda label: [r["bytes_sent_per_node"] / r["steps"] for r in runs.rows[label]]  # noqa: E731
-    return estimate(x / y for x, y in zip(per_step(a), per_step(b), strict=True))
+    return estimate(x / y for x, y in zip(bytes_per_step(runs, a), bytes_per_step(runs, b), strict=True))

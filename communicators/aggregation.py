@@ -188,7 +188,6 @@ def aggregate_all_reduce(
     """
     adversaries = getattr(ctx, "adversaries", None)
     attacked = adversaries is not None and adversaries.active(step)
-    members = group_of(ctx.rank, ctx.num_nodes, groups)
     if privacy is not None:
         clip_(flat, privacy.clip)
         if privacy.side == "client" and privacy.noise_multiplier > 0:
@@ -197,6 +196,7 @@ def aggregate_all_reduce(
     if is_mean(rule) and not attacked:
         ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag)
     else:
+        members = group_of(ctx.rank, ctx.num_nodes, groups)
         rows = ctx.comm.all_gather(flat, groups=groups, charge=False)
         if offset is not None:
             rows = rows - offset
@@ -206,6 +206,7 @@ def aggregate_all_reduce(
         kind = "all_reduce" if is_mean(rule) else "all_gather"
         ctx.comm.charge(kind, len(members), flat.numel() * flat.element_size(), tag, members=members)
     if privacy is not None and privacy.side == "server" and privacy.noise_multiplier > 0:
+        members = group_of(ctx.rank, ctx.num_nodes, groups)
         std = privacy.noise_multiplier * privacy.clip / len(members)  # the sum's noise, over n
         flat.add_(gaussian(flat.shape, std, ctx.seed, "dp-server", members, step, tag, dtype=flat.dtype))
     return flat

@@ -27,10 +27,11 @@ The attacks (``ATTACKS``), ``s`` the attack's ``strength``:
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from exogym.core.seeding import named_seed
 
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line's --help imports this module)
     import torch
@@ -92,7 +93,7 @@ class Adversaries:
         """The malicious ranks of a run of ``num_nodes`` nodes from ``seed``, ascending."""
         import torch
 
-        g = torch.Generator().manual_seed(_mix(seed, "adversaries"))
+        g = torch.Generator().manual_seed(named_seed(seed, "adversaries"))
         return tuple(sorted(torch.randperm(num_nodes, generator=g)[: self.count(num_nodes)].tolist()))
 
     def plan(self, num_nodes: int, seed: int) -> AdversaryPlan:
@@ -107,11 +108,6 @@ class Adversaries:
             "strength": self.strength,
             "num_classes": self.num_classes,
         }
-
-
-def _mix(seed: int, *parts: object) -> int:
-    """A 63-bit seed from ``seed`` and ``parts`` (the same on every rank and platform)."""
-    return zlib.crc32(repr((seed, *parts)).encode()) | (int(seed) % (1 << 31)) << 32
 
 
 @dataclass(frozen=True)
@@ -177,7 +173,7 @@ class AdversaryPlan:
             strength = DEFAULT_STRENGTH[self.config.attack]
         import torch
 
-        g = torch.Generator().manual_seed(_mix(self.seed, "attack", step, tag))
+        g = torch.Generator().manual_seed(named_seed(self.seed, "attack", step, tag))
         out = rows.clone()
         out[bad] = attack(self.config.attack, rows, bad, good, strength, g)
         return out

@@ -24,10 +24,11 @@ aggregation rule other than the mean.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import torch
+
+from exogym.core.seeding import named_seed
 
 SIDES = ("client", "server")
 
@@ -87,8 +88,7 @@ def clip_(update: torch.Tensor, clip: float) -> torch.Tensor:
 def gaussian(shape: torch.Size, std: float, seed: int, *parts: object, dtype: torch.dtype) -> torch.Tensor:
     """``N(0, std^2)`` of ``shape`` from a generator seeded by ``seed`` and ``parts`` (the same
     on every rank and platform)."""
-    key = zlib.crc32(repr((seed, *parts)).encode()) | (int(seed) % (1 << 31)) << 32
-    g = torch.Generator().manual_seed(key)
+    g = torch.Generator().manual_seed(named_seed(seed, *parts))
     return (std * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
 
 

@@ -7,7 +7,11 @@ choice (round, purpose), never from a broadcast.
 
 from __future__ import annotations
 
-import torch
+import zlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (imported where it is used: modules the command line's --help reads use this one)
+    import torch
 
 _M64 = (1 << 64) - 1
 
@@ -28,10 +32,19 @@ def derive_seed(*parts: int) -> int:
     return h >> 1
 
 
+def named_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from the shared ``seed`` and ``parts`` of any kind (names, steps, tuples of
+    ranks), the same on every rank and platform: the CRC-32 of their ``repr`` in the low 32 bits,
+    ``seed`` modulo 2^31 above them."""
+    return zlib.crc32(repr((seed, *parts)).encode()) | (int(seed) % (1 << 31)) << 32
+
+
 def generator(*parts: int) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with [`derive_seed`][exogym.core.seeding.derive_seed] of
     ``parts``."""
+    import torch
+
     return torch.Generator().manual_seed(derive_seed(*parts))
 
 
-__all__ = ["derive_seed", "generator"]
+__all__ = ["derive_seed", "generator", "named_seed"]

@@ -235,14 +235,20 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
     return round_steps(strategy)
 
 
+def _pipeline_modules(strategy: Strategy) -> list[Any]:
+    """The communicating modules of ``strategy``'s pipeline (none for a server strategy)."""
+    if isinstance(strategy, ServerStrategy) or strategy.pipeline is None:
+        return []
+    return strategy.pipeline.leaves()
+
+
 def check_rules(strategy: Strategy, num_nodes: int) -> None:
     """Run each aggregation rule of ``strategy``'s pipeline (a module's ``rule``) once on
     ``num_nodes`` rows of zeros (an island's size where the module draws islands), so that one
     the run's group size cannot take (Krum on too few nodes, a trimmed mean that trims
     everything) fails here, naming ``aggregate``, rather than inside the nodes. (A server's
     groups are its draws and buffers: its rule is checked when it runs.)"""
-    modules = [] if isinstance(strategy, ServerStrategy) or strategy.pipeline is None else strategy.pipeline.leaves()
-    for module in modules:
+    for module in _pipeline_modules(strategy):
         rule = getattr(module, "rule", None)
         if rule is None:
             continue
@@ -264,10 +270,8 @@ def check_adversaries(
     dropped cannot."""
     if adversaries is None or adversaries.attack == "label_flip":
         return
-    if isinstance(strategy, ServerStrategy):
-        modules = [strategy.server]  # a server that aggregates its clients' results keeps its rule
-    else:
-        modules = strategy.pipeline.leaves() if strategy.pipeline is not None else []
+    # a server that aggregates its clients' results keeps its rule too
+    modules = [strategy.server] if isinstance(strategy, ServerStrategy) else _pipeline_modules(strategy)
     if not any(getattr(m, "rule", None) is not None for m in modules):
         raise ValueError(
             f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)): {type(strategy).__name__} has no module "
