@@ -4,6 +4,10 @@
     python benchmarks/fidelity.py --quick        # a smoke test of the same report: 2 seeds, smaller runs
     python benchmarks/fidelity.py --report-only  # the report again from the saved runs
 
+A run that stops (Ctrl-C, a crash, the machine going away) starts again where it stopped: the same
+command reads the sections it finished from ``<runs-dir>/runs.partial.json`` (kept only while the
+scale is the same) and trains the rest.
+
 Every algorithm ExoGym ships has one finding or more, each a claim of its paper written as a
 criterion in this script before the runs:
 
@@ -40,8 +44,10 @@ full run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import json
 import logging
 import os
 import platform
@@ -207,8 +213,22 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
     """Every run of the report over the scale's seeds: the synchronous studies grouped into one
     ``compare`` per task, node count and seed, then the asynchronous studies, the Rosenbrock toy
     and the bandwidth table (exact: no seeds)."""
-    runs = Runs({}, {}, {})
-    partial = os.path.join(runs_dir, "runs.partial.json")  # what has run so far, should a later run fail
+    os.makedirs(runs_dir, exist_ok=True)
+    partial = os.path.join(runs_dir, "runs.partial.json")  # what has run so far, should a later run stop
+    runs = resumed(partial, scale)
+
+    def section(name: str, run: Callable[[], None]) -> None:
+        """``run()`` unless a stopped run of this scale finished it; then save what has run."""
+        done = runs.exact["sections"]
+        if name in done:
+            logger.info("%s: already run, read from %s", name, partial)
+            return
+        t0 = time.perf_counter()
+        run()
+        runs.wall += time.perf_counter() - t0
+        done.append(name)
+        runs.save(partial)
+
     gpt = gpt_task(scale)
     common = dict(network="internet", progress=progress)
     k0, h0, h_big = scale.nodes[0], min(scale.H), max(scale.H)
@@ -247,7 +267,8 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
             strategies.update(streaming_runs(scale))
         strategies.update(algorithm_runs(scale, k))
         logger.info("GPT, K=%d: %d runs x %d seeds", k, len(strategies), len(scale.seeds))
-        gpt_runs(strategies, f"K{k}", nodes=k, batch_size=scale.batch_size, H=h_big)
+        sizes = dict(nodes=k, batch_size=scale.batch_size, H=h_big)
+        section(f"gpt-K{k}", functools.partial(gpt_runs, strategies, f"K{k}", **sizes))
     # DiLoCo's scaling laws: the global batch of K0 nodes (batch_size each) on 1 and 2 replicas
     batch = scale.batch_size * k0
     for m in (1, 2):
@@ -255,7 +276,7 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
         logger.info(
             "GPT, %d replica(s), global batch %d: %d runs x %d seeds", m, batch, len(strategies), len(scale.seeds)
         )
-        gpt_runs(strategies, f"M{m}", nodes=m, batch_size=batch // m, H=h0)
+        section(f"gpt-M{m}", functools.partial(gpt_runs, strategies, f"M{m}", nodes=m, batch_size=batch // m, H=h0))
 
     digits = digits_task()
     fed = dict(nodes=scale.clients, steps=scale.fed_steps, batch_size=scale.fed_batch, H=scale.fed_H, **common)
@@ -273,19 +294,31 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
             split = partition(digits.train, scale.clients, scheme, alpha=ALPHA, min_size=scale.fed_batch, seed=s)
             return compare(digits, strategies, partition=split, out_dir=os.path.join(out, f"seed{s}"), seed=s, **fed)
 
-        over_seeds(scale.seeds, fed_run, runs, suffix=f" {scheme}")
+        section(f"fedavg-{scheme}", functools.partial(over_seeds, scale.seeds, fed_run, runs, suffix=f" {scheme}"))
 
-    runs.save(partial)
-    fidelity_async.run_async(gpt, digits, scale, LR, runs_dir, runs, progress)
-    runs.save(partial)
-    fidelity_rosenbrock.run_toy(scale, runs_dir, runs, progress)
-    runs.save(partial)
+    section("async", lambda: fidelity_async.run_async(gpt, digits, scale, LR, runs_dir, runs, progress))
+    section("rosenbrock", lambda: fidelity_rosenbrock.run_toy(scale, runs_dir, runs, progress))
+    t0 = time.perf_counter()
     logger.info("the Streaming DiLoCo bandwidth table and eager DiLoCo's round at 1B (exact)")
     cells, peaks = bandwidth_table.measure(scale.table_models)
     runs.exact["bandwidth_cells"] = cells
     runs.exact["peak_bytes"] = {f"{m}/{method}": v for (m, method), v in peaks.items()}
     runs.exact["eager_seconds"] = eager_at_scale()
+    runs.wall += time.perf_counter() - t0
     return runs
+
+
+def resumed(partial: str, scale: Scale) -> Runs:
+    """What a stopped run of the same scale saved in ``partial`` (its finished sections, read
+    again rather than trained again), or nothing; a saved run of another scale is set aside."""
+    settings = json.loads(json.dumps(dataclasses.asdict(scale)))
+    if os.path.exists(partial):
+        runs = Runs.load(partial)
+        if runs.exact.get("scale") == settings:
+            logger.info("resuming: %s holds %s", partial, ", ".join(runs.exact["sections"]) or "nothing yet")
+            return runs
+        logger.info("%s is of another scale; starting afresh", partial)
+    return Runs({}, {}, {}, exact={"scale": settings, "sections": []})
 
 
 #: Where eager DiLoCo's time is priced: the Streaming DiLoCo table's 1B row (24 layers, 0.1 s of
@@ -1067,12 +1100,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             p.error(f"--report-only: {saved} does not exist; run without --report-only first")
         runs = Runs.load(saved)
     else:
-        t0 = time.perf_counter()
         scale = SCALES[scale_name]
         logger.info("%s scale: every run over seeds %s", scale_name, list(scale.seeds))
         runs = run_all(scale, runs_dir, progress=not args.no_progress)
-        runs.wall = time.perf_counter() - t0
         runs.save(saved)
+        os.remove(os.path.join(runs_dir, "runs.partial.json"))
     command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "")
     path = write_report(runs, SCALES[scale_name], scale_name, out, command)
     logger.info("wrote %s (runs: %.1f min)", path, runs.wall / 60)
