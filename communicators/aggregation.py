@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from exogym.core.comm.entries import Entries
+from exogym.core.comm.handles import CollectiveHandle, start
 from exogym.privacy import DifferentialPrivacy, clip_, gaussian
 
 #: A rule: ``[n, d]`` updates -> ``[d]`` aggregate.
@@ -167,7 +169,9 @@ def aggregate_all_reduce(
     groups: Sequence[Sequence[int]] | None = None,
     privacy: DifferentialPrivacy | None = None,
     offset: torch.Tensor | None = None,
-) -> torch.Tensor:
+    entries: Entries | None = None,
+    async_op: bool = False,
+) -> torch.Tensor | CollectiveHandle:
     """Replace ``flat`` (this node's update, one flat tensor) by the aggregate of its group's
     updates under ``rule``, in place. Collective: every rank of the group calls it. A module of
     your own that aggregates through it keeps its rule as ``self.rule``: ``fit(adversaries=...)``
@@ -178,23 +182,39 @@ def aggregate_all_reduce(
     adversaries (``ctx.adversaries``) replace their rows
     ([`AdversaryPlan.attack_rows`][exogym.adversaries.AdversaryPlan.attack_rows]) and ``rule``
     runs on the rows. The ledger charges what the rule needs on the wire: an all-reduce of
-    ``flat``'s bytes for the mean, an all-gather of them for any other rule.
+    ``flat``'s bytes for the mean, an all-gather of them for any other rule (the bytes a wire
+    transform such as ``QuantizeCommunicator`` sends for them, where one wraps the module).
 
     With ``privacy`` ([`DifferentialPrivacy`][exogym.privacy.DifferentialPrivacy]) each
     node's update is clipped first, and the noise is added to it (``side="client"``) or to the
     aggregate (``side="server"``). ``offset``: where the nodes' values are parameters, their last
     average (the same on every rank of the group): the attack and the rule act on the updates
-    ``values - offset``, and the result is ``offset`` plus their aggregate.
+    ``values - offset``, and the result is ``offset`` plus their aggregate. ``entries``: which
+    of the model's entries ``flat`` holds, for a wire transform of the mean's all-reduce.
+
+    ``async_op=True``: as a collective started with it, a
+    [`CollectiveHandle`][exogym.strategy.CollectiveHandle]: the aggregate is computed at the
+    call, its bytes charged then, and the handle's ``wait()`` writes it into ``flat`` when its
+    transfer has arrived on the node's clock.
     """
     adversaries = getattr(ctx, "adversaries", None)
     attacked = adversaries is not None and adversaries.active(step)
+    if async_op:
+        if is_mean(rule) and not attacked and privacy is None:
+            return ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag, entries=entries, async_op=True)
+        return start(
+            ctx.comm,
+            "all_reduce",
+            flat,
+            lambda copy: aggregate_all_reduce(ctx, copy, rule, step, tag, groups, privacy, offset, entries),
+        )
     if privacy is not None:
         clip_(flat, privacy.clip)
         if privacy.side == "client" and privacy.noise_multiplier > 0:
             std = privacy.noise_multiplier * privacy.clip
             flat.add_(gaussian(flat.shape, std, ctx.seed, "dp", ctx.rank, step, tag, dtype=flat.dtype))
     if is_mean(rule) and not attacked:
-        ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag)
+        ctx.comm.all_reduce(flat, op="mean", groups=groups, tag=tag, entries=entries)
     else:
         members = group_of(ctx.rank, ctx.num_nodes, groups)
         rows = ctx.comm.all_gather(flat, groups=groups, charge=False)
@@ -204,7 +224,7 @@ def aggregate_all_reduce(
             rows = adversaries.attack_rows(rows, members, step, tag)
         flat.copy_(rule(rows).to(flat.dtype) if offset is None else offset + rule(rows).to(flat.dtype))
         kind = "all_reduce" if is_mean(rule) else "all_gather"
-        ctx.comm.charge(kind, len(members), flat.numel() * flat.element_size(), tag, members=members)
+        ctx.comm.charge(kind, len(members), *ctx.comm.wire_payload(flat, tag), members=members)
     if privacy is not None and privacy.side == "server" and privacy.noise_multiplier > 0:
         members = group_of(ctx.rank, ctx.num_nodes, groups)
         std = privacy.noise_multiplier * privacy.clip / len(members)  # the sum's noise, over n

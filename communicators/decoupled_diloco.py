@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from communicators.aggregation import Rule, is_mean, resolve, rule_name
 from communicators.cgad import CGAD, cgad_scale, check_cgad
 from communicators.checks import check_int, check_number
 from exogym.core.comm.network import Network
@@ -114,6 +115,10 @@ class DecoupledDiLoCoServer(Server):
         cgad_alpha, cgad_cutoff: CGAD's decay per merge of age and the age (merges) from which a
             contribution is gated out (``float("inf")``: no gate); ``outer="cgad"`` only.
         cgad_betas, cgad_eps: CGAD's Adam betas and epsilon; ``outer="cgad"`` only.
+        aggregate: how a merge combines its contributions
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (default, the
+            paper's token-weighted mean) or a robust rule, unweighted, on the (staleness-scaled)
+            pseudo-gradients; the run's adversaries attack the contributions of malicious learners.
     """
 
     kinds = ("contribution", "merge", "pull", "deliver", "restore")
@@ -135,8 +140,11 @@ class DecoupledDiLoCoServer(Server):
         cgad_cutoff: float = 16,
         cgad_betas: tuple[float, float] = (0.9, 0.999),
         cgad_eps: float = 1e-8,
+        aggregate: str | Rule = "mean",
     ) -> None:
         super().__init__()
+        #: The aggregation rule (``aggregate``).
+        self.rule = resolve(aggregate)
         check_int("H", H)
         check_int("fragments", fragments)
         check_int("quorum", quorum, none="half the nodes")
@@ -191,6 +199,8 @@ class DecoupledDiLoCoServer(Server):
         self.version = [0] * P
         self.round: list[dict[int, tuple]] = [{} for _ in range(P)]
         self.opened, self.merging = [0.0] * P, [False] * P
+        #: With a robust rule or adversaries, a merge gathers its contributions as rows.
+        self.keeps_rows = not is_mean(self.rule) or ctx.adversaries is not None
 
     def _slice(self, t: torch.Tensor, p: int) -> torch.Tensor:
         a, b = self.bounds[p]
@@ -250,13 +260,19 @@ class DecoupledDiLoCoServer(Server):
         total = float(sum(c for _, (c, _, _, _) in contributions))
         theta = self._slice(self.params, p)
         delta = torch.zeros_like(theta)
-        scales = []
+        scales, rows = [], []
         for r, (c, v, received, sent) in contributions:
             staleness = self.version[p] - v
             self.record_update(r, staleness, received)
             scale = cgad_scale(staleness, self.cgad_alpha, self.cgad_cutoff) if self.cgad is not None else 1.0
             scales.append(scale)
-            delta.add_((theta - sent) * (float(c) / total * scale))
+            if self.keeps_rows:
+                rows.append((theta - sent) * scale)
+            else:
+                delta.add_((theta - sent) * (float(c) / total * scale))
+        if self.keeps_rows:
+            weights = torch.tensor([float(c) / total for _, (c, _, _, _) in contributions], dtype=theta.dtype)
+            delta = self._aggregate(p, [r for r, _ in contributions], torch.stack(rows), weights)
         if self.cgad is None:
             assert self.momentum is not None
             buf = self._slice(self.momentum, p)
@@ -273,6 +289,14 @@ class DecoupledDiLoCoServer(Server):
             arrival = self.now + self.fragment_down[r][p]
             if not any(a <= arrival < b for a, b in self.down[r]):  # a learner absent then drops it
                 self.schedule(self.fragment_down[r][p], "deliver", r, p, self.version[p], merged)
+
+    def _aggregate(self, p: int, learners: list[int], rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """A merge's pseudo-gradient from its contributions ``rows`` (the malicious learners'
+        attacked first, at step ``merges of p * H``): the ``weights``' mean, or the rule."""
+        adversaries = self.ctx.adversaries
+        if adversaries is not None:
+            rows = adversaries.attack_rows(rows, learners, self.version[p] * self.sync_steps, f"decoupled_{p}")
+        return weights @ rows if is_mean(self.rule) else self.rule(rows).to(rows.dtype)
 
     def on_deliver(self, r: int, p: int, version: int, merged: torch.Tensor) -> None:
         self.transfer(r, received=self.fragment_bytes[p])  # it trains on meanwhile
@@ -336,7 +360,9 @@ class DecoupledDiLoCoServer(Server):
             )
         return (
             f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
-            f"grace={self.grace}, tau={self.tau}, {outer})"
+            f"grace={self.grace}, tau={self.tau}, {outer}"
+            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
+            + ")"
         )
 
 

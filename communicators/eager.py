@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, rule_name
 from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import NodeContext
@@ -45,19 +46,21 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
     Args:
         H: inner steps between outer steps.
         outer_optim: the outer optimizer (default Nesterov SGD, lr 0.7, momentum 0.9).
+        aggregate: how the nodes' pseudo-gradients become one
+            ([`communicators.aggregation`][communicators.aggregation]; ``"mean"``, the default,
+            is the paper's all-reduce). With another rule the aggregate takes the mean's place: a
+            node applies its own share ``delta_m / n`` at once and the rest of the aggregate one
+            round late.
     """
 
     #: The mean pseudo-gradient holds every entry every round.
     payloads: ClassVar[str] = "stable"
     supports_dropout: ClassVar[bool] = True
 
-    def __init__(self, H: int = 100, outer_optim: OptimSpec | None = None) -> None:
-        super().__init__(H, outer_optim)
+    def __init__(self, H: int = 100, outer_optim: OptimSpec | None = None, aggregate: str | Rule = "mean") -> None:
+        super().__init__(H, outer_optim, aggregate=aggregate)
         #: Steps of compute each round's all-reduce overlaps (the next inner phase).
         self.overlap_steps = H
-        #: Its all-reduce overlaps the next phase, outside ``aggregate_all_reduce``: no rule
-        #: (attacks and robust rules do not act on it).
-        self.rule = None
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
@@ -72,7 +75,7 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
             mean = bucket.buffer.pack([self.global_params[i] - self.params[i] for i in bucket.indices])
             shares = (mean / n).split(bucket.buffer.numels)  # this node's own, before the all-reduce
             with self.ctx.comm.ledger.overlapping(self.overlap_steps):
-                self.ctx.comm.all_reduce(mean, op="mean", tag="eager_diloco_pseudo_grad")
+                aggregate_all_reduce(self.ctx, mean, self.rule, step, "eager_diloco_pseudo_grad")
             for i, share, total in zip(bucket.indices, shares, mean.split(bucket.buffer.numels), strict=True):
                 share = share.view_as(self.params[i])
                 grads[i] = share + self.delayed[i]
@@ -88,7 +91,8 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
             t.copy_(s)
 
     def describe(self) -> str:
-        return f"EagerDiLoCo(H={self.H}, outer={self.outer_spec!r})"
+        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        return f"EagerDiLoCo(H={self.H}, outer={self.outer_spec!r}{rule})"
 
 
 __all__ = ["EagerDiLoCoCommunicator"]

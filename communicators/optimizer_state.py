@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from exogym.core.comm.flat import FlatBuffer, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -28,6 +29,9 @@ class OptimizerStateAveraging(Communicator):
     Args:
         name: the state's name, e.g. ``"exp_avg"`` or ``"exp_avg_sq"`` (Adam, AdamW).
         H: communicate every ``H`` steps.
+        aggregate: how the nodes' values become one
+            ([`communicators.aggregation`][communicators.aggregation]): ``"mean"`` (the default,
+            an all-reduce) or a robust rule (an all-gather), on the state's values themselves.
 
     Raises:
         ValueError (at its first round): the optimizer holds no such state.
@@ -39,11 +43,15 @@ class OptimizerStateAveraging(Communicator):
     #: A mean all-reduce: averages among the present nodes.
     supports_dropout: ClassVar[bool] = True
 
-    def __init__(self, name: str, H: int = 1) -> None:
+    def __init__(self, name: str, H: int = 1, aggregate: str | Rule = "mean") -> None:
         super().__init__(H)
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be the name of an optimizer state, e.g. 'exp_avg', got {name!r}")
         self.name = name
+        #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
+        self.rule = resolve(aggregate)
+        #: A robust rule gathers every node's values, which a round with dropped nodes cannot.
+        self.supports_dropout = is_mean(self.rule)  # type: ignore[misc]
 
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
@@ -62,11 +70,12 @@ class OptimizerStateAveraging(Communicator):
             self._layout = [(idx, FlatBuffer([tensors[i] for i in idx])) for idx in group_by_dtype(tensors)]
         for idx, buf in self._layout:
             group = [tensors[i] for i in idx]
-            self.ctx.comm.all_reduce(buf.pack(group), op="mean", tag=f"average_{self.name}")
+            aggregate_all_reduce(self.ctx, buf.pack(group), self.rule, step, f"average_{self.name}")
             buf.unpack(group)
 
     def describe(self) -> str:
-        return f"AverageOptimizerState({self.name}, H={self.H})"
+        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        return f"AverageOptimizerState({self.name}, H={self.H}{rule})"
 
 
 __all__ = ["OptimizerStateAveraging"]

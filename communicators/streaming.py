@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
 from communicators.checks import check_int, check_number
 from communicators.diloco import DEFAULT_OUTER
 from exogym.core.comm.entries import Entries
@@ -56,6 +57,10 @@ class StreamingDiLoCoCommunicator(Communicator):
             the simulated clock (see the module docstring).
         alpha: the share of the local values kept when the update is applied (``[0, 1]``).
         outer_optim: the outer optimizer (default Nesterov SGD, lr 0.7, momentum 0.9).
+        aggregate: how the nodes' fragment pseudo-gradients become one
+            ([`communicators.aggregation`][communicators.aggregation]; ``"mean"``, the default,
+            is the paper's all-reduce; another rule gathers the fragment, and its aggregate
+            lands ``tau`` steps later as the mean would).
     """
 
     space: ClassVar[str] = "param"
@@ -69,8 +74,11 @@ class StreamingDiLoCoCommunicator(Communicator):
         overlap_steps: int | str = 0,
         alpha: float = 0.0,
         outer_optim: OptimSpec | None = None,
+        aggregate: str | Rule = "mean",
     ) -> None:
         super().__init__(H)
+        #: The aggregation rule (``aggregate``), applied through ``aggregate_all_reduce``.
+        self.rule = resolve(aggregate)
         check_int("num_fragments", num_fragments, 1, H, "at most H: one fragment syncs at a time")
         if overlap_steps != AUTO and (
             not isinstance(overlap_steps, int) or isinstance(overlap_steps, bool) or not 0 <= overlap_steps < H
@@ -147,12 +155,9 @@ class StreamingDiLoCoCommunicator(Communicator):
             lo, hi = self.bounds[b][f]
             local = bucket.buffer.pack(bucket.tensors)[lo:hi]
             delta = self.global_[f][b] - local
-            handle = self.ctx.comm.all_reduce(
-                delta,
-                op="mean",
-                tag="streaming_diloco",
-                entries=Entries.of_range(bucket.tensors, lo, hi),
-                async_op=True,
+            entries = Entries.of_range(bucket.tensors, lo, hi)
+            handle = aggregate_all_reduce(
+                self.ctx, delta, self.rule, step, "streaming_diloco", entries=entries, async_op=True
             )
             handles.append(handle)
         land = -1 if self.overlap_steps == AUTO else step + self.overlap_steps
@@ -189,5 +194,7 @@ class StreamingDiLoCoCommunicator(Communicator):
     def describe(self) -> str:
         return (
             f"StreamingDiLoCo(H={self.H}, fragments={self.num_fragments}, overlap={self.overlap_steps}, "
-            f"alpha={self.alpha}, outer={self.outer_spec!r})"
+            f"alpha={self.alpha}, outer={self.outer_spec!r}"
+            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
+            + ")"
         )

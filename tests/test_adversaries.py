@@ -13,7 +13,7 @@ import torch
 from exogym import Adversaries, Trainer
 from exogym.core.comm.network import Network
 from exogym.privacy import DifferentialPrivacy
-from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, HALoSStrategy, SimpleReduceStrategy
+from exogym.strategy import DiLoCoStrategy, FedBuffStrategy, HALoSStrategy, NoLoCoStrategy, SimpleReduceStrategy
 from tests.helpers import TinyNet, regression_data
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]
@@ -92,6 +92,7 @@ def test_an_attacked_robust_fedbuff_run_is_identical_on_one_and_two_workers_and_
     ("strategy", "needle"),
     [
         (lambda: HALoSStrategy(H=2), "has no module where attacks act"),
+        (lambda: NoLoCoStrategy(H=2), "has no module where attacks act"),
     ],
 )
 def test_a_strategy_the_attack_cannot_act_on_is_refused_before_anything_starts(strategy, needle: str) -> None:

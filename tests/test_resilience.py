@@ -324,3 +324,32 @@ def test_measured_compute_with_an_asynchronous_strategy_is_refused_naming_the_fl
             build("async_diloco", 1e-3, 2), num_nodes=2, max_steps=2, batch_size=8, logger=False, progress=False,
             val_size=0, network=Network(1e9, 1e-3, compute="measured"),
         )  # fmt: skip
+
+
+KEY_OF_PARTIAL = """
+import functools, sys
+sys.path.insert(0, {root!r})
+from communicators.aggregation import trimmed_mean
+from exogym.cli.sweep_store import run_key
+print(run_key({{"params": {{"aggregate": functools.partial(trimmed_mean, beta=0.1)}}}}))
+"""
+
+
+def test_a_run_key_of_a_partial_rule_is_the_same_in_another_process_and_differs_with_its_arguments() -> None:
+    import functools
+    import subprocess
+    import sys
+
+    from communicators.aggregation import median, trimmed_mean
+    from exogym.cli.sweep_store import run_key, stable_str
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mine = run_key({"params": {"aggregate": functools.partial(trimmed_mean, beta=0.1)}})
+    other = subprocess.run(
+        [sys.executable, "-c", KEY_OF_PARTIAL.format(root=root)], capture_output=True, text=True, timeout=120
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == mine
+    assert run_key({"params": {"aggregate": functools.partial(trimmed_mean, beta=0.2)}}) != mine
+    assert "0x" not in stable_str(functools.partial(trimmed_mean, beta=0.1)) + stable_str(median)
+    assert stable_str(lambda u: u.mean(0)) != stable_str(lambda u: u.median(0).values)  # two lambdas differ

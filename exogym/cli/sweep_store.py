@@ -11,11 +11,13 @@ its folder is moved aside to ``<key>.damaged-N`` (nothing is deleted) and the ru
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import types
 from typing import Any
 
 from exogym import runs
@@ -25,14 +27,32 @@ logger = logging.getLogger(__name__)
 #: The entries of a finished run's ``run.json`` that its digest covers.
 RECORD = ("config", "row", "history")
 
-__all__ = ["RunStore", "run_key"]
+__all__ = ["RunStore", "run_key", "stable_str"]
 
 
 def run_key(config: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of ``config`` as canonical JSON (sorted keys; values that
-    JSON cannot hold by their ``str``): equal configurations, equal keys."""
-    text = json.dumps(config, sort_keys=True, default=str, separators=(",", ":"))
+    JSON cannot hold by ``stable_str``): equal configurations, equal keys, in any process."""
+    text = json.dumps(config, sort_keys=True, default=stable_str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stable_str(value: Any) -> str:
+    """``value`` as text that does not depend on the process: a function by its module, name and
+    code (an aggregation rule of your own, a lambda), a ``functools.partial`` by its function and
+    bound arguments, anything else by its ``str``."""
+    if isinstance(value, functools.partial):
+        bound = [stable_str(a) for a in value.args]
+        bound += [f"{k}={stable_str(v)}" for k, v in sorted(value.keywords.items())]
+        return f"{stable_str(value.func)}({', '.join(bound)})"
+    code = getattr(value, "__code__", None)
+    if code is not None:  # the code, so that two lambdas or two versions of a function differ
+        consts = [c.co_code.hex() if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+        body = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:12]
+        return f"{value.__module__}.{value.__qualname__}[{body}]"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return str(value)
 
 
 class RunStore:

@@ -271,13 +271,17 @@ def check_adversaries(
     if adversaries is None or adversaries.attack == "label_flip":
         return
     # a server that aggregates its clients' results keeps its rule too
-    modules = [strategy.server] if isinstance(strategy, ServerStrategy) else _pipeline_modules(strategy)
+    server = isinstance(strategy, ServerStrategy)
+    modules = [strategy.server] if server else _pipeline_modules(strategy)
     if not any(getattr(m, "rule", None) is not None for m in modules):
         raise ValueError(
             f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)): {type(strategy).__name__} has no module "
-            "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg, DiLoCo, MuLoCo, "
-            "DES-LOC, SPARTA+DiLoCo); attack='label_flip' poisons the data under any strategy"
+            "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg, DiLoCo and its eager, "
+            "streaming and decoupled forms, MuLoCo, DES-LOC, SPARTA+DiLoCo, FedBuff); attack='label_flip' poisons "
+            "the data under any strategy"
         )
+    if server:  # a server aggregates the results it received, whoever is away
+        return
     trace = None if network is None else network.availability
     drops = (faults is not None and faults.drops) or (trace is not None and trace.drops)
     if drops:

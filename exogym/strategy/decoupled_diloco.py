@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.decoupled_diloco import DecoupledDiLoCoServer
 from exogym.core.server import ServerStrategy
 from exogym.core.strategy import check_strategy_kwargs
@@ -36,6 +37,9 @@ class DecoupledDiLoCoStrategy(ServerStrategy):
         cgad_alpha, cgad_cutoff: CGAD's decay per merge of staleness and the staleness (merges)
             from which a contribution is gated out (defaults 0.1, 16; ``float("inf")``: no gate).
         cgad_betas, cgad_eps: CGAD's Adam betas and epsilon (defaults ``(0.9, 0.999)``, 1e-8).
+        aggregate: how a merge combines its contributions (``"mean"``, default, the paper's
+            token-weighted mean, or a robust rule of
+            [`communicators.aggregation`][communicators.aggregation]).
         **strategy_kwargs: ``optim_spec``, ``lr``, ``lr_scheduler``, ``max_norm``, ... as for
             ``Strategy``.
     """
@@ -54,12 +58,14 @@ class DecoupledDiLoCoStrategy(ServerStrategy):
         cgad_cutoff: float = 16,
         cgad_betas: tuple[float, float] = (0.9, 0.999),
         cgad_eps: float = 1e-8,
+        aggregate: str | Rule = "mean",
         **strategy_kwargs: Any,
     ) -> None:
         check_strategy_kwargs(self, strategy_kwargs)
         server = DecoupledDiLoCoServer(
             H, fragments, quorum, grace, tau, outer_lr, outer_momentum,
             outer=outer, cgad_alpha=cgad_alpha, cgad_cutoff=cgad_cutoff, cgad_betas=cgad_betas, cgad_eps=cgad_eps,
+            aggregate=aggregate,
         )  # fmt: skip
         super().__init__(server, **strategy_kwargs)
 

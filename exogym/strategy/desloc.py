@@ -30,9 +30,10 @@ class DESLOCStrategy(CommunicateOptimizeStrategy):
         Kx: steps between parameter averages (default 32).
         Ku: steps between first-moment averages (default ``3 * Kx``, the paper's suggestion).
         Kv: steps between second-moment averages (default ``6 * Kx``, the paper's suggestion).
-        aggregate: how the parameters are combined (``"mean"``, default, or a robust rule of
-            [`communicators.aggregation`][communicators.aggregation], acting on the nodes'
-            updates from the last average); the moments are averaged.
+        aggregate: how each of the three averages combines the nodes' values (``"mean"``,
+            default, or a robust rule of [`communicators.aggregation`][communicators.aggregation]):
+            on the parameters it acts on the nodes' updates from the last average, on the
+            moments on their values. Attacks act on all three.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
     """
@@ -52,8 +53,8 @@ class DESLOCStrategy(CommunicateOptimizeStrategy):
         self.Kx, self.Ku, self.Kv = Kx, 3 * Kx if Ku is None else Ku, 6 * Kx if Kv is None else Kv
         modules = [
             AveragingCommunicator(self.Kx, target="params", aggregate=aggregate),
-            OptimizerStateAveraging("exp_avg", self.Ku),
-            OptimizerStateAveraging("exp_avg_sq", self.Kv),
+            OptimizerStateAveraging("exp_avg", self.Ku, aggregate=aggregate),
+            OptimizerStateAveraging("exp_avg_sq", self.Kv, aggregate=aggregate),
         ]
         super().__init__(modules, **strategy_kwargs)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.eager import EagerDiLoCoCommunicator
 from exogym.compat import legacy_keywords
 from exogym.core.optim import OptimSpec
@@ -27,6 +28,9 @@ class EagerDiLoCoStrategy(CommunicateOptimizeStrategy):
         outer_optim, outer_lr, outer_momentum, nesterov: the outer optimizer, as for
             [`DiLoCoStrategy`][exogym.strategy.DiLoCoStrategy] (``'sgd'``: Nesterov SGD, lr 0.7,
             momentum 0.9; ``'sgd_normalized'`` is refused).
+        aggregate: how the pseudo-gradients are combined (``"mean"``, default, or a robust rule
+            of [`communicators.aggregation`][communicators.aggregation], which gathers them; see
+            [`EagerDiLoCoCommunicator`][communicators.EagerDiLoCoCommunicator]).
         inner_lr: alias of ``lr``.
         **strategy_kwargs: ``optim_spec`` (alias ``inner_optim``), ``lr``, ``lr_scheduler``,
             ``lr_scheduler_kwargs``, ``warmup_steps``, ``max_norm``, as for ``Strategy``.
@@ -39,6 +43,7 @@ class EagerDiLoCoStrategy(CommunicateOptimizeStrategy):
         outer_lr: float | None = None,
         outer_momentum: float | None = None,
         nesterov: bool | None = None,
+        aggregate: str | Rule = "mean",
         inner_lr: float | None = None,
         **strategy_kwargs: Any,
     ) -> None:
@@ -46,7 +51,8 @@ class EagerDiLoCoStrategy(CommunicateOptimizeStrategy):
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         if normalize:
             raise ValueError("outer_optim='sgd_normalized' is not available for eager DiLoCo; use 'sgd'")
-        super().__init__([EagerDiLoCoCommunicator(H, spec)], **inner_lr_alias(strategy_kwargs, inner_lr))
+        module = EagerDiLoCoCommunicator(H, spec, aggregate=aggregate)
+        super().__init__([module], **inner_lr_alias(strategy_kwargs, inner_lr))
 
 
 __all__ = ["EagerDiLoCoCommunicator", "EagerDiLoCoStrategy"]

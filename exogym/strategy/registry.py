@@ -57,19 +57,20 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "DeMo: DCT top-32 of chunk 64 of the decoupled momentum, sign-SGD",
     ),
     "streaming_diloco": (
-        lambda lr, H=20: S.StreamingDiLoCoStrategy(
+        lambda lr, H=20, aggregate="mean": S.StreamingDiLoCoStrategy(
             H=H,
             num_fragments=min(2, H),
             overlap_steps=min(1, H - 1),
             alpha=0.5,
             outer_momentum=OUTER_MOMENTUM,
             optim_spec=_adamw(lr),
+            aggregate=aggregate,
         ),
         "Streaming DiLoCo: 2 fragments staggered over H steps, updates 1 step late, alpha 0.5",
     ),
     "sparta_diloco": (
-        lambda lr, H=20, p_sparta=0.005: S.SPARTADiLoCoStrategy(
-            p_sparta=p_sparta, H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)
+        lambda lr, H=20, p_sparta=0.005, aggregate="mean": S.SPARTADiLoCoStrategy(
+            p_sparta=p_sparta, H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr), aggregate=aggregate
         ),
         "SPARTA every step plus DiLoCo every H steps",
     ),
@@ -82,11 +83,13 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "PowerSGD: rank-4 gradient factors with error feedback and warm start, after H dense steps",
     ),
     "desloc": (
-        lambda lr, H=20: S.DESLOCStrategy(Kx=H, optim_spec=_adamw(lr)),
+        lambda lr, H=20, aggregate="mean": S.DESLOCStrategy(Kx=H, optim_spec=_adamw(lr), aggregate=aggregate),
         "DES-LOC: local AdamW; parameters averaged every H steps, moments every 3H and 6H",
     ),
     "muloco": (
-        lambda lr, H=20: S.MuLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, adamw_lr=lr),
+        lambda lr, H=20, aggregate="mean": S.MuLoCoStrategy(
+            H=H, outer_momentum=OUTER_MOMENTUM, adamw_lr=lr, aggregate=aggregate
+        ),
         "MuLoCo: DiLoCo's outer step every H steps, inner Muon (lr 0.02) on hidden matrices, AdamW (lr) on the rest",
     ),
     "noloco": (
@@ -98,7 +101,9 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "SparseLoCo: every H steps top-128 of each 64x64 block (3%) of the error-feedback buffer, 2-bit values",
     ),
     "eager_diloco": (
-        lambda lr, H=20: S.EagerDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
+        lambda lr, H=20, aggregate="mean": S.EagerDiLoCoStrategy(
+            H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr), aggregate=aggregate
+        ),
         "DiLoCo with eager updates: the all-reduce overlaps the next H steps; own share at once, others' a round late",
     ),
     "async_diloco": (
@@ -116,7 +121,9 @@ PRESETS: dict[str, tuple[Callable[..., Strategy], str]] = {
         "HALoS: nodes push to their region's server after H steps; regional servers merge with a global one",
     ),
     "decoupled_diloco": (
-        lambda lr, H=20: S.DecoupledDiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr)),
+        lambda lr, H=20, aggregate="mean": S.DecoupledDiLoCoStrategy(
+            H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=_adamw(lr), aggregate=aggregate
+        ),
         "Decoupled DiLoCo: nodes never wait; a merge every H steps once half the nodes sent, within a grace window",
     ),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from communicators.aggregation import Rule
 from communicators.quantize import FORMATS, QuantizeCommunicator
 from communicators.streaming import StreamingDiLoCoCommunicator
 from exogym.compat import legacy_keywords
@@ -35,6 +36,9 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
             momentum 0.9).
         quantize: send the pseudo-gradients as ``'int8'``, ``'fp8'``, ``'fp4'``, ``'fp16'`` or ``'bf16'``
             (``None``: float32).
+        aggregate: how the fragments' pseudo-gradients are combined (``"mean"``, default, or a
+            robust rule of [`communicators.aggregation`][communicators.aggregation], which gathers
+            them).
         inner_lr: alias of ``lr``.
         **strategy_kwargs: ``optim_spec``, ``lr``, ``lr_scheduler``, ``warmup_steps``, ``max_norm``, ...
     """
@@ -50,6 +54,7 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
         outer_momentum: float | None = None,
         nesterov: bool | None = None,
         quantize: str | None = None,
+        aggregate: str | Rule = "mean",
         inner_lr: float | None = None,
         **strategy_kwargs: Any,
     ) -> None:
@@ -57,7 +62,9 @@ class StreamingDiLoCoStrategy(CommunicateOptimizeStrategy):
         spec, normalize = outer_spec(outer_optim, outer_lr, outer_momentum, nesterov)
         if normalize:
             raise ValueError("outer_optim='sgd_normalized' is not available for Streaming DiLoCo; use 'sgd'")
-        module: Communicator = StreamingDiLoCoCommunicator(H, num_fragments, overlap_steps, alpha, spec)
+        module: Communicator = StreamingDiLoCoCommunicator(
+            H, num_fragments, overlap_steps, alpha, spec, aggregate=aggregate
+        )
         if quantize is not None:
             if quantize not in FORMATS:
                 raise ValueError(f"quantize must be one of {FORMATS} or None, got {quantize!r}")

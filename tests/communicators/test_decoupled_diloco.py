@@ -84,6 +84,31 @@ def test_with_equal_speeds_a_full_quorum_and_no_window_it_is_synchronous_diloco(
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "aggregate, attack", [("median", None), ("median", "sign_flip"), ("mean", "sign_flip")], ids=str
+)
+def test_in_its_synchronous_limit_a_rule_and_an_attack_act_as_they_do_in_diloco(aggregate: str, attack) -> None:
+    from exogym.adversaries import Adversaries
+
+    ds = regression_data(4 * 8 * 16)
+    net = Network(float("inf"), 0.0, compute=1.0)
+    settings = {"outer_lr": 0.7, "outer_momentum": 0.5, "aggregate": aggregate}
+    adversaries = None if attack is None else Adversaries(attack, fraction=0.25)
+    ours = train_server(
+        4, lambda: DecoupledDiLoCoStrategy(H=4, quorum=4, grace=0.0, **settings, optim_spec=SGD), 16,
+        dataset=ds, network=net, adversaries=adversaries,
+    )  # fmt: skip
+    sync = train_ranks(
+        4, lambda: DiLoCoStrategy(H=4, **settings, optim_spec=SGD), 16, dataset=ds, network=net,
+        adversaries=adversaries,
+    )  # fmt: skip
+    plain = {"outer_lr": 0.7, "outer_momentum": 0.5}
+    honest = train_ranks(4, lambda: DiLoCoStrategy(H=4, **plain, optim_spec=SGD), 16, dataset=ds)
+    for a, b, c in zip(ours[0]["params"], sync[0]["params"], honest[0]["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(a, c)  # the rule or the attack changed the run
+
+
 #: CGAD on a slow link with quorum 1 and H = 2: contributions up to 5 merges stale.
 CGAD_STALE = {"H": 2, "quorum": 1, "grace": 0.0, "outer": "cgad", "outer_lr": 0.05}
 

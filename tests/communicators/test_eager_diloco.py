@@ -20,11 +20,14 @@ SGD = OptimSpec(torch.optim.SGD, lr=0.05)
 OUTER_LR, MOMENTUM = 0.7, 0.5
 
 
-def eager_reference(ds, k: int, steps: int, dropped: dict[int, list[int]] | None = None) -> list[list[torch.Tensor]]:
+def eager_reference(
+    ds, k: int, steps: int, dropped: dict[int, list[int]] | None = None, median: bool = False
+) -> list[list[torch.Tensor]]:
     """K model copies with inner SGD, each node m with its own outer parameters phi_m and Nesterov
     buffer b_m. After every H steps, over the n present nodes: delta_m = phi_m - theta_m;
     g_m = delta_m / n + late_m; late_m = mean(delta) - delta_m / n; b_m = mu b_m + g_m (b_m = g_m
-    the first time); phi_m -= lr (g_m + mu b_m); theta_m = phi_m. ``dropped[r]``: nodes that sit
+    the first time); phi_m -= lr (g_m + mu b_m); theta_m = phi_m (``median``: the coordinate-wise
+    median of the deltas in the mean's place). ``dropped[r]``: nodes that sit
     round r out (no batches, not in the mean) and take the lowest survivor's state at its end."""
     dropped = dropped or {}
     models = [TinyNet() for _ in range(k)]
@@ -47,6 +50,9 @@ def eager_reference(ds, k: int, steps: int, dropped: dict[int, list[int]] | None
             n = len(alive)
             delta = {m: [f - t for f, t in zip(phi[m], theta[m], strict=True)] for m in alive}
             mean = [sum(delta[m][i] for m in alive) / n for i in range(len(phi[0]))]
+            if median:  # the coordinate-wise median takes the mean's place (an even count: the middle two's mean)
+                ordered = [torch.stack([delta[m][i] for m in alive]).sort(0).values for i in range(len(phi[0]))]
+                mean = [(o[(n - 1) // 2] + o[n // 2]) / 2 for o in ordered]
             for m in alive:
                 g = [d / n + lt for d, lt in zip(delta[m], late[m], strict=True)]
                 late[m] = [mu - d / n for mu, d in zip(mean, delta[m], strict=True)]
@@ -148,3 +154,21 @@ def test_the_normalized_outer_optimizer_is_refused_naming_the_choice() -> None:
 def test_a_period_that_is_not_a_positive_int_is_refused_naming_h(h) -> None:
     with pytest.raises(ValueError, match=r"H must be a positive int \(communicate every H steps\)"):
         EagerDiLoCoStrategy(H=h)
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_with_the_median_rule_the_median_takes_the_mean_s_place_and_is_charged_as_an_overlapped_all_gather(
+    k: int,
+) -> None:
+    ds = regression_data(k * 8 * STEPS)
+    make = lambda: EagerDiLoCoStrategy(  # noqa: E731
+        H=H, outer_lr=OUTER_LR, outer_momentum=MOMENTUM, optim_spec=SGD, aggregate="median"
+    )
+    out = train_ranks(k, make, STEPS, dataset=ds)
+    ref = eager_reference(ds, k, STEPS, median=True)
+    for rank in range(k):
+        for a, b in zip(out[rank]["params"], ref[rank], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ref[0][0], eager_reference(ds, k, STEPS)[0][0])  # the median is not the mean here
+    records = [r for step in out[0]["records"] for r in step]
+    assert {(r.kind, r.overlap_steps) for r in records} == {("all_gather", H)}

@@ -243,10 +243,29 @@ def test_fedavg_s_rule_and_attack_see_the_nodes_updates_from_the_last_average_no
     torch.testing.assert_close(flipped[0][bad], -updates[bad], rtol=1e-5, atol=1e-6)
 
 
-def test_desloc_s_parameter_average_takes_the_rule_as_an_all_gather_and_its_moments_stay_all_reduced() -> None:
+@pytest.mark.parametrize("aggregate, kind", [("mean", "all_reduce"), ("median", "all_gather")])
+def test_desloc_s_three_averages_take_the_rule(aggregate: str, kind: str) -> None:
     from exogym.strategy.desloc import DESLOCStrategy
 
     adam = OptimSpec(torch.optim.Adam, lr=0.01)
-    out = train_ranks(K, lambda: DESLOCStrategy(Kx=H, Ku=H, Kv=H, aggregate="median", optim_spec=adam), H + 1)
+    out = train_ranks(K, lambda: DESLOCStrategy(Kx=H, Ku=H, Kv=H, aggregate=aggregate, optim_spec=adam), H + 1)
     kinds = {(r.tag, r.kind) for step in out[0]["records"] for r in step}
-    assert ("average_params", "all_gather") in kinds and ("average_exp_avg", "all_reduce") in kinds
+    assert kinds == {("average_params", kind), ("average_exp_avg", kind), ("average_exp_avg_sq", kind)}
+
+
+def test_an_optimizer_state_average_gives_its_rule_each_node_s_state_values() -> None:
+    from communicators.optimizer_state import OptimizerStateAveraging
+    from exogym.core.pipeline import CommunicateOptimizeStrategy
+    from tests.helpers import regression_data
+
+    adam, ds = OptimSpec(torch.optim.Adam, lr=0.01), regression_data(K * 8 * (H + 1))
+    local = train_ranks(K, lambda: CommunicateOptimizeStrategy([], optim_spec=adam), H, dataset=ds)  # no average
+    moments = []
+    for o in local:
+        opt = o["strategy"].optim
+        moments.append(torch.cat([opt.state[p]["exp_avg"].flatten() for p in opt.param_groups[0]["params"]]))
+    calls: list[torch.Tensor] = []
+    module = lambda: OptimizerStateAveraging("exp_avg", H, aggregate=recording(calls))  # noqa: E731
+    train_ranks(K, lambda: CommunicateOptimizeStrategy([module()], optim_spec=adam), H + 1, dataset=ds)
+    assert len(calls) == K  # one round (after step H), one call per rank
+    torch.testing.assert_close(calls[0], torch.stack(moments), rtol=0, atol=0)

@@ -84,6 +84,25 @@ def test_one_fragment_without_overlap_is_diloco(k: int) -> None:
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("tau", [0, 1])
+def test_with_a_robust_rule_one_fragment_is_diloco_with_that_rule_and_the_gather_does_not_block(tau: int) -> None:
+    k = 4
+    make = lambda: StreamingDiLoCoStrategy(  # noqa: E731
+        H=H, num_fragments=1, overlap_steps=tau, optim_spec=SGD, aggregate="median"
+    )
+    stream = train_ranks(k, make, STEPS)
+    if tau == 0:
+        diloco = train_ranks(k, lambda: DiLoCoStrategy(H=H, optim_spec=SGD, aggregate="median"), STEPS)
+        for a, b in zip(stream, diloco, strict=True):
+            for p, q in zip(a["params"], b["params"], strict=True):
+                torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    plain = lambda: StreamingDiLoCoStrategy(H=H, num_fragments=1, overlap_steps=tau, optim_spec=SGD)  # noqa: E731
+    mean = train_ranks(k, plain, STEPS)
+    assert not torch.allclose(stream[0]["params"][0], mean[0]["params"][0])
+    records = [r for step in stream[0]["records"] for r in step]
+    assert records and {(r.kind, r.blocking, r.tag) for r in records} == {("all_gather", False, "streaming_diloco")}
+
+
 def test_peak_bytes_per_step_are_one_fragment_and_the_total_is_diloco_s() -> None:
     k = 4
     stream = train_ranks(k, lambda: StreamingDiLoCoStrategy(H=H, num_fragments=2, optim_spec=SGD), STEPS)
