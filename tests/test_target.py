@@ -87,3 +87,14 @@ def test_the_compare_command_takes_a_target_loss_and_refuses_one_that_is_not_a_n
     with pytest.raises(SystemExit):
         parser.parse_args(["--target-loss", "low"])
     assert "argument --target-loss: must be a number, got 'low'" in capsys.readouterr().err
+
+
+def test_a_strategy_name_longer_than_the_column_keeps_a_space_before_the_next_column() -> None:
+    from exogym.cli.aggregate import format_sweep_table
+
+    long = "decoupled_diloco_with_a_long_name"
+    row = {**_summary(long, 1.2), "utilisation": None}
+    assert format_table([row]).splitlines()[2].split()[:2] == [long, "0.4000"]
+    sweep_row = {"strategy": long, "aggregate": "median", "seeds": 1, "val_loss_mean": 0.4}
+    line = format_sweep_table([sweep_row], ["aggregate"], target=False).splitlines()[2]
+    assert line.split()[:4] == [long, "median", "1", "0.4000"]

@@ -69,7 +69,11 @@ def _pm(row: dict[str, Any], metric: str, scale: float = 1.0, fmt: str = ".4f") 
 def format_sweep_table(summary: Sequence[dict[str, Any]], axes: Sequence[str], target: bool) -> str:
     """The aggregated rows as an aligned text table: each value is the mean over seeds +- the
     half-width of its confidence interval."""
-    cols = [("strategy", 16), *((a, max(8, len(a) + 2)) for a in axes), ("seeds", 6)]
+
+    def fit(name: str, key: str, least: int) -> tuple[str, int]:  # a column as wide as its longest value
+        return name, max(least, len(name) + 2, *(len(str(r[key])) + 2 for r in summary))
+
+    cols = [fit("strategy", "strategy", 16), *(fit(a, a, 8) for a in axes), ("seeds", 6)]
     stats = [("val loss", "val_loss", 1.0, ".4f"), ("accuracy", "val_accuracy", 1.0, ".3f")]
     stats += [("MB sent/node", "bytes_sent_per_node", 1e-6, ".2f"), ("sim time s", "sim_time", 1.0, ".2f")]
     if target:
@@ -78,7 +82,7 @@ def format_sweep_table(summary: Sequence[dict[str, Any]], axes: Sequence[str], t
     head = "".join(f"{name:<{w}}" for name, w in cols) + "".join(f"{name:>{width}}" for name, *_ in stats)
     lines = [head, "-" * len(head)]
     for r in summary:
-        cells = [f"{r['strategy']:<16}", *(f"{'-' if r[a] is None else r[a]!s:<{w}}" for a, w in cols[1:-1])]
+        cells = [f"{r['strategy']:<{cols[0][1]}}", *(f"{'-' if r[a] is None else r[a]!s:<{w}}" for a, w in cols[1:-1])]
         seeds = r["seeds"]
         cells.append(f"{seeds:<6}")
         cells += [f"{_pm(r, m, s, f):>{width}}" for _, m, s, f in stats]

@@ -350,7 +350,8 @@ def _write_summary(summary: Sequence[dict[str, Any]], out_dir: str) -> None:
 def format_table(summary: Sequence[dict[str, Any]], target_loss: float | None = None) -> str:
     """The summary as an aligned text table; with ``target_loss``, three more columns: the
     simulated seconds, steps and MB per node to reach it (``not reached`` when never)."""
-    head = f"{'strategy':<16}{'val loss':>10}{'accuracy':>10}{'MB sent/node':>14}{'sim time s':>12}"
+    w = max(16, *(len(r["strategy"]) + 2 for r in summary))  # the strategy column: its longest name
+    head = f"{'strategy':<{w}}{'val loss':>10}{'accuracy':>10}{'MB sent/node':>14}{'sim time s':>12}"
     head += f"{'util':>7}{'wall s':>9}"
     if target_loss is not None:
         head += f"{f'to {target_loss:g}: sim s':>18}{'steps':>8}{'MB/node':>10}"
@@ -358,7 +359,7 @@ def format_table(summary: Sequence[dict[str, Any]], target_loss: float | None = 
     for r in summary:
         acc = "-" if r["val_accuracy"] is None else f"{r['val_accuracy']:.3f}"
         line = (
-            f"{r['strategy']:<16}{r['val_loss']:>10.4f}{acc:>10}{r['bytes_sent_per_node'] / 1e6:>14.2f}"
+            f"{r['strategy']:<{w}}{r['val_loss']:>10.4f}{acc:>10}{r['bytes_sent_per_node'] / 1e6:>14.2f}"
             f"{r['sim_time']:>12.2f}{percent(r.get('utilisation')):>7}{r['wall_time']:>9.1f}"
         )
         if target_loss is not None:
