@@ -153,6 +153,11 @@ def rule_name(rule: Rule) -> str:
     return name
 
 
+def describe_rule(rule: Rule) -> str:
+    """``", aggregate=<name>"`` for a module's ``describe()``; nothing for the mean."""
+    return "" if is_mean(rule) else f", aggregate={rule_name(rule)}"
+
+
 def group_of(rank: int, num_nodes: int, groups: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
     """The ranks of ``rank``'s group (``groups``: a partition of the ranks; ``None``: everyone)."""
     if groups is None:
@@ -239,6 +244,7 @@ __all__ = [
     "Rule",
     "centered_clip",
     "default_f",
+    "describe_rule",
     "is_mean",
     "krum",
     "krum_scores",

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, aggregate_all_reduce, describe_rule, is_mean, resolve
 from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.flat import dtype_buckets
@@ -136,6 +136,6 @@ class AveragingCommunicator(Communicator):
 
     def describe(self) -> str:
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
-        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        rule = describe_rule(self.rule)
         rule += "" if self.privacy is None else f", {self.privacy.describe()}"
         return f"Averaging({self.target}, H={self.H}{islands}{rule})"

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from communicators.aggregation import Rule, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, describe_rule, is_mean, resolve
 from communicators.cgad import CGAD, cgad_scale, check_cgad
 from communicators.checks import check_int, check_number
 from exogym.core.comm.network import Network
@@ -360,9 +360,7 @@ class DecoupledDiLoCoServer(Server):
             )
         return (
             f"DecoupledDiLoCo(H={self.sync_steps}, fragments={self.fragments}, quorum={self.quorum}, "
-            f"grace={self.grace}, tau={self.tau}, {outer}"
-            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
-            + ")"
+            f"grace={self.grace}, tau={self.tau}, {outer}" + describe_rule(self.rule) + ")"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, aggregate_all_reduce, describe_rule, is_mean, resolve, rule_name
 from communicators.checks import check_int
 from communicators.islands import draw_islands
 from exogym.core.comm.comm import Comm, Groups
@@ -162,6 +162,6 @@ class DiLoCoCommunicator(Communicator):
     def describe(self) -> str:
         isl = f", island_size={self.island_size}" if self.island_size else ""
         red = f", reducer={self.reducer.describe()}" if self.reducer is not None else ""
-        red += "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        red += describe_rule(self.rule)
         red += "" if self.privacy is None else f", {self.privacy.describe()}"
         return f"DiLoCo(H={self.H}, outer={self.outer_spec!r}{', normalized' if self.normalize else ''}{isl}{red})"

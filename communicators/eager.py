@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, rule_name
+from communicators.aggregation import Rule, aggregate_all_reduce, describe_rule
 from communicators.diloco import DiLoCoCommunicator
 from exogym.core.optim import OptimSpec
 from exogym.core.pipeline import NodeContext
@@ -91,7 +91,7 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
             t.copy_(s)
 
     def describe(self) -> str:
-        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        rule = describe_rule(self.rule)
         return f"EagerDiLoCo(H={self.H}, outer={self.outer_spec!r}{rule})"
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from communicators.aggregation import Rule, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, describe_rule, is_mean, resolve, rule_name
 from communicators.checks import check_int, check_number
 from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
 from exogym.core.seeding import generator
@@ -183,7 +183,7 @@ class FedAvgServer(Server):
     def describe(self) -> str:
         work = f"H={self.H}" if self.local_epochs is None else f"local_epochs={self.local_epochs}"
         islands = "" if self.island_size is None else f", island_size={self.island_size}"
-        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        rule = describe_rule(self.rule)
         return f"FedAvg({work}, client_sampling={self.client_sampling}{islands}{rule})"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from communicators.aggregation import Rule, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, describe_rule, is_mean, resolve
 from communicators.checks import check_int, check_number
 from exogym.core.server import Result, Server, ServerContext, Train
 
@@ -137,9 +137,7 @@ class FedBuffServer(Server):
     def describe(self) -> str:
         return (
             f"FedBuff(local_steps={self.local_steps}, buffer_size={self.buffer_size}, "
-            f"concurrency={self.concurrency}, server_lr={self.server_lr}"
-            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
-            + ")"
+            f"concurrency={self.concurrency}, server_lr={self.server_lr}" + describe_rule(self.rule) + ")"
         )
 
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, aggregate_all_reduce, describe_rule, is_mean, resolve
 from exogym.core.comm.flat import FlatBuffer, group_by_dtype
 from exogym.core.pipeline import Communicator, NodeContext
 
@@ -74,7 +74,7 @@ class OptimizerStateAveraging(Communicator):
             buf.unpack(group)
 
     def describe(self) -> str:
-        rule = "" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}"
+        rule = describe_rule(self.rule)
         return f"AverageOptimizerState({self.name}, H={self.H}{rule})"
 
 

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from communicators.aggregation import Rule, aggregate_all_reduce, is_mean, resolve, rule_name
+from communicators.aggregation import Rule, aggregate_all_reduce, describe_rule, resolve
 from communicators.checks import check_int, check_number
 from communicators.diloco import DEFAULT_OUTER
 from exogym.core.comm.entries import Entries
@@ -194,7 +194,5 @@ class StreamingDiLoCoCommunicator(Communicator):
     def describe(self) -> str:
         return (
             f"StreamingDiLoCo(H={self.H}, fragments={self.num_fragments}, overlap={self.overlap_steps}, "
-            f"alpha={self.alpha}, outer={self.outer_spec!r}"
-            + ("" if is_mean(self.rule) else f", aggregate={rule_name(self.rule)}")
-            + ")"
+            f"alpha={self.alpha}, outer={self.outer_spec!r}" + describe_rule(self.rule) + ")"
         )
