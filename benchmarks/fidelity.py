@@ -389,7 +389,7 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             every([below(r, 1.02) for r in near.values()]),
             why=(
                 "the paper's 88,000 inner steps give the outer optimizer hundreds of steps to catch "
-                "up with DDP; here a few dozen"
+                f"up with DDP; here {scale.steps // h0} at H={h0}"
             ),
         ),
         Claim(
@@ -402,8 +402,8 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             ),
             every(rises),
             why=(
-                "at the largest H a run of this length has a handful of outer steps, so the order of "
-                "the larger H values rests on a few outer steps"
+                f"at H={max(scale.H)} a run of {scale.steps} steps has {scale.steps // max(scale.H)} outer "
+                "steps, so the order of the larger H values rests on a few outer steps"
             ),
         ),
         Claim(
@@ -413,7 +413,8 @@ def diloco_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             ", ".join(f"H={h}: {ci(r)}" for h, r in big_over_small.items()),
             every(more_nodes),
             why=(
-                "with a few outer steps at large H the extra replicas' data has not yet paid for "
+                f"with {scale.steps // max(scale.H)} outer steps at H={max(scale.H)} the extra replicas' data "
+                "has not yet paid for "
                 "averaging models that drifted further apart"
             ),
         ),
@@ -788,7 +789,7 @@ def low_comm_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             sparse_v,
             why=(
                 "the paper tunes H, beta and the outer learning rate over thousands of outer "
-                "steps; here its defaults run a few dozen"
+                f"steps; here its defaults run {scale.steps // h0} at H={h0}"
             ),
         ),
         Claim(
@@ -875,7 +876,7 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             near[topk],
             why=(
                 "DGC warms up its sparsity and corrects momentum over many epochs; here "
-                "1% from the first step of a few hundred"
+                f"1% from the first step of {scale.steps}"
             ),
         ),
         Claim(
@@ -901,7 +902,7 @@ def algorithms_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]
             noloco,
             why=(
                 "averaging with one random peer mixes the replicas more slowly than DiLoCo's "
-                "all-reduce, which a few dozen outer steps do not make up"
+                f"all-reduce, which {scale.steps // h0} outer steps do not make up"
             ),
         ),
         Claim(
@@ -927,7 +928,7 @@ NOTES = {
     "scaling": "Charles et al. fit scaling laws from 35M to 10B parameters with tuned hyperparameters per "
     "size; here DiLoCo at the smallest H on one node against DDP on one node (the same batch), and 1, 2 "
     "and K replicas sharing one global batch (each replica a share of it) over the same steps.",
-    "streaming": "The GPT runs use the smallest H, so each fragment is synced a few dozen times; the "
+    "streaming": "The GPT runs use the smallest H, so each fragment is synced once every H steps; the "
     "bandwidth table is the paper's setting (two workers, H=100, fragments of 3 layers, bf16 or FP4 on "
     "the wire), recorded on the target's meta tensors and priced by ExoGym's clock: no seeds.",
     "sparta": "The paper's 14.3% is at H in the thousands, where DiLoCo alone degrades badly; at "
@@ -937,7 +938,7 @@ NOTES = {
     "and 100B tokens.",
     "fedavg": "Hsu et al. measure CIFAR-10 over thousands of rounds; here the digits over tens of "
     "rounds, where the effect of label skew is already large.",
-    "low_comm": "SparseLoCo runs its defaults (beta 0.95, outer lr 1) for a few dozen outer steps. Eager "
+    "low_comm": "SparseLoCo runs its defaults (beta 0.95, outer lr 1), one outer step every H steps. Eager "
     "DiLoCo's nodes apply their own share at once and the others' a round late. Its time is priced at 1B "
     "parameters (the Streaming DiLoCo table's 1B row), where a step's compute can hide an all-reduce: this "
     "GPT's FLOP-based step takes microseconds, behind which nothing hides.",

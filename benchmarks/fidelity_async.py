@@ -236,7 +236,7 @@ STUDIES: dict[str, tuple[str, str, str, tuple[str, str, str]]] = {
 
 #: Why a finding may not show at this scale (the report gives it where the verdict is not "agrees").
 WHY = {
-    "async_diloco": "the paper's gains come from thousands of outer steps on large models; here a few dozen "
+    "async_diloco": "the paper's gains come from thousands of outer steps on large models; here far fewer "
     "segments of a tiny GPT, where staleness costs relatively more",
     "fedbuff": "the digits MLP learns in a few rounds, so the speed-up of asynchrony shows only while the loss "
     "still falls; staleness and a buffer of 2 add noise the paper's 1,000 concurrent clients average out",
