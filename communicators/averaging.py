@@ -97,16 +97,26 @@ class AveragingCommunicator(Communicator):
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.buckets = dtype_buckets(self.params)
         attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
+        self.aggregation_group(ctx.num_nodes, attacked)
         #: Averaging parameters under an attack or a robust rule: each dtype's parameters as last
         #: averaged, so that the nodes' updates (parameters minus these) are what is attacked.
         self.averaged: list[torch.Tensor] | None = None
         if self.target == "params" and (attacked or not is_mean(self.rule)):
-            if self.island_size:
-                raise ValueError(
-                    f"{self.describe()}: an attack or a robust rule acts on updates from one last average, which "
-                    "islands redrawn every round do not share; give one or the other"
-                )
             self.averaged = [bucket.buffer.pack(bucket.tensors).clone() for bucket in self.buckets]
+
+    def aggregation_group(self, num_nodes: int, attacked: bool) -> int:
+        """The fewest updates the rule combines in a run of ``num_nodes`` nodes (an island's).
+
+        Raises:
+            ValueError: averaging parameters in islands under an attack (it acts on updates from
+                one last average, which islands redrawn every round do not share).
+        """
+        if self.target == "params" and self.island_size and attacked:
+            raise ValueError(
+                f"{self.describe()} with adversaries: an attack acts on updates from one last average, which islands "
+                "redrawn every round do not share; give island_size or adversaries, not both"
+            )
+        return min(num_nodes, self.island_size or num_nodes)
 
     @torch.no_grad()
     def communicate(self, step: int) -> None:

@@ -202,6 +202,10 @@ class DecoupledDiLoCoServer(Server):
         #: With a robust rule or adversaries, a merge gathers its contributions as rows.
         self.keeps_rows = not is_mean(self.rule) or ctx.adversaries is not None
 
+    def aggregation_group(self, num_clients: int, attacked: bool) -> int:
+        """The fewest contributions a merge's rule combines: the quorum's."""
+        return self.quorum if self.quorum is not None else max(1, num_clients // 2)
+
     def _slice(self, t: torch.Tensor, p: int) -> torch.Tensor:
         a, b = self.bounds[p]
         return t[a:b]

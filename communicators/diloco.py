@@ -104,6 +104,11 @@ class DiLoCoCommunicator(Communicator):
         #: The mean pseudo-gradient holds every entry every round; a reducer's may not.
         self.payloads = "stable" if reducer is None else "varying"  # type: ignore[misc]
 
+    def aggregation_group(self, num_nodes: int, attacked: bool) -> int:
+        """The fewest pseudo-gradients the rule combines in a run of ``num_nodes`` nodes (an
+        island's)."""
+        return min(num_nodes, self.island_size or num_nodes)
+
     def setup(self, ctx: NodeContext) -> None:
         super().setup(ctx)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]

@@ -103,11 +103,22 @@ class FedAvgServer(Server):
         self.results: dict[int, torch.Tensor] = {}
         if self.island_size and self.island_size < ctx.num_clients:
             self._warn_island_rounding(ctx.num_clients)
-        if self.island_size and ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip":
+        attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
+        self.aggregation_group(ctx.num_clients, attacked)
+
+    def aggregation_group(self, num_clients: int, attacked: bool) -> int:
+        """The clients whose results a round's rule combines (``max(1, round(client_sampling *
+        num_clients))``).
+
+        Raises:
+            ValueError: islands under an attack (it acts on one group of clients' results).
+        """
+        if self.island_size and attacked:
             raise ValueError(
                 f"{self.describe()} with adversaries: an attack acts on one group of clients' results; "
-                "sampled FedAvg takes them without island_size"
+                "give island_size or adversaries, not both"
             )
+        return min(num_clients, max(1, round(self.client_sampling * num_clients)))
 
     def _warn_island_rounding(self, k: int) -> None:
         """Log where drawing ``max(1, round(f * n))`` clients per island trains a fraction of the

@@ -79,6 +79,10 @@ class FedBuffServer(Server):
         self.rows: list[tuple[int, torch.Tensor]] = []
         self.keeps_rows = not is_mean(self.rule) or ctx.adversaries is not None
 
+    def aggregation_group(self, num_clients: int, attacked: bool) -> int:
+        """The updates a server step's rule combines: a full buffer's."""
+        return self.buffer_size
+
     def _draw(self) -> None:
         """Send the next client drawn (uniform among those not in flight) the model as it is."""
         client = draw_free_client(self.ctx.seed, self.draws, self.ctx.num_clients, self.in_flight)

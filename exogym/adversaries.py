@@ -1,7 +1,8 @@
 """Malicious nodes: which nodes attack, from which step, and what they send.
 
 ``Adversaries(attack, fraction)`` is part of a run's world (``fit(..., adversaries=...)``,
-``exogym compare --attack NAME --malicious FRACTION``): ``round(fraction * num_nodes)`` nodes,
+``exogym compare --attack NAME --malicious FRACTION``): ``fraction * num_nodes`` nodes (rounded
+half up),
 drawn from the run's seed (the same on every rank and in every run of that seed), collude from
 step ``start`` on. An attack acts where the nodes' updates are aggregated
 ([`communicators.aggregation`][communicators.aggregation]): every rank gathers the updates, the
@@ -26,6 +27,7 @@ The attacks (``ATTACKS``), ``s`` the attack's ``strength``:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,10 +35,20 @@ from typing import TYPE_CHECKING, Any
 
 from exogym.core.seeding import named_seed
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line's --help imports this module)
     import torch
 
 ATTACKS = ("sign_flip", "noise", "label_flip", "alie", "ipm", "free_rider")
+
+#: What ``strength`` is for each attack that takes one.
+STRENGTH = {
+    "sign_flip": "sign_flip's factor",
+    "noise": "noise's standard deviation",
+    "alie": "alie's z",
+    "ipm": "ipm's epsilon",
+}
 
 #: Each attack's ``strength`` when none is given (``None``: ``alie``'s ``z_max``).
 DEFAULT_STRENGTH: dict[str, float | None] = {
@@ -55,8 +67,8 @@ class Adversaries:
 
     Args:
         attack: one of ``ATTACKS``.
-        fraction: the share of the nodes that are malicious, in ``[0, 1)``; ``round(fraction *
-            num_nodes)`` of them, drawn from the run's seed.
+        fraction: the share of the nodes that are malicious, in ``[0, 1)``; ``fraction *
+            num_nodes`` of them (rounded half up), drawn from the run's seed.
         start: the first step at which they attack (before it they behave).
         strength: the attack's parameter (``DEFAULT_STRENGTH``): ``sign_flip``'s factor,
             ``noise``'s standard deviation, ``alie``'s ``z``, ``ipm``'s epsilon.
@@ -80,14 +92,35 @@ class Adversaries:
         s = self.strength
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s)):
             raise ValueError(f"Adversaries(strength={s!r}) must be a finite number or None")
-        if self.attack == "noise" and s is not None and s <= 0:
-            raise ValueError(f"Adversaries(strength={s!r}): noise's standard deviation must be > 0")
+        if s is not None and self.attack not in STRENGTH:
+            raise ValueError(f"Adversaries(strength={s!r}): {self.attack} takes no strength; leave it None")
+        if s is not None and s <= 0:
+            raise ValueError(f"Adversaries(strength={s!r}): {STRENGTH[self.attack]} must be > 0")
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
             raise ValueError(f"Adversaries(num_classes={self.num_classes!r}) must be an int >= 2")
 
     def count(self, num_nodes: int) -> int:
-        """How many of ``num_nodes`` nodes are malicious."""
-        return int(round(self.fraction * num_nodes))
+        """How many of ``num_nodes`` nodes are malicious: ``fraction * num_nodes``, rounded half up."""
+        return math.floor(self.fraction * num_nodes + 0.5)
+
+    def check_run(self, num_nodes: int, max_steps: int | None = None) -> None:
+        """Refuse a share that gives a run of ``num_nodes`` nodes no malicious node (other than
+        ``fraction=0``, a clean run on purpose), naming the least share that gives one; warn where
+        the attack starts after the run's ``max_steps``.
+
+        Raises:
+            ValueError: ``0 < fraction`` and no malicious node.
+        """
+        if self.fraction > 0 and self.count(num_nodes) == 0:
+            raise ValueError(
+                f"Adversaries(fraction={self.fraction!r}): on {num_nodes} nodes no node is malicious; give at least "
+                f"{1 / num_nodes:.3g} (one node), or 0 for a clean run"
+            )
+        if max_steps is not None and self.start >= max_steps:
+            logger.warning(
+                "Adversaries(start=%d): the run has %d steps, so the attack never acts; give a smaller start",
+                self.start, max_steps,
+            )  # fmt: skip
 
     def malicious(self, num_nodes: int, seed: int) -> tuple[int, ...]:
         """The malicious ranks of a run of ``num_nodes`` nodes from ``seed``, ascending."""
@@ -108,6 +141,28 @@ class Adversaries:
             "strength": self.strength,
             "num_classes": self.num_classes,
         }
+
+
+def check_labels(labels: Any, num_classes: int) -> None:
+    """``ValueError`` naming ``num_classes`` where ``labels`` fall outside ``0..num_classes-1``
+    (``label_flip`` would make them negative)."""
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        reach = low if low < 0 else high
+        raise ValueError(
+            f"Adversaries('label_flip', num_classes={num_classes}): this data's labels reach {reach}; "
+            f"give num_classes={max(high + 1, 2)} (labels 0..num_classes-1)"
+        )
+
+
+def labels_of(item: Any) -> Any:
+    """The labels of one batch or example: a mapping's ``"labels"``, else the last item of a tuple
+    or list (``None`` when there are none)."""
+    if isinstance(item, Mapping):
+        return item.get("labels")
+    if isinstance(item, (tuple, list)) and item:
+        return item[-1]
+    return None
 
 
 @dataclass(frozen=True)
@@ -155,6 +210,7 @@ class AdversaryPlan:
 
         if not isinstance(labels, torch.Tensor) or labels.is_floating_point():
             raise TypeError(f"Adversaries('label_flip') needs integer labels, got {labels!r:.60}")
+        check_labels(labels, self.config.num_classes)
         return self.config.num_classes - 1 - labels
 
     def attack_rows(self, rows: torch.Tensor, members: Sequence[int], step: int, tag: str = "") -> torch.Tensor:

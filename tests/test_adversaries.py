@@ -147,3 +147,17 @@ def test_a_rule_the_run_s_nodes_cannot_take_is_refused_before_anything_starts() 
     trainer = Trainer(TinyNet(), regression_data(256))
     with pytest.raises(ValueError, match=r"aggregate of DiLoCoStrategy: .* 2 updates .*krum needs n > f \+ 2"):
         trainer.fit(DiLoCoStrategy(H=2, aggregate="krum"), num_nodes=2, max_steps=4, batch_size=8, logger=False)
+
+
+def test_label_flip_with_too_few_classes_for_the_data_is_refused_before_anything_starts() -> None:
+    from torch.utils.data import TensorDataset
+
+    from exogym.tasks import MLPClassifier
+
+    data = TensorDataset(torch.randn(256, 64), torch.arange(256) % 10)
+    trainer = Trainer(MLPClassifier(), data)
+    with pytest.raises(ValueError, match=r"num_classes=3\): this data's labels reach 9; give num_classes=10"):
+        trainer.fit(
+            SimpleReduceStrategy(), num_nodes=K, max_steps=4, batch_size=8, logger=False,
+            adversaries=Adversaries("label_flip", fraction=0.25, num_classes=3),
+        )  # fmt: skip

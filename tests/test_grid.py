@@ -66,3 +66,10 @@ def test_fit_keywords_are_grid_names_and_integers_become_floats_where_a_float_is
 def test_a_bad_grid_name_or_value_is_an_error_naming_it(grid, message) -> None:
     with pytest.raises(ValueError, match=message):
         points(grid, _presets("ddp", "diloco"), {"lr": 1e-3, "H": 20}, BASE_RUN, [0])
+
+
+def test_a_grid_name_only_other_presets_take_names_them() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown name 'aggregate' \(ddp, fedavg, diloco, .* take 'aggregate'; noloco do"
+    ):
+        points({"aggregate": ["median"]}, _presets("noloco"), {"lr": 1e-3, "H": 20}, BASE_RUN, [0])

@@ -68,18 +68,18 @@ def adversaries_from_args(
 
     if len(args.malicious) > 1 and not sweep:
         parser.error("argument --malicious: several shares make a sweep; add --seeds (e.g. --seeds 0,1,2)")
+    from exogym.tasks import CLASSES
+
+    classes = CLASSES.get(args.task, 10)
     try:
-        adversaries = Adversaries(args.attack, args.malicious[0], args.attack_start, args.attack_strength)
-        for share in args.malicious[1:]:
-            Adversaries(args.attack, share)
+        adversaries = Adversaries(args.attack, args.malicious[0], args.attack_start, args.attack_strength, classes)
     except ValueError as e:
-        parser.error(f"argument --malicious/--attack-strength: {e}")
+        parser.error(f"argument {'--attack-strength' if 'strength=' in str(e) else '--malicious'}: {e}")
     for share in args.malicious:
-        if share > 0 and int(round(share * args.nodes)) == 0:
-            parser.error(
-                f"argument --malicious: {share} of --nodes {args.nodes} rounds to no malicious node; "
-                f"give at least {0.5 / args.nodes:.3g}"
-            )
+        try:
+            Adversaries(args.attack, share, num_classes=classes).check_run(args.nodes)
+        except ValueError as e:
+            parser.error(f"argument --malicious: {e} (--nodes {args.nodes})")
     return adversaries
 
 

@@ -26,7 +26,7 @@ from exogym.partition import Partition
 from exogym.runs import check_name
 from exogym.runtime import cluster
 from exogym.runtime.launch import start_processes_server
-from exogym.runtime.plan import check_adversaries
+from exogym.runtime.plan import check_adversaries, check_rules
 from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import build
 from exogym.tasks import Task, load
@@ -221,8 +221,9 @@ def compare(
         built = {check_name(label, "a strategy's label"): strategy for label, strategy in strategies.items()}
     else:
         built = {name: build(name, lr, H) for name in strategies}  # bad names and values fail first
-    for strategy in built.values():  # a strategy the attack cannot act on: before anything runs
+    for strategy in built.values():  # an attack or a rule the strategy cannot take: before anything runs
         check_adversaries(adversaries, strategy, network=net)
+        check_rules(strategy, nodes, adversaries)
     launch = cluster.detect()  # under torchrun the launcher started the processes
     startup = time.perf_counter() - t0 + (start_processes_server() if launch is None else 0.0)
     caption = settings_caption(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exogym.core.strategy import Strategy
-from exogym.strategy.registry import parameters
+from exogym.strategy.registry import PRESETS, parameters
 
 __all__ = ["RUN_AXES", "Point", "fit_axes", "parse_grid", "parse_value", "points"]
 
@@ -189,8 +189,10 @@ def points(
         if name in ("seed", "seeds"):
             raise ValueError(f"{name}: seeds are not a grid name; give them as --seeds 0,1,2 (sweep(seeds=[0, 1, 2]))")
         if name not in RUN_AXES and name not in fit_defaults and name not in strategy_names:
+            takers = [preset for preset, (f, _) in PRESETS.items() if name in parameters(f)]
+            taken_by = f" ({', '.join(takers)} take {name!r}; {', '.join(factories)} do not)" if takers else ""
             raise ValueError(
-                f"unknown name {name!r}; a grid varies run arguments {sorted(RUN_AXES)}, the strategies' "
+                f"unknown name {name!r}{taken_by}; a grid varies run arguments {sorted(RUN_AXES)}, the strategies' "
                 f"parameters {sorted(strategy_names)} or fit keywords {sorted(fit_defaults)}"
             )
     checked: dict[str, list[Any]] = {}

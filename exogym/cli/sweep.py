@@ -32,7 +32,7 @@ from exogym.run_config import check_keywords
 from exogym.runs import check_name
 from exogym.runtime import cluster, pool
 from exogym.runtime.launch import start_processes_server
-from exogym.runtime.plan import check_adversaries, resolve_workers, usable_cpus
+from exogym.runtime.plan import check_adversaries, check_rules, resolve_workers, usable_cpus
 from exogym.scale import Scale, as_scale
 from exogym.strategy.registry import PRESETS, call_factory
 from exogym.tasks import Task, load
@@ -299,6 +299,7 @@ def _config(
         if strategy.needs_step_seconds and net.compute == "measured":
             raise ValueError(measured_compute([point.strategy], "compute='flops' or seconds per step"))
         check_adversaries(point.fit_args.get("adversaries"), strategy, network=net)
+        check_rules(strategy, run["nodes"], point.fit_args.get("adversaries"))
     except (ValueError, TypeError, OSError) as e:
         raise type(e)(f"{point.label()}: {e}") from e
     workers = point.run["workers"]

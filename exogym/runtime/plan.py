@@ -110,12 +110,14 @@ def plan_run(model: torch.nn.Module, train_dataset: Any, val_dataset: Any, strat
     resume_folder = _resume_folder(args.checkpoint)
     fault_round = _fault_round(args.faults, strategy, run.network_model)
     check_adversaries(args.adversaries, strategy, args.faults, run.network_model)
-    check_rules(strategy, run.num_nodes)
+    check_rules(strategy, run.num_nodes, args.adversaries)
     layout = _layout(run, args.transport, device)
     collate_fn = D.collate_fn(args.data.loader_kwargs)
     steps, per_epoch = preflight.planned_steps(
         model, train_dataset, run.num_nodes, run.num_epochs, run.max_steps, run.batch_size, collate_fn
     )
+    if args.adversaries is not None:
+        check_attack_run(args.adversaries, run.num_nodes, steps, train_dataset)
     if isinstance(strategy, ServerStrategy) and run.network_model.compute == "measured":
         step_seconds(run.network_model)  # raises: a server's clock needs modelled compute
     if layout.launch is None:
@@ -242,23 +244,38 @@ def _pipeline_modules(strategy: Strategy) -> list[Any]:
     return strategy.pipeline.leaves()
 
 
-def check_rules(strategy: Strategy, num_nodes: int) -> None:
-    """Run each aggregation rule of ``strategy``'s pipeline (a module's ``rule``) once on
-    ``num_nodes`` rows of zeros (an island's size where the module draws islands), so that one
-    the run's group size cannot take (Krum on too few nodes, a trimmed mean that trims
-    everything) fails here, naming ``aggregate``, rather than inside the nodes. (A server's
-    groups are its draws and buffers: its rule is checked when it runs.)"""
-    for module in _pipeline_modules(strategy):
+def check_rules(strategy: Strategy, num_nodes: int, adversaries: Adversaries | None = None) -> None:
+    """Run each aggregation rule of ``strategy`` (a pipeline module's or its server's ``rule``)
+    once on rows of zeros, as many as the fewest updates it combines in this run (the module's
+    ``aggregation_group(num_nodes, attacked)``, else ``num_nodes``), so that a rule the run cannot
+    take (Krum on too few updates, a trimmed mean that trims everything, a function of the wrong
+    signature or result) fails here, naming ``aggregate``, rather than inside the nodes; and so
+    that a module that cannot take the attack (``aggregation_group`` raises) is refused here.
+    A robust rule over two updates or fewer is their mean: a warning says so."""
+    attacked = adversaries is not None and adversaries.attack != "label_flip"
+    modules = [strategy.server] if isinstance(strategy, ServerStrategy) else _pipeline_modules(strategy)
+    for module in modules:
         rule = getattr(module, "rule", None)
         if rule is None:
             continue
-        group = min(num_nodes, getattr(module, "island_size", None) or num_nodes)
+        group = getattr(module, "aggregation_group", lambda n, _: n)(num_nodes, attacked)
+        owner = strategy.server if type(strategy) is ServerStrategy else strategy  # (FedAvg's sampling: its server)
+        where = f"aggregate of {type(owner).__name__}"
         try:
-            rule(torch.zeros(group, 1))
-        except (ValueError, IndexError, RuntimeError) as e:
+            out = rule(torch.zeros(group, 3))
+        except (ValueError, IndexError, RuntimeError, TypeError) as e:
+            raise ValueError(f"{where}: its rule cannot combine the {group} updates of this run: {e}") from None
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (3,):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(
-                f"aggregate of {type(strategy).__name__}: its rule cannot combine the {group} updates of this run: {e}"
-            ) from None
+                f"{where}: a rule takes the [n, d] updates and returns one [d] update; on [{group}, 3] it returned "
+                f"{got}"
+            )
+        if group <= 2 and getattr(getattr(rule, "func", rule), "__name__", "") != "mean":
+            logger.warning(
+                "%s: %s combines %d update(s) at a time in this run, and a robust rule over two or fewer is their "
+                "mean; give it more (more nodes, a larger buffer or sample)", where, module.describe(), group
+            )  # fmt: skip
 
 
 def check_adversaries(
@@ -290,6 +307,36 @@ def check_adversaries(
             "trace): an attack gathers every node's update, which a round with nodes away does not have; give one "
             "or the other"
         )
+
+
+#: How many of a dataset's first examples ``label_flip``'s check reads (all of a ``TensorDataset``).
+LABELS_CHECKED = 256
+
+
+def check_attack_run(adversaries: Adversaries, num_nodes: int, steps: int, train_dataset: Any) -> None:
+    """The attack against the run: a share that gives no malicious node is refused, a start after
+    the last step warned about (``Adversaries.check_run``); ``label_flip``'s ``num_classes``
+    against the training labels (a ``TensorDataset``'s, else its first ``LABELS_CHECKED``
+    examples'; a dataset factory's, and the rest, are checked as the nodes read them)."""
+    from exogym.adversaries import check_labels, labels_of
+
+    adversaries.check_run(num_nodes, steps)
+    if adversaries.attack != "label_flip" or D.is_factory(train_dataset):
+        return
+    tensors = getattr(train_dataset, "tensors", None)  # a TensorDataset's labels, else the first examples'
+    if tensors:
+        labels = tensors[-1]
+    else:
+        found = [labels_of(train_dataset[i]) for i in range(min(len(train_dataset), LABELS_CHECKED))]
+        if any(x is None for x in found):
+            raise ValueError(
+                "Adversaries('label_flip') flips the labels of (inputs, labels) examples or a mapping's 'labels'; "
+                f"this dataset's examples are {type(train_dataset[0]).__name__}"
+            )
+        labels = torch.stack([torch.as_tensor(x) for x in found])
+    if labels.is_floating_point():
+        raise ValueError(f"Adversaries('label_flip') needs integer labels; this dataset's are {labels.dtype}")
+    check_labels(labels, adversaries.num_classes)
 
 
 def _layout(run: RunConfig, transport: TransportConfig, device: str) -> Layout:

@@ -67,6 +67,10 @@ class Task:
 TASKS = ("digits", "chars", "mnist", "cifar10", "shakespeare")
 """The built-in tasks' names, those that need no download first."""
 
+CLASSES = {"digits": 10, "chars": 256, "mnist": 10, "cifar10": 10, "shakespeare": 256}
+"""The label values of each built-in task (the text tasks' labels are next bytes): what
+``Adversaries('label_flip')`` flips them within on the command line."""
+
 
 def load(name: str, data_dir: str = "data") -> Task:
     """The built-in task ``name`` (one of [`TASKS`][exogym.tasks.TASKS]), its data loaded.
@@ -124,6 +128,7 @@ def load(name: str, data_dir: str = "data") -> Task:
 load_task = load
 
 __all__ = [
+    "CLASSES",
     "TASKS",
     "CharDataset",
     "CharGPT",

@@ -235,13 +235,13 @@ def test_ipm_sign_flip_and_free_rider_attacks_match_reference():
 
 
 @pytest.mark.parametrize("fraction,num_nodes", [(0.25, 8), (0.3, 10), (0.25, 10), (0.1, 4), (0.0, 6)])
-def test_malicious_is_deterministic_sorted_distinct_with_rounded_count(fraction, num_nodes):
+def test_malicious_is_deterministic_sorted_distinct_with_the_count_rounded_half_up(fraction, num_nodes):
     adv = Adversaries(attack="sign_flip", fraction=fraction)
     for seed in range(5):
         ranks = adv.malicious(num_nodes, seed)
         assert ranks == adv.malicious(num_nodes, seed)
         assert isinstance(ranks, tuple) and list(ranks) == sorted(set(ranks))
-        assert len(ranks) == round(fraction * num_nodes) and all(0 <= r < num_nodes for r in ranks)
+        assert len(ranks) == math.floor(fraction * num_nodes + 0.5) and all(0 <= r < num_nodes for r in ranks)
 
 
 def test_malicious_differs_across_some_pair_of_seeds():

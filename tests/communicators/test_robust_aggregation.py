@@ -269,3 +269,81 @@ def test_an_optimizer_state_average_gives_its_rule_each_node_s_state_values() ->
     train_ranks(K, lambda: CommunicateOptimizeStrategy([module()], optim_spec=adam), H + 1, dataset=ds)
     assert len(calls) == K  # one round (after step H), one call per rank
     torch.testing.assert_close(calls[0], torch.stack(moments), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: diloco(lambda u: u.mean()), r"returns one \[d\] update; on \[4, 3\] it returned \(\)"),
+        (lambda: diloco(lambda u: u), r"on \[4, 3\] it returned \(4, 3\)"),
+        (lambda: diloco(lambda u: [0.0]), "it returned list"),
+        (lambda: diloco(lambda a, b: a), "aggregate of DiLoCoStrategy: its rule cannot combine the 4 updates"),
+        (lambda: diloco(functools.partial(median, bta=0.1)), "cannot combine the 4 updates of this run: .*bta"),
+    ],
+)
+def test_a_rule_of_the_wrong_signature_or_result_is_refused_naming_aggregate(make, says: str) -> None:
+    from exogym.runtime.plan import check_rules
+
+    with pytest.raises(ValueError, match=says):
+        check_rules(make(), K)
+
+
+def test_a_server_s_rule_is_tried_on_its_buffer_or_sample_and_islands_with_an_attack_are_refused() -> None:
+    from exogym.runtime.plan import check_rules
+    from exogym.strategy import FedBuffStrategy
+
+    with pytest.raises(ValueError, match="aggregate of FedBuffStrategy: .* 2 updates .*krum"):
+        check_rules(FedBuffStrategy(local_steps=2, buffer_size=2, aggregate="krum"), 8)
+    check_rules(FedBuffStrategy(local_steps=2, buffer_size=6, aggregate="krum"), 8)  # 6 > f + 2 with f = 1
+    with pytest.raises(ValueError, match="aggregate of FedAvgServer: .* 2 updates"):
+        check_rules(FedAvgStrategy(H=2, client_sampling=0.5, aggregate="krum"), 4)
+    attack = Adversaries("sign_flip", fraction=0.25)
+    for strategy in (FedAvgStrategy(H=2, island_size=2), FedAvgStrategy(H=2, client_sampling=0.5, island_size=2)):
+        check_rules(strategy, 4)  # without an attack islands are fine
+        with pytest.raises(ValueError, match="give island_size or adversaries, not both"):
+            check_rules(strategy, 4, attack)
+
+
+def test_a_robust_rule_over_two_updates_is_said_to_be_their_mean(caplog) -> None:
+    from exogym.runtime.plan import check_rules
+
+    check_rules(diloco("median"), 2)
+    assert "a robust rule over two or fewer is their mean" in caplog.text
+    caplog.clear()
+    check_rules(diloco("median"), 3)
+    check_rules(diloco("mean"), 2)
+    assert "their mean" not in caplog.text
+
+
+def test_a_share_that_gives_no_malicious_node_is_refused_and_a_start_after_the_run_warned(caplog) -> None:
+    with pytest.raises(ValueError, match=r"on 4 nodes no node is malicious; give at least 0.25 \(one node\)"):
+        Adversaries("sign_flip", fraction=0.1).check_run(4)
+    Adversaries("sign_flip", fraction=0.0).check_run(4)  # a clean run on purpose
+    assert Adversaries("noise", fraction=0.625).count(4) == 3  # 2.5 rounds half up
+    Adversaries("sign_flip", fraction=0.25, start=20).check_run(4, max_steps=20)
+    assert "the attack never acts" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"attack": "free_rider", "strength": 2.0}, "free_rider takes no strength"),
+        ({"attack": "label_flip", "strength": 1.0}, "label_flip takes no strength"),
+        ({"attack": "sign_flip", "strength": -2.0}, "sign_flip's factor must be > 0"),
+        ({"attack": "ipm", "strength": 0.0}, "ipm's epsilon must be > 0"),
+    ],
+)
+def test_a_strength_an_attack_does_not_take_is_refused(kwargs: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Adversaries(fraction=0.25, **kwargs)
+
+
+def test_label_flip_refuses_labels_outside_num_classes_naming_it() -> None:
+    from exogym.adversaries import check_labels
+
+    with pytest.raises(ValueError, match=r"num_classes=3\): this data's labels reach 9; give num_classes=10"):
+        check_labels(torch.arange(10), 3)
+    check_labels(torch.arange(10), 10)
+    plan = Adversaries("label_flip", fraction=0.5, num_classes=3).plan(2, seed=0)
+    with pytest.raises(ValueError, match="give num_classes=10"):
+        plan.poison((torch.zeros(10, 2), torch.arange(10)))
