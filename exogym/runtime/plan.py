@@ -317,11 +317,13 @@ def check_attack_run(adversaries: Adversaries, num_nodes: int, steps: int, train
     """The attack against the run: a share that gives no malicious node is refused, a start after
     the last step warned about (``Adversaries.check_run``); ``label_flip``'s ``num_classes``
     against the training labels (a ``TensorDataset``'s, else its first ``LABELS_CHECKED``
-    examples'; a dataset factory's, and the rest, are checked as the nodes read them)."""
+    examples'; a dataset factory's or an iterable one's, and the rest, are checked as the nodes
+    read them)."""
     from exogym.adversaries import check_labels, labels_of
 
     adversaries.check_run(num_nodes, steps)
-    if adversaries.attack != "label_flip" or D.is_factory(train_dataset):
+    indexable = hasattr(train_dataset, "__getitem__") and hasattr(train_dataset, "__len__")
+    if adversaries.attack != "label_flip" or D.is_factory(train_dataset) or not indexable:
         return
     tensors = getattr(train_dataset, "tensors", None)  # a TensorDataset's labels, else the first examples'
     if tensors:
