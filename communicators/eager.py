@@ -40,8 +40,9 @@ class EagerDiLoCoCommunicator(DiLoCoCommunicator):
     nodes' shares of the previous round, while the round's all-reduce overlaps the next ``H``
     steps. ``global_params`` are this node's own outer parameters.
 
-    Averages among the nodes present (``comm.present()``), so faults may drop nodes: a dropped
-    node rejoins with the state of a survivor.
+    With the mean it averages among the nodes present (``comm.present()``), so faults may drop
+    nodes: a dropped node rejoins with the state of a survivor. Another rule gathers every node's
+    pseudo-gradient, which a round with nodes dropped does not have: faults are refused with it.
 
     Args:
         H: inner steps between outer steps.
