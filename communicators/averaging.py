@@ -96,7 +96,7 @@ class AveragingCommunicator(Communicator):
             self.H = self.local_epochs * ctx.steps_per_epoch
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.buckets = dtype_buckets(self.params)
-        attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
+        attacked = ctx.adversaries is not None and ctx.adversaries.config.on_updates
         self.aggregation_group(ctx.num_nodes, attacked)
         #: Averaging parameters under an attack or a robust rule: each dtype's parameters as last
         #: averaged, so that the nodes' updates (parameters minus these) are what is attacked.

@@ -22,7 +22,7 @@ import torch
 
 from communicators.aggregation import Rule, describe_rule, is_mean, resolve, rule_name
 from communicators.checks import check_int, check_number
-from communicators.islands import CLIENT_SALT, draw_islands, draw_participants
+from communicators.islands import CLIENT_SALT, draw_islands, draw_participants, participants
 from exogym.core.seeding import generator
 from exogym.core.server import Result, Server, ServerContext, Train
 
@@ -33,7 +33,7 @@ def drawn_clients(num_clients: int, fraction: float, seed: int, round_: int) -> 
     """The clients of a round without islands, ascending: what
     [`draw_participants`][communicators.draw_participants] draws from every client, drawn without
     building the list of all ``num_clients``."""
-    m = max(1, round(fraction * num_clients))
+    m = participants(num_clients, fraction)
     if m >= num_clients:
         return list(range(num_clients))
     g = generator(seed, CLIENT_SALT, round_, 0)
@@ -103,12 +103,12 @@ class FedAvgServer(Server):
         self.results: dict[int, torch.Tensor] = {}
         if self.island_size and self.island_size < ctx.num_clients:
             self._warn_island_rounding(ctx.num_clients)
-        attacked = ctx.adversaries is not None and ctx.adversaries.config.attack != "label_flip"
+        attacked = ctx.adversaries is not None and ctx.adversaries.config.on_updates
         self.aggregation_group(ctx.num_clients, attacked)
 
     def aggregation_group(self, num_clients: int, attacked: bool) -> int:
-        """The clients whose results a round's rule combines (``max(1, round(client_sampling *
-        num_clients))``).
+        """The clients whose results a round's rule combines (``participants(num_clients,
+        client_sampling)``).
 
         Raises:
             ValueError: islands under an attack (it acts on one group of clients' results).
@@ -118,15 +118,15 @@ class FedAvgServer(Server):
                 f"{self.describe()} with adversaries: an attack acts on one group of clients' results; "
                 "give island_size or adversaries, not both"
             )
-        return min(num_clients, max(1, round(self.client_sampling * num_clients)))
+        return participants(num_clients, self.client_sampling)
 
     def _warn_island_rounding(self, k: int) -> None:
         """Log where drawing ``max(1, round(f * n))`` clients per island trains a fraction of the
         clients 10% or more off ``client_sampling`` (small islands: ``f * n`` below 1)."""
         sizes = [min(self.island_size, k - i) for i in range(0, k, self.island_size)]  # type: ignore[arg-type]
-        drawn = sum(min(n, max(1, round(self.client_sampling * n))) for n in sizes)
+        drawn = sum(participants(n, self.client_sampling) for n in sizes)
         if abs(drawn / k - self.client_sampling) > 0.1 * self.client_sampling:
-            per_island = min(self.island_size, max(1, round(self.client_sampling * self.island_size)))  # type: ignore[type-var]
+            per_island = participants(self.island_size, self.client_sampling)  # type: ignore[arg-type]
             logger.warning(
                 "%s on %d clients draws %d a round (%.1f%%, not %.1f%%): each island of %d draws max(1, round(%g x "
                 "%d)) = %d; choose client_sampling x island_size close to a whole number, or larger islands",

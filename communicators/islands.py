@@ -28,12 +28,17 @@ def draw_islands(num_nodes: int, island_size: int, seed: int, round_: int) -> li
     return [sorted(perm[i : i + island_size]) for i in range(0, num_nodes, island_size)]
 
 
+def participants(n: int, fraction: float) -> int:
+    """How many of ``n`` members take part in a round: ``max(1, round(fraction * n))``, at most ``n``."""
+    return min(n, max(1, round(fraction * n)))
+
+
 def draw_participants(members: list[int], fraction: float, seed: int, round_: int) -> list[int]:
-    """The sorted ranks of ``members`` that take part in a round: ``max(1, round(fraction * n))``
+    """The sorted ranks of ``members`` that take part in a round: ``participants(n, fraction)``
     of them, drawn without replacement from the shared generator."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"client_sampling must be in (0, 1], got {fraction}")
-    m = max(1, round(fraction * len(members)))
+    m = participants(len(members), fraction)
     if m >= len(members):
         return list(members)
     g = generator(seed, CLIENT_SALT, round_, min(members))

@@ -99,6 +99,12 @@ class Adversaries:
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
             raise ValueError(f"Adversaries(num_classes={self.num_classes!r}) must be an int >= 2")
 
+    @property
+    def on_updates(self) -> bool:
+        """Whether the attack acts where updates are aggregated (every attack but ``label_flip``,
+        which poisons the data)."""
+        return self.attack != "label_flip"
+
     def count(self, num_nodes: int) -> int:
         """How many of ``num_nodes`` nodes are malicious: ``fraction * num_nodes``, rounded half up."""
         return math.floor(self.fraction * num_nodes + 0.5)
@@ -196,14 +202,14 @@ class AdversaryPlan:
         Raises:
             TypeError: a batch without integer labels there.
         """
-        if isinstance(batch, Mapping) and "labels" in batch:
-            return {**batch, "labels": self._flip(batch["labels"])}
-        if isinstance(batch, (tuple, list)) and batch:
-            return type(batch)([*batch[:-1], self._flip(batch[-1])])
-        raise TypeError(
-            "Adversaries('label_flip') flips the labels of a (inputs, labels) batch or a mapping's 'labels'; "
-            f"this task's batches are {type(batch).__name__}"
-        )
+        labels = labels_of(batch)
+        if labels is None:
+            raise TypeError(
+                "Adversaries('label_flip') flips the labels of a (inputs, labels) batch or a mapping's 'labels'; "
+                f"this task's batches are {type(batch).__name__}"
+            )
+        flipped = self._flip(labels)
+        return {**batch, "labels": flipped} if isinstance(batch, Mapping) else type(batch)([*batch[:-1], flipped])
 
     def _flip(self, labels: Any) -> torch.Tensor:
         import torch

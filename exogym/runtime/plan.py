@@ -237,11 +237,11 @@ def _fault_round(faults: Faults | None, strategy: Strategy, network: Network) ->
     return round_steps(strategy)
 
 
-def _pipeline_modules(strategy: Strategy) -> list[Any]:
-    """The communicating modules of ``strategy``'s pipeline (none for a server strategy)."""
-    if isinstance(strategy, ServerStrategy) or strategy.pipeline is None:
-        return []
-    return strategy.pipeline.leaves()
+def _modules(strategy: Strategy) -> list[Any]:
+    """Where ``strategy`` may aggregate: its server, or its pipeline's communicating modules."""
+    if isinstance(strategy, ServerStrategy):
+        return [strategy.server]
+    return strategy.pipeline.leaves() if strategy.pipeline is not None else []
 
 
 def check_rules(strategy: Strategy, num_nodes: int, adversaries: Adversaries | None = None) -> None:
@@ -252,15 +252,14 @@ def check_rules(strategy: Strategy, num_nodes: int, adversaries: Adversaries | N
     signature or result) fails here, naming ``aggregate``, rather than inside the nodes; and so
     that a module that cannot take the attack (``aggregation_group`` raises) is refused here.
     A robust rule over two updates or fewer is their mean: a warning says so."""
-    attacked = adversaries is not None and adversaries.attack != "label_flip"
-    modules = [strategy.server] if isinstance(strategy, ServerStrategy) else _pipeline_modules(strategy)
-    for module in modules:
+    attacked = adversaries is not None and adversaries.on_updates
+    owner = strategy.server if type(strategy) is ServerStrategy else strategy  # (FedAvg's sampling: its server)
+    where = f"aggregate of {type(owner).__name__}"
+    for module in _modules(strategy):
         rule = getattr(module, "rule", None)
         if rule is None:
             continue
         group = getattr(module, "aggregation_group", lambda n, _: n)(num_nodes, attacked)
-        owner = strategy.server if type(strategy) is ServerStrategy else strategy  # (FedAvg's sampling: its server)
-        where = f"aggregate of {type(owner).__name__}"
         try:
             out = rule(torch.zeros(group, 3))
         except (ValueError, IndexError, RuntimeError, TypeError) as e:
@@ -285,19 +284,16 @@ def check_adversaries(
     that aggregates them through ``communicators.aggregation.aggregate_all_reduce`` (one that
     keeps its rule as ``rule``), and gathers every node's update, which a round with nodes
     dropped cannot."""
-    if adversaries is None or adversaries.attack == "label_flip":
+    if adversaries is None or not adversaries.on_updates:
         return
-    # a server that aggregates its clients' results keeps its rule too
-    server = isinstance(strategy, ServerStrategy)
-    modules = [strategy.server] if server else _pipeline_modules(strategy)
-    if not any(getattr(m, "rule", None) is not None for m in modules):
+    if not any(getattr(m, "rule", None) is not None for m in _modules(strategy)):  # a server's rule too
         raise ValueError(
             f"fit(adversaries=Adversaries({adversaries.attack!r}, ...)): {type(strategy).__name__} has no module "
             "where attacks act (they act where the nodes' updates are aggregated: DDP, FedAvg, DiLoCo and its eager, "
             "streaming and decoupled forms, MuLoCo, DES-LOC, SPARTA+DiLoCo, FedBuff); attack='label_flip' poisons "
             "the data under any strategy"
         )
-    if server:  # a server aggregates the results it received, whoever is away
+    if isinstance(strategy, ServerStrategy):  # a server aggregates the results it received, whoever is away
         return
     trace = None if network is None else network.availability
     drops = (faults is not None and faults.drops) or (trace is not None and trace.drops)
