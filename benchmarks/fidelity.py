@@ -130,6 +130,9 @@ class Scale:
     toy_steps: int
     table_models: tuple[str, ...]  # the rows of Streaming DiLoCo's bandwidth table
     seeds: tuple[int, ...]  # every run is repeated over these seeds
+    lr_factors: tuple[float, ...]  # the inner learning rates tried per method, as factors of its base rate
+    momenta: tuple[float, ...]  # the outer Nesterov momenta tried per method with an outer step
+    tune_seed: int  # the held-out seed the tuning runs on (not one of ``seeds``)
 
 
 SCALES = {
@@ -137,58 +140,159 @@ SCALES = {
         n_layer=2, n_embd=64, block=32, batch_size=8, steps=900, nodes=(4, 8), H=(10, 50, 100),
         sparta_p=(0.001, 0.005, 0.05), fragments=4, clients=20, client_sampling=0.2, fed_H=10, fed_steps=400,
         fed_batch=8, toy_workers=256, toy_steps=1152, table_models=("1B", "10B", "100B"), seeds=(0, 1, 2, 3, 4),
+        lr_factors=(0.5, 1.0, 2.0, 4.0), momenta=(0.5, 0.9), tune_seed=100,
     ),
     "quick": Scale(
         n_layer=2, n_embd=64, block=32, batch_size=8, steps=40, nodes=(2, 4), H=(5, 20),
         sparta_p=(0.001, 0.005, 0.05), fragments=2, clients=10, client_sampling=0.3, fed_H=5, fed_steps=60,
         fed_batch=8, toy_workers=16, toy_steps=384, table_models=("1B",), seeds=(0, 1),
+        lr_factors=(1.0,), momenta=(OUTER_MOMENTUM,), tune_seed=100,
     ),
 }  # fmt: skip
 
-LR = 1e-3  # inner AdamW (and DeMo's sign-SGD) learning rate
+LR = 1e-3  # the base inner learning rate: AdamW's (and DeMo's sign-SGD's)
 ALPHA = 0.1  # Dirichlet concentration of the non-IID split
 POWERSGD_RANK = 4
 TOPK = 0.01  # fraction of each gradient tensor top-k with error feedback sends
-MUON_LR = 0.02  # MuLoCo's inner Muon learning rate (AdamW's, LR, for the other parameters)
+MUON_LR = 0.02  # MuLoCo's base inner Muon learning rate (AdamW's, LR, for the other parameters)
 
 
-def adamw() -> OptimSpec:
-    return OptimSpec(torch.optim.AdamW, lr=LR)
+@dataclass(frozen=True)
+class Hyper:
+    """One method's settings, chosen by ``tune``: its inner learning rate as a factor of the base
+    rate (``LR``; MuLoCo's Muon ``MUON_LR`` and its AdamW ``LR`` both scaled) and, for a method with
+    an outer Nesterov step (``OUTER``), that step's momentum (learning rate 0.7)."""
+
+    lr_factor: float = 1.0
+    momentum: float = OUTER_MOMENTUM
 
 
-def diloco(H: int) -> Strategy:
-    return DiLoCoStrategy(H=H, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw())
+Tuned = dict[str, Hyper]
+
+#: Every GPT method of the synchronous studies, tuned one by one (``tune``), in this order.
+METHODS = (
+    "ddp", "diloco", "sparta", "sparta+diloco", "demo", "sparseloco", "eager_diloco", "streaming",
+    "streaming tau=1", "noloco", "powersgd", "topk_ef", "desloc", "local adam", "muloco",
+)  # fmt: skip
+#: The methods with an outer Nesterov step, whose momentum is tuned with the learning rate.
+OUTER = frozenset({"diloco", "sparta+diloco", "eager_diloco", "streaming", "streaming tau=1", "noloco", "muloco"})
 
 
-def algorithm_runs(scale: Scale, k: int) -> dict[str, Strategy]:
+def method(name: str, hp: Hyper, scale: Scale, H: int | None = None, p: float | None = None) -> Strategy:
+    """The report's method ``name`` (one of ``METHODS``) at ``hp``, with its communication period
+    ``H`` (default DiLoCo's smallest) and SPARTA's ``p`` (default the middle of the scale's)."""
+    H = H or min(scale.H)
+    p = p or scale.sparta_p[len(scale.sparta_p) // 2]
+    lr, m = LR * hp.lr_factor, hp.momentum
+    adamw = OptimSpec(torch.optim.AdamW, lr=lr)
+    f = scale.fragments
+    builders: dict[str, Callable[[], Strategy]] = {
+        "ddp": lambda: SimpleReduceStrategy(adamw),
+        "diloco": lambda: DiLoCoStrategy(H=H, outer_momentum=m, optim_spec=adamw),
+        "sparta": lambda: SPARTAStrategy(p_sparta=p, optim_spec=adamw),
+        "sparta+diloco": lambda: SPARTADiLoCoStrategy(p_sparta=p, H=H, outer_momentum=m, optim_spec=adamw),
+        "demo": lambda: DeMoStrategy(OptimSpec(torch.optim.SGD, lr=lr)),
+        "sparseloco": lambda: SparseLoCoStrategy(H=H, chunk=64, k=2, chunking="flat", optim_spec=adamw),
+        "eager_diloco": lambda: EagerDiLoCoStrategy(H=H, outer_momentum=m, optim_spec=adamw),
+        # without overlap (alpha 0: DiLoCo's rule per fragment), and each update applied one step late
+        # (alpha 0.5, the paper's suggestion with an overlap)
+        "streaming": lambda: StreamingDiLoCoStrategy(
+            H=H, num_fragments=f, overlap_steps=0, alpha=0.0, outer_momentum=m, optim_spec=adamw
+        ),
+        "streaming tau=1": lambda: StreamingDiLoCoStrategy(
+            H=H, num_fragments=f, overlap_steps=1, alpha=0.5, outer_momentum=m, optim_spec=adamw
+        ),
+        "noloco": lambda: NoLoCoStrategy(H=H, outer_momentum=m, optim_spec=adamw),
+        "powersgd": lambda: PowerSGDStrategy(rank=POWERSGD_RANK, start_iter=H, optim_spec=adamw),
+        "topk_ef": lambda: TopKEFStrategy(k=TOPK, optim_spec=adamw),
+        "desloc": lambda: DESLOCStrategy(Kx=H, optim_spec=adamw),
+        "local adam": lambda: DESLOCStrategy(Kx=H, Ku=H, Kv=H, optim_spec=adamw),
+        "muloco": lambda: MuLoCoStrategy(H=H, outer_momentum=m, lr=MUON_LR * hp.lr_factor, adamw_lr=lr),
+    }
+    return builders[name]()
+
+
+def grid(name: str, scale: Scale) -> list[Hyper]:
+    """The settings ``tune`` tries for method ``name``: every learning-rate factor, times every
+    momentum for a method with an outer step."""
+    momenta = scale.momenta if name in OUTER else (OUTER_MOMENTUM,)
+    return [Hyper(f, m) for f in scale.lr_factors for m in momenta]
+
+
+def hyper_label(name: str, hp: Hyper) -> str:
+    """How a tuning run is named: ``diloco lr x2 m=0.9``."""
+    return f"{name} lr x{hp.lr_factor:g}" + (f" m={hp.momentum:g}" if name in OUTER else "")
+
+
+def tuned_of(runs: Runs) -> Tuned:
+    """The settings ``tune`` chose, per method, from ``runs`` (the defaults for one not tuned)."""
+    chosen = runs.exact.get("tuned", {})
+    return {name: Hyper(chosen[name]["lr_factor"], chosen[name]["momentum"]) if name in chosen else Hyper()
+            for name in METHODS}  # fmt: skip
+
+
+def best(losses: dict[str, float], name: str, scale: Scale) -> Hyper:
+    """The setting of ``grid(name)`` with the lowest validation loss in ``losses`` (label -> loss);
+    a run that failed or diverged (missing, NaN) never wins, and a tie goes to the first tried."""
+
+    def loss(hp: Hyper) -> float:
+        v = losses.get(hyper_label(name, hp), float("nan"))
+        return float("inf") if v != v else v
+
+    return min(grid(name, scale), key=loss)
+
+
+def tune(gpt: Task, scale: Scale, name: str, runs_dir: str, runs: Runs, progress: bool) -> None:
+    """Choose method ``name``'s settings on the held-out seed: every setting of its ``grid`` trained
+    once on ``scale.tune_seed`` at K = the first node count (MuLoCo: the largest, where its finding
+    is) and DiLoCo's smallest H, the lowest final validation loss chosen, then used for every K, H
+    and p of the report. A grid of one setting runs nothing."""
+    settings = grid(name, scale)
+    losses: dict[str, float] = {}
+    if len(settings) > 1:
+        k = max(scale.nodes) if name == "muloco" else scale.nodes[0]
+        strategies = {hyper_label(name, hp): method(name, hp, scale) for hp in settings}
+        logger.info("tuning %s on seed %d: %d settings", name, scale.tune_seed, len(strategies))
+        result = compare(
+            gpt, strategies, out_dir=os.path.join(runs_dir, "tune", name.replace(" ", "_")),
+            seed=scale.tune_seed, steps=scale.steps, nodes=k, batch_size=scale.batch_size, H=max(scale.H),
+            network="internet", progress=progress,
+        )  # fmt: skip
+        losses = {row["strategy"]: float(row["val_loss"]) for row in result.summary}
+    chosen = best(losses, name, scale)
+    runs.exact.setdefault("tuned", {})[name] = {**dataclasses.asdict(chosen), "losses": losses}
+
+
+def algorithm_runs(scale: Scale, k: int, tuned: Tuned) -> dict[str, Strategy]:
     """The runs of the PowerSGD / top-k / DES-LOC / NoLoCo / MuLoCo study at ``k`` nodes, at
     DiLoCo's smallest H: NoLoCo at every node count, MuLoCo at the largest, the others at the first."""
     h0 = min(scale.H)
-    runs: dict[str, Strategy] = {
-        f"noloco H={h0}": NoLoCoStrategy(H=h0, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw())
-    }
+    names = ["noloco"]
     if k == scale.nodes[0]:
-        runs[f"powersgd rank={POWERSGD_RANK}"] = PowerSGDStrategy(rank=POWERSGD_RANK, start_iter=h0, optim_spec=adamw())
-        runs[f"topk_ef k={TOPK:g}"] = TopKEFStrategy(k=TOPK, optim_spec=adamw())
-        runs[f"desloc Kx={h0}"] = DESLOCStrategy(Kx=h0, optim_spec=adamw())
-        runs[f"local adam Kx={h0}"] = DESLOCStrategy(Kx=h0, Ku=h0, Kv=h0, optim_spec=adamw())
+        names += ["powersgd", "topk_ef", "desloc", "local adam"]
     if k == max(scale.nodes):
-        runs[f"muloco H={h0}"] = MuLoCoStrategy(H=h0, outer_momentum=OUTER_MOMENTUM, lr=MUON_LR, adamw_lr=LR)
-    return runs
+        names.append("muloco")
+    return {ALGORITHM_LABELS[n].format(h0=h0): method(n, tuned[n], scale) for n in names}
 
 
-def streaming_runs(scale: Scale) -> dict[str, Strategy]:
-    """Streaming DiLoCo at DiLoCo's smallest H: ``scale.fragments`` fragments without overlap
-    (alpha 0: DiLoCo's rule per fragment), and with each update applied one step late (alpha 0.5,
-    the paper's suggestion with an overlap)."""
+#: How the study's tables name each method's run ({h0}: DiLoCo's smallest H).
+ALGORITHM_LABELS = {
+    "noloco": "noloco H={h0}",
+    "powersgd": f"powersgd rank={POWERSGD_RANK}",
+    "topk_ef": f"topk_ef k={TOPK:g}",
+    "desloc": "desloc Kx={h0}",
+    "local adam": "local adam Kx={h0}",
+    "muloco": "muloco H={h0}",
+}
+
+
+def streaming_runs(scale: Scale, tuned: Tuned) -> dict[str, Strategy]:
+    """Streaming DiLoCo at DiLoCo's smallest H with ``scale.fragments`` fragments, without overlap
+    and one step late."""
     h0, f = min(scale.H), scale.fragments
     return {
-        f"streaming F={f} H={h0}": StreamingDiLoCoStrategy(
-            H=h0, num_fragments=f, overlap_steps=0, alpha=0.0, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw()
-        ),
-        f"streaming F={f} H={h0} tau=1": StreamingDiLoCoStrategy(
-            H=h0, num_fragments=f, overlap_steps=1, alpha=0.5, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw()
-        ),
+        f"streaming F={f} H={h0}": method("streaming", tuned["streaming"], scale),
+        f"streaming F={f} H={h0} tau=1": method("streaming tau=1", tuned["streaming tau=1"], scale),
     }
 
 
@@ -246,33 +350,34 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
             suffix=f" {group[0]}={group[1:]}",
         )
 
+    # each method's settings first, on the held-out seed; every run below uses them
+    for name in METHODS:
+        section(f"tune-{name}", functools.partial(tune, gpt, scale, name, runs_dir, runs, progress))
+    tuned = tuned_of(runs)
+
+    def run(name: str, **config: float) -> Strategy:
+        return method(name, tuned[name], scale, **config)
+
     for k in scale.nodes:
-        strategies: dict[str, Strategy] = {"ddp": SimpleReduceStrategy(adamw())}
-        strategies.update({f"diloco H={h}": diloco(h) for h in scale.H})
+        strategies: dict[str, Strategy] = {"ddp": run("ddp")}
+        strategies.update({f"diloco H={h}": run("diloco", H=h) for h in scale.H})
         if k == k0:
+            strategies.update({f"sparta p={p:g}": run("sparta", p=p) for p in scale.sparta_p})
             strategies.update(
-                {f"sparta p={p:g}": SPARTAStrategy(p_sparta=p, optim_spec=adamw()) for p in scale.sparta_p}
+                {f"sparta+diloco p={p:g} H={h_big}": run("sparta+diloco", p=p, H=h_big) for p in scale.sparta_p}
             )
-            for p in scale.sparta_p:
-                strategies[f"sparta+diloco p={p:g} H={h_big}"] = SPARTADiLoCoStrategy(
-                    p_sparta=p, H=h_big, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw()
-                )
-            strategies["demo"] = DeMoStrategy(OptimSpec(torch.optim.SGD, lr=LR))
-            strategies[f"sparseloco H={h0}"] = SparseLoCoStrategy(
-                H=h0, chunk=64, k=2, chunking="flat", optim_spec=adamw()
-            )
-            strategies[f"eager_diloco H={h0}"] = EagerDiLoCoStrategy(
-                H=h0, outer_momentum=OUTER_MOMENTUM, optim_spec=adamw()
-            )
-            strategies.update(streaming_runs(scale))
-        strategies.update(algorithm_runs(scale, k))
+            strategies["demo"] = run("demo")
+            strategies[f"sparseloco H={h0}"] = run("sparseloco")
+            strategies[f"eager_diloco H={h0}"] = run("eager_diloco")
+            strategies.update(streaming_runs(scale, tuned))
+        strategies.update(algorithm_runs(scale, k, tuned))
         logger.info("GPT, K=%d: %d runs x %d seeds", k, len(strategies), len(scale.seeds))
         sizes = dict(nodes=k, batch_size=scale.batch_size, H=h_big)
         section(f"gpt-K{k}", functools.partial(gpt_runs, strategies, f"K{k}", **sizes))
     # DiLoCo's scaling laws: the global batch of K0 nodes (batch_size each) on 1 and 2 replicas
     batch = scale.batch_size * k0
     for m in (1, 2):
-        strategies = {f"diloco H={h0}": diloco(h0)} | ({"ddp": SimpleReduceStrategy(adamw())} if m == 1 else {})
+        strategies = {f"diloco H={h0}": run("diloco")} | ({"ddp": run("ddp")} if m == 1 else {})
         logger.info(
             "GPT, %d replica(s), global batch %d: %d runs x %d seeds", m, batch, len(strategies), len(scale.seeds)
         )
@@ -282,9 +387,9 @@ def run_all(scale: Scale, runs_dir: str, progress: bool) -> Runs:
     fed = dict(nodes=scale.clients, steps=scale.fed_steps, batch_size=scale.fed_batch, H=scale.fed_H, **common)
     for scheme in ("iid", "dirichlet"):
         strategies = {
-            "all clients": FedAvgStrategy(H=scale.fed_H, optim_spec=adamw()),
+            "all clients": FedAvgStrategy(H=scale.fed_H, optim_spec=OptimSpec(torch.optim.AdamW, lr=LR)),
             f"{scale.client_sampling:.0%} sampled": FedAvgStrategy(
-                H=scale.fed_H, client_sampling=scale.client_sampling, optim_spec=adamw()
+                H=scale.fed_H, client_sampling=scale.client_sampling, optim_spec=OptimSpec(torch.optim.AdamW, lr=LR)
             ),
         }
         logger.info("FedAvg, %s: %d runs x %d seeds", scheme, len(strategies), len(scale.seeds))
@@ -483,7 +588,7 @@ def scaling_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
 def streaming_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
     """Streaming DiLoCo (arXiv 2501.18512) on the GPT, and the paper's bandwidth table."""
     k, h0, f = scale.nodes[0], min(scale.H), scale.fragments
-    base, plain, late = f"diloco H={h0} K={k}", *(f"{r} K={k}" for r in streaming_runs(scale))
+    base, plain, late = f"diloco H={h0} K={k}", *(f"{r} K={k}" for r in streaming_runs(scale, tuned_of(runs)))
     lines = [
         "| run | val loss | vs DiLoCo | MB sent/node | sim time s |",
         "|---|---|---|---|---|",
@@ -987,7 +1092,7 @@ def study_runs(study: str, runs: Runs, scale: Scale) -> list[str]:
     if study == "scaling":
         return ["ddp M=1", f"diloco H={h0} M=1", f"diloco H={h0} M=2", f"diloco H={h0} K={k}"]
     if study == "streaming":
-        return [f"diloco H={h0} K={k}", *(f"{r} K={k}" for r in streaming_runs(scale))]
+        return [f"diloco H={h0} K={k}", *(f"{r} K={k}" for r in streaming_runs(scale, tuned_of(runs)))]
     if study == "sparta":
         return [
             label
@@ -1001,11 +1106,39 @@ def study_runs(study: str, runs: Runs, scale: Scale) -> list[str]:
         return [f"{r} H={h0} K={k}" for r in ("diloco", "sparseloco", "eager_diloco")]
     if study == "algorithms":
         kb = max(scale.nodes)
-        mine = [f"{label} K={n}" for n in scale.nodes for label in algorithm_runs(scale, n)]
+        mine = [f"{label} K={n}" for n in scale.nodes for label in algorithm_runs(scale, n, tuned_of(runs))]
         return [f"ddp K={k}", f"diloco H={h0} K={k}", *mine, f"diloco H={h0} K={kb}"]
     if study == "fedavg":
         return [label for label in runs.rows if label.endswith((" iid", " dirichlet"))]
     return [label for label in runs.rows if label.endswith(f" [{study}]")]
+
+
+def tuning_lines(runs: Runs, scale: Scale) -> list[str]:
+    """How each GPT method's settings were chosen (``tune``), and the table of its choices."""
+    tuned = runs.exact.get("tuned", {})
+    factors = ", ".join(f"{f:g}" for f in scale.lr_factors)
+    momenta = ", ".join(f"{m:g}" for m in scale.momenta)
+    lines = [
+        f"Tuning, before the report's runs: each GPT method trained once per setting on seed {scale.tune_seed} "
+        f"(held out: not one of the report's seeds) at K={scale.nodes[0]} (MuLoCo K={max(scale.nodes)}), "
+        f"H={min(scale.H)}, {scale.steps} steps, with its inner learning rate at {factors} times its base "
+        f"(AdamW and sign-SGD {LR:g}, Muon {MUON_LR:g}) and, with an outer step, momentum {momenta}; the lowest "
+        "final validation loss chose the setting every run of that method uses, at every K, H and p. The "
+        "asynchronous studies, FedAvg and the toy keep the base settings.",
+        "",
+        "| method | inner lr | outer momentum | validation loss on the tuning seed, per setting |",
+        "|---|---|---|---|",
+    ]
+    for name in METHODS:
+        hp = tuned_of(runs)[name]
+        base = MUON_LR if name == "muloco" else LR
+        losses = tuned.get(name, {}).get("losses", {})
+        tried = ", ".join(f"{label.removeprefix(name + ' ')}: {v:.4f}" for label, v in losses.items()) or "one setting"
+        lines.append(
+            f"| {name} | {base * hp.lr_factor:g} (x{hp.lr_factor:g}) | {f'{hp.momentum:g}' if name in OUTER else '-'} "
+            f"| {tried} |"
+        )
+    return lines
 
 
 def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: str) -> str:
@@ -1015,8 +1148,10 @@ def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: s
     settings = [
         f"GPT runs: byte-level GPT, {scale.n_layer} layers x {scale.n_embd} wide ({gpt_params / 1e6:.2f}M "
         f"parameters), context {scale.block}, on the Python standard library's source; {scale.steps} steps, "
-        f"batch {scale.batch_size} per node, AdamW lr {LR:g} inner, DiLoCo outer Nesterov lr 0.7 momentum "
-        f"{OUTER_MOMENTUM}. FedAvg runs: the 64-256-256-10 MLP on scikit-learn's digits, {scale.clients} "
+        f"batch {scale.batch_size} per node, each method's inner optimizer (AdamW; DeMo's sign-SGD; MuLoCo's "
+        "Muon) at its tuned learning rate and, where it has one, its outer Nesterov step (lr 0.7) at its tuned "
+        "momentum (the tuning table below). FedAvg runs: the 64-256-256-10 MLP on scikit-learn's digits, "
+        f"{scale.clients} "
         f"clients, H={scale.fed_H}, {scale.fed_steps} steps ({scale.fed_steps // scale.fed_H} rounds), batch "
         f"{scale.fed_batch}. Every run is repeated over seeds {list(scale.seeds)} (model initialisation, data "
         "order, the strategies' draws, the FedAvg split and drawn speeds); a number is the mean over seeds with "
@@ -1028,6 +1163,8 @@ def write_report(runs: Runs, scale: Scale, scale_name: str, out: str, command: s
         "docs/user-guide/networks.md) with FLOP-based compute, unless a study names its world. An asynchronous "
         f"run counts ticks, which follow its fastest nodes, so it gets more of them than its baseline gets "
         f"steps ({', '.join(f'{n}: {t}x' for n, t in fidelity_async.TICKS.items())}).",
+        "",
+        *tuning_lines(runs, scale),
         "",
         "Scale matters: the papers train for tens of thousands of steps with hundreds of millions of "
         "parameters; these runs take minutes on a laptop CPU. Where a finding needs the long run, the "
