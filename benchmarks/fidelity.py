@@ -785,7 +785,7 @@ def demo_section(runs: Runs, scale: Scale) -> tuple[list[str], list[Claim]]:
             ci(loss),
             below(loss, 1.02),
             why=(
-                "the paper's 300M-1B parameters and 100B tokens against 0.13M and a few million tokens here, "
+                "the paper's 300M-1B parameters and 100B tokens against 0.13M and under a million tokens here, "
                 "each optimizer tuned in both"
             ),
         ),
