@@ -109,7 +109,7 @@ def test_a_failed_run_does_not_poison_the_next_its_workers_are_replaced() -> Non
 
 # -- the program ends, however it ends: no worker survives it ------------------------------
 PROGRAM = """
-import os, sys, time
+import os, signal, sys, time
 import exogym
 from exogym import Trainer
 from exogym.runtime import pool
@@ -123,6 +123,9 @@ class Marking(TinyNet):
         return super().forward(batch)
 
 if __name__ == "__main__":
+    # Ctrl-C raises KeyboardInterrupt, as in a program started from a terminal (one started in the
+    # background of a non-interactive shell inherits SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     kw = dict(num_nodes=2, batch_size=8, logger=False, progress=False, val_size=0)
     Trainer(TinyNet(), regression_data(64)).fit(SimpleReduceStrategy(), max_steps=2, **kw)
     print(" ".join(map(str, pool.worker_pids())), flush=True)
