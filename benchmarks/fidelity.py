@@ -49,6 +49,7 @@ import datetime
 import functools
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -237,7 +238,7 @@ def best(losses: dict[str, float], name: str, scale: Scale) -> Hyper:
 
     def loss(hp: Hyper) -> float:
         v = losses.get(hyper_label(name, hp), float("nan"))
-        return float("inf") if v != v else v
+        return float("inf") if math.isnan(v) else v
 
     return min(grid(name, scale), key=loss)
 
@@ -1140,8 +1141,9 @@ def tuning_lines(runs: Runs, scale: Scale) -> list[str]:
         "| method | inner lr | outer momentum | validation loss on the tuning seed, per setting |",
         "|---|---|---|---|",
     ]
+    chosen = tuned_of(runs)
     for name in METHODS:
-        hp = tuned_of(runs)[name]
+        hp = chosen[name]
         base = MUON_LR if name == "muloco" else LR
         losses = tuned.get(name, {}).get("losses", {})
         tried = ", ".join(f"{label.removeprefix(name + ' ')}: {v:.4f}" for label, v in losses.items()) or "one setting"
